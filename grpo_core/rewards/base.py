@@ -1,0 +1,58 @@
+"""The reward contract (TRL's) and the registry that config names resolve through.
+
+A reward function is ``reward(completions, **dataset_columns) -> list[float | None]``: one score per
+completion, ``None`` where the function does not apply to that row (TRL treats it as missing, not 0).
+Completions are plain strings or chat message lists (``[{"role": "assistant", "content": ...}]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+
+class RewardFunc(Protocol):
+    __name__: str
+
+    def __call__(self, completions: list[Any], **kwargs: Any) -> list[float | None]: ...
+
+
+REWARD_FUNCS: dict[str, RewardFunc] = {}
+
+
+def register_reward(name: str) -> Callable[[RewardFunc], RewardFunc]:
+    """Decorator: make ``fn`` available to configs as ``reward_funcs: [name]``."""
+
+    def deco(fn: RewardFunc) -> RewardFunc:
+        if name in REWARD_FUNCS and REWARD_FUNCS[name] is not fn:
+            raise ValueError(f"reward {name!r} is already registered to {REWARD_FUNCS[name].__name__}")
+        REWARD_FUNCS[name] = fn
+        return fn
+
+    return deco
+
+
+def get_reward_funcs(names: list[str]) -> list[RewardFunc]:
+    """Resolve config names to functions, with an error that lists what exists."""
+    missing = [n for n in names if n not in REWARD_FUNCS]
+    if missing:
+        raise KeyError(
+            f"unknown reward function(s) {missing}; registered: {sorted(REWARD_FUNCS)}. "
+            "Register your own with grpo_core.rewards.register_reward('name')."
+        )
+    return [REWARD_FUNCS[n] for n in names]
+
+
+def completion_text(completion: Any) -> str:
+    """The text of one completion: a string as is, a message list as its last assistant content."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, bytes):
+        return completion.decode("utf-8", errors="replace")
+    if isinstance(completion, (list, tuple)):
+        for msg in reversed(completion):
+            if isinstance(msg, dict) and msg.get("role", "assistant") == "assistant":
+                return str(msg.get("content") or "")
+        return ""
+    if isinstance(completion, dict):
+        return str(completion.get("content") or "")
+    return str(completion)
