@@ -3,6 +3,23 @@
 Built-in functions register themselves by name; configs refer to them as ``reward_funcs: [name, ...]``.
 """
 
-from grpo_core.rewards.base import REWARD_FUNCS, RewardFunc, completion_text, get_reward_funcs, register_reward
+from grpo_core.rewards.base import (
+    REWARD_FUNCS,
+    RewardFunc,
+    completion_text,
+    count_reward_event,
+    get_reward_funcs,
+    pop_reward_stats,
+    register_reward,
+)
 
-__all__ = ["REWARD_FUNCS", "RewardFunc", "completion_text", "get_reward_funcs", "register_reward"]
+__all__ = [
+    "REWARD_FUNCS",
+    "RewardFunc",
+    "completion_text",
+    "count_reward_event",
+    "get_reward_funcs",
+    "pop_reward_stats",
+    "register_reward",
+]
+# Built-in reward modules register themselves on import (one line each below).

@@ -7,6 +7,8 @@ Completions are plain strings or chat message lists (``[{"role": "assistant", "c
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from typing import Any, Callable, Protocol
 
 
@@ -56,3 +58,22 @@ def completion_text(completion: Any) -> str:
     if isinstance(completion, dict):
         return str(completion.get("content") or "")
     return str(completion)
+
+
+_STATS: Counter[str] = Counter()
+_STATS_LOCK = threading.Lock()
+
+
+def count_reward_event(reward_name: str, event: str, n: int = 1) -> None:
+    """Count an event of a reward function (``timeouts``, ``errors``, ...) for the trainer's metrics."""
+    if n:
+        with _STATS_LOCK:
+            _STATS[f"rewards/{reward_name}/{event}"] += n
+
+
+def pop_reward_stats() -> dict[str, float]:
+    """Counters since the last call, e.g. ``{"rewards/math_accuracy/timeouts": 2.0}``; resets them."""
+    with _STATS_LOCK:
+        out = {k: float(v) for k, v in _STATS.items()}
+        _STATS.clear()
+    return out
