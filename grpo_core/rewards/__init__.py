@@ -23,3 +23,4 @@ __all__ = [
     "register_reward",
 ]
 # Built-in reward modules register themselves on import (one line each below).
+import grpo_core.synthetic  # noqa: E402,F401  chain_accuracy, chain_format (the built-in task)

@@ -1,0 +1,176 @@
+"""The built-in verifiable task of the embedded default: "chain" arithmetic with worked steps.
+
+A problem is 3-4 operands in 1..9 joined by ``+ - *`` and evaluated LEFT TO RIGHT (a stated
+convention, no operator precedence), with every intermediate result kept in 0..99::
+
+    prompt      7+8*3-5=
+    solution    <think>7+8=15;15*3=45;45-5=40</think><answer>40</answer>
+
+The cold-start SFT set leaves the reasoning out of a fraction of the examples (``<think></think>``
+straight before the answer, default half), so the SFT model has both a direct mode and a
+step-by-step mode and GRPO can discover that the steps pay (``notes/embedded-default.md``).
+
+Rows follow the pipeline's normalised schema (``grpo_core.data``):
+``{id, prompt: [{"role": "user", "content": ...}], answer: str, task: "chain", source: "builtin:chain"}``;
+SFT rows are ``{prompt, completion}``. Everything is deterministic by seed.
+The reward ``chain_accuracy`` is 1 for exactly ``<think>...</think><answer>N</answer>`` with N right.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from grpo_core.rewards.base import completion_text, register_reward
+
+TASK = "chain"
+SOURCE = "builtin:chain"
+OPERATORS = "+-*"
+MAX_VALUE = 99
+
+# Exactly one think block then one answer block, nothing around them; the think block may be empty.
+CHAIN_FORMAT = re.compile(r"^<think>([^<]*)</think><answer>(-?\d+)</answer>$")
+
+
+def apply_op(a: int, op: str, b: int) -> int:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    raise ValueError(f"unknown operator {op!r}")
+
+
+def sample_chain_problem(rng: random.Random, min_operands: int = 3, max_operands: int = 4) -> tuple[list[int], list[str]]:
+    """Operands and operators whose left-to-right intermediates all stay in 0..MAX_VALUE."""
+    n = rng.randint(min_operands, max_operands)
+    operands, ops = [rng.randint(1, 9)], []
+    value = operands[0]
+    while len(operands) < n:
+        op, b = rng.choice(OPERATORS), rng.randint(1, 9)
+        nxt = apply_op(value, op, b)
+        if 0 <= nxt <= MAX_VALUE:  # resample this step only; every prefix is always valid
+            operands.append(b)
+            ops.append(op)
+            value = nxt
+    return operands, ops
+
+
+def chain_steps(operands: list[int], ops: list[str]) -> list[str]:
+    """The worked steps, e.g. ``["7+8=15", "15*3=45", "45-5=40"]``."""
+    steps, value = [], operands[0]
+    for op, b in zip(ops, operands[1:]):
+        nxt = apply_op(value, op, b)
+        steps.append(f"{value}{op}{b}={nxt}")
+        value = nxt
+    return steps
+
+
+def evaluate_chain(expression: str) -> int:
+    """Left-to-right value of ``"7+8*3-5"`` (a trailing ``=`` is ignored)."""
+    tokens = re.findall(r"\d+|[-+*]", expression.rstrip("="))
+    value = int(tokens[0])
+    for op, b in zip(tokens[1::2], tokens[2::2]):
+        value = apply_op(value, op, int(b))
+    return value
+
+
+def format_solution(operands: list[int], ops: list[str], *, with_reasoning: bool = True) -> str:
+    steps = chain_steps(operands, ops) if with_reasoning else []
+    answer = evaluate_chain(_expression(operands, ops))
+    return f"<think>{';'.join(steps)}</think><answer>{answer}</answer>"
+
+
+def _expression(operands: list[int], ops: list[str]) -> str:
+    return str(operands[0]) + "".join(f"{op}{b}" for op, b in zip(ops, operands[1:]))
+
+
+def make_chain_rows(num_rows: int, *, seed: int = 0, min_operands: int = 3, max_operands: int = 4,
+                    exclude: set[str] | None = None, unique: bool = True) -> list[dict[str, Any]]:
+    """``num_rows`` prompt rows in the normalised schema; ``exclude`` holds prompt texts to avoid
+    (pass the eval prompts to keep train disjoint); ``unique`` avoids repeats within the set."""
+    rng = random.Random(seed)
+    seen = set(exclude or ())
+    rows: list[dict[str, Any]] = []
+    attempts = 0
+    while len(rows) < num_rows:
+        attempts += 1
+        if attempts > 100 * num_rows + 1000:
+            raise ValueError(f"could only make {len(rows)} distinct chain problems of {num_rows} asked for; "
+                             "allow more operands or set unique=False")
+        operands, ops = sample_chain_problem(rng, min_operands, max_operands)
+        text = _expression(operands, ops) + "="
+        if text in seen:
+            continue
+        if unique:
+            seen.add(text)
+        rows.append({
+            "id": f"chain-{seed}-{len(rows):06d}",
+            "prompt": [{"role": "user", "content": text}],
+            "answer": str(evaluate_chain(text)),
+            "task": TASK,
+            "source": SOURCE,
+        })
+    return rows
+
+
+def make_chain_splits(num_train: int, num_eval: int, *, seed: int = 0, **kwargs: Any) -> tuple[list[dict], list[dict]]:
+    """Train and held-out eval rows with no prompt in common (eval drawn first, from its own stream)."""
+    eval_rows = make_chain_rows(num_eval, seed=seed * 2 + 1, **kwargs)
+    exclude = {r["prompt"][0]["content"] for r in eval_rows}
+    train_rows = make_chain_rows(num_train, seed=seed * 2, exclude=exclude, **kwargs)
+    for r in eval_rows:
+        r["id"] = r["id"].replace("chain-", "chain-eval-", 1)
+    return train_rows, eval_rows
+
+
+def make_cold_start_rows(rows: list[dict[str, Any]], *, direct_fraction: float = 0.5, seed: int = 0) -> list[dict[str, Any]]:
+    """Worked solutions for chain prompt rows as SFT rows ``{prompt, completion}``.
+
+    A ``direct_fraction`` of them (chosen by ``seed``) get an empty ``<think></think>``.
+    """
+    if not 0.0 <= direct_fraction <= 1.0:
+        raise ValueError(f"direct_fraction must be in [0, 1], got {direct_fraction}")
+    rng = random.Random(seed)
+    out = []
+    for row in rows:
+        text = row["prompt"][0]["content"] if isinstance(row["prompt"], list) else row["prompt"]
+        tokens = re.findall(r"\d+|[-+*]", text.rstrip("="))
+        operands, ops = [int(t) for t in tokens[0::2]], tokens[1::2]
+        with_reasoning = rng.random() >= direct_fraction
+        out.append({"prompt": row["prompt"], "completion": format_solution(operands, ops, with_reasoning=with_reasoning)})
+    return out
+
+
+def parse_chain_completion(text: str) -> tuple[str, str] | None:
+    """``(think, answer)`` when ``text`` is exactly the chain format, else ``None``."""
+    m = CHAIN_FORMAT.match(text.strip())
+    return (m.group(1), m.group(2)) if m else None
+
+
+@register_reward("chain_accuracy")
+def chain_accuracy(completions: list[Any], answer: list[Any] | None = None, **kwargs: Any) -> list[float | None]:
+    """1.0 for exactly ``<think>...</think><answer>N</answer>`` with N equal to the answer, else 0.0."""
+    if answer is None:
+        return [None] * len(completions)
+    scores: list[float | None] = []
+    for completion, ans in zip(completions, answer):
+        parsed = parse_chain_completion(completion_text(completion))
+        scores.append(1.0 if parsed is not None and parsed[1] == str(ans).strip() else 0.0)
+    return scores
+
+
+@register_reward("chain_format")
+def chain_format(completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """1.0 for exactly ``<think>...</think><answer>N</answer>`` (any N), else 0.0."""
+    return [1.0 if parse_chain_completion(completion_text(c)) else 0.0 for c in completions]
+
+
+def is_direct_answer(text: str) -> bool:
+    """True when the completion answers without working (an empty ``<think></think>``)."""
+    parsed = parse_chain_completion(text)
+    if parsed is not None:
+        return parsed[0].strip() == ""
+    return text.lstrip().startswith("<think></think>")

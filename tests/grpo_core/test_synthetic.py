@@ -1,0 +1,83 @@
+"""The built-in chain task: left-to-right arithmetic with worked steps, deterministic by seed."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from grpo_core.rewards import get_reward_funcs
+from grpo_core.synthetic import (
+    chain_accuracy,
+    chain_format,
+    chain_steps,
+    evaluate_chain,
+    format_solution,
+    is_direct_answer,
+    make_chain_rows,
+    make_chain_splits,
+    make_cold_start_rows,
+    parse_chain_completion,
+)
+
+
+def test_left_to_right_not_precedence():
+    assert evaluate_chain("7+8*3-5=") == 40  # ((7+8)*3)-5, precedence would give 26
+    assert evaluate_chain("9-9*4+2") == 2
+    assert chain_steps([7, 8, 3, 5], ["+", "*", "-"]) == ["7+8=15", "15*3=45", "45-5=40"]
+    assert format_solution([7, 8, 3, 5], ["+", "*", "-"]) == "<think>7+8=15;15*3=45;45-5=40</think><answer>40</answer>"
+    assert format_solution([7, 8, 3, 5], ["+", "*", "-"], with_reasoning=False) == "<think></think><answer>40</answer>"
+
+
+def test_rows_schema_ranges_and_determinism():
+    rows = make_chain_rows(300, seed=5)
+    assert rows == make_chain_rows(300, seed=5)
+    assert rows != make_chain_rows(300, seed=6)
+    assert len({r["prompt"][0]["content"] for r in rows}) == 300
+    counts = set()
+    for r in rows:
+        assert set(r) == {"id", "prompt", "answer", "task", "source"}
+        assert r["task"] == "chain" and r["source"] == "builtin:chain"
+        (msg,) = r["prompt"]
+        assert msg["role"] == "user"
+        text = msg["content"]
+        assert re.fullmatch(r"[1-9]([-+*][1-9]){2,3}=", text), text
+        counts.add(len(text) // 2)
+        value = int(text[0])
+        for op, b in zip(text[1:-1:2], text[2:-1:2]):
+            value = {"+": value + int(b), "-": value - int(b), "*": value * int(b)}[op]
+            assert 0 <= value <= 99, text
+        assert r["answer"] == str(value)
+    assert counts == {3, 4}  # both 3 and 4 operands occur
+
+
+def test_splits_are_disjoint():
+    train, test = make_chain_splits(500, 100, seed=1)
+    assert len(train) == 500 and len(test) == 100
+    assert not {r["prompt"][0]["content"] for r in train} & {r["prompt"][0]["content"] for r in test}
+    assert not {r["id"] for r in train} & {r["id"] for r in test}
+
+
+def test_cold_start_direct_fraction_and_correctness():
+    rows = make_chain_rows(400, seed=2)
+    sft = make_cold_start_rows(rows, direct_fraction=0.5, seed=2)
+    assert sft == make_cold_start_rows(rows, direct_fraction=0.5, seed=2)
+    direct = [is_direct_answer(s["completion"]) for s in sft]
+    assert 0.4 < sum(direct) / len(direct) < 0.6
+    assert chain_accuracy([s["completion"] for s in sft], answer=[r["answer"] for r in rows]) == [1.0] * 400
+    assert not any(is_direct_answer(s["completion"]) for s in make_cold_start_rows(rows, direct_fraction=0.0))
+    assert all(is_direct_answer(s["completion"]) for s in make_cold_start_rows(rows, direct_fraction=1.0))
+    with pytest.raises(ValueError):
+        make_cold_start_rows(rows, direct_fraction=1.5)
+
+
+def test_reward_is_strict():
+    good = "<think>7+8=15;15*3=45;45-5=40</think><answer>40</answer>"
+    comps = [good, "<think></think><answer>40</answer>", good.replace("40</answer>", "41</answer>"),
+             "<answer>40</answer>", good + "x", "<think>a</think><think>b</think><answer>40</answer>",
+             [{"role": "assistant", "content": good}]]
+    assert chain_accuracy(comps, answer=["40"] * len(comps)) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert chain_format(comps) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    assert parse_chain_completion(good) == ("7+8=15;15*3=45;45-5=40", "40")
+    assert get_reward_funcs(["chain_accuracy"]) == [chain_accuracy]
+    assert chain_accuracy(["x"]) == [None]
