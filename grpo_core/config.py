@@ -122,3 +122,90 @@ class GRPOConfig(OptimConfig):
     @property
     def clip_eps_high(self) -> float:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+
+# --- data, evaluation and rejection sampling (grpo_core/data.py, evaluation.py, rejection.py) ---
+
+
+class DatasetSource(_Strict):
+    """One input data set: a local jsonl/json/parquet/csv file or folder, or a Hugging Face dataset name."""
+
+    path: str = Field(..., min_length=1, description="local file/folder, or a hub name such as openai/gsm8k")
+    name: str | None = Field(None, description="dataset config name (e.g. 'main' for openai/gsm8k)")
+    split: str = "train"
+    field_map: dict[str, str] = Field(
+        default_factory=lambda: {"prompt": "prompt", "answer": "answer"},
+        description="schema field -> source column, e.g. {'prompt': 'question', 'answer': 'answer'}",
+    )
+    answer_format: Literal["auto", "raw", "gsm8k", "boxed"] = Field(
+        "auto", description="gsm8k: text after '####'; boxed: last \\boxed{...}; auto: gsm8k when '####' is present"
+    )
+    task: str = Field("math", min_length=1)
+    prompt_template: str | None = Field(None, description="format string with {prompt}, e.g. '{prompt}\\nAnswer in <answer></answer>.'")
+    keep_columns: list[str] = Field(default_factory=list, description="extra source columns copied into every row (e.g. tests)")
+    max_rows: int | None = Field(None, gt=0)
+
+
+class DataConfig(_Strict):
+    """prepare_data: built-in task and/or external sources -> normalised, deduplicated, decontaminated splits."""
+
+    builtin_task: Literal["chain"] | None = Field("chain", description="procedurally generated task; None = sources only")
+    num_train: int = Field(4000, gt=0, description="built-in task: training prompts")
+    num_eval: int = Field(200, gt=0, description="built-in task: held-out prompts")
+    min_operands: int = Field(3, ge=2, le=8)
+    max_operands: int = Field(4, ge=2, le=8)
+    cold_start_size: int = Field(4000, ge=0, description="built-in task: worked solutions for cold-start SFT")
+    cold_start_direct_fraction: float = Field(0.5, ge=0, le=1, description="share of cold-start rows with an empty <think>")
+    train_sources: list[DatasetSource] = Field(default_factory=list)
+    eval_sources: list[DatasetSource] = Field(default_factory=list)
+    cold_start_sources: list[DatasetSource] = Field(
+        default_factory=list, description="reasoning traces for real runs; field_map needs prompt and completion"
+    )
+    eval_fraction: float = Field(0.05, gt=0, lt=1, description="held-out share when no eval_sources are given")
+    on_error: Literal["raise", "skip"] = Field("raise", description="a bad row fails the stage, or is skipped and counted")
+    dedupe: bool = True
+    decontaminate: bool = True
+    ngram_size: int = Field(13, ge=1, description="train rows sharing a word n-gram with any eval prompt are dropped")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataConfig":
+        if self.min_operands > self.max_operands:
+            raise ValueError(f"min_operands ({self.min_operands}) > max_operands ({self.max_operands})")
+        if self.builtin_task is None and not self.train_sources:
+            raise ValueError("no training data: set builtin_task: chain or give train_sources")
+        return self
+
+
+class EvalConfig(_Strict):
+    """evaluate: greedy accuracy, pass@1 over k samples, length, format and direct-answer rates."""
+
+    num_samples: int = Field(4, ge=0, description="k sampled completions per prompt for pass@1; 0 = greedy only")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(64, gt=0)
+    max_rows: int | None = Field(None, gt=0, description="evaluate on the first N held-out rows")
+    reward_func: str = Field("chain_accuracy", description="registered reward that scores 1.0 for a correct completion")
+    forced_reasoning: bool = Field(True, description="also measure greedy accuracy with an empty <think> banned")
+    batch_size: int = Field(64, gt=0)
+    seed: int = 0
+
+
+class RejectionSamplingConfig(_Strict):
+    """rejection_sample: n samples per prompt, keep correct ones that pass the filters, at most k per prompt."""
+
+    num_samples: int = Field(4, ge=1, description="n completions sampled per prompt")
+    keep_per_prompt: int = Field(1, ge=1, description="k: at most this many kept per prompt")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(64, gt=0)
+    max_prompts: int | None = Field(None, gt=0, description="sample from the first N training prompts")
+    reward_func: str = Field("chain_accuracy", description="registered reward; a sample is correct when it scores >= reward_threshold")
+    reward_threshold: float = 1.0
+    require_format: bool = Field(True, description="keep only <think>...</think><answer>...</answer> completions")
+    max_completion_tokens: int | None = Field(None, gt=0, description="drop longer completions")
+    language_consistency_threshold: float | None = Field(
+        None, ge=0, le=1, description="drop completions whose language_consistency reward is below this"
+    )
+    drop_truncated: bool = True
+    seed: int = 0
