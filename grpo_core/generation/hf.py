@@ -1,0 +1,204 @@
+"""Rollouts with plain transformers: batched sampling with a KV cache on the trainer's own module.
+
+The fallback backend where vLLM is absent. Prompts are left-padded and prefilled once each; the
+cache is then repeated ``n`` times (``batch_repeat_interleave``) so the G completions of a prompt
+share one prefill. Rows that emit EOS leave the batch (``batch_select_indices``), so a step costs
+the live rows only.
+
+Seeds: each completion owns a ``torch.Generator`` seeded with its seed and draws its
+``max_tokens`` uniforms up front; a token is picked by inverse CDF over the filtered distribution
+in vocabulary order. A completion's tokens therefore depend on its seed and the weights only, not
+on batch composition, row order or process count (up to float rounding of the logits).
+Greedy mode takes the argmax, which matches ``generate(do_sample=False)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from grpo_core.generation import Rollout
+
+
+class HFBackend:
+    """Sample from ``model`` (a transformers causal LM) with ``tokenizer`` for pad/EOS ids and text."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        autocast_dtype: torch.dtype | None = None,
+        eos_token_ids: list[int] | None = None,
+    ) -> None:
+        self.model = _unwrap(model)
+        self.tokenizer = tokenizer
+        self.autocast_dtype = autocast_dtype
+        self.eos_token_ids = eos_token_ids if eos_token_ids is not None else _eos_ids(self.model, tokenizer)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_token_id = pad if pad is not None else self.eos_token_ids[0]
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        # The backend samples with the trainer's module itself: nothing to copy.
+        self.model = _unwrap(model)
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        n: int,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seeds: list[int] | None = None,
+        greedy: bool = False,
+    ) -> list[Rollout]:
+        num = len(prompt_ids) * n
+        if seeds is not None and len(seeds) != num:
+            raise ValueError(f"seeds has {len(seeds)} entries; need one per completion ({len(prompt_ids)} x {n})")
+        if not prompt_ids:
+            return []
+        if seeds is None:
+            seeds = torch.randint(0, 2**62, (num,)).tolist()
+        model = self.model
+        was_training = model.training
+        model.eval()  # no dropout, and gradient checkpointing would switch the cache off
+        device = next(model.parameters()).device
+        autocast = (
+            torch.autocast(device.type, dtype=self.autocast_dtype) if self.autocast_dtype else contextlib.nullcontext()
+        )
+        try:
+            with torch.inference_mode(), autocast:
+                tokens, logps = self._sample(
+                    prompt_ids, n, max_tokens, temperature, top_p, top_k, seeds, greedy, device
+                )
+        finally:
+            model.train(was_training)
+        eos = set(self.eos_token_ids)
+        rollouts = []
+        for i, (ids, lps) in enumerate(zip(tokens, logps)):
+            stopped = bool(ids) and ids[-1] in eos
+            text_ids = ids[:-1] if stopped else ids
+            text = self.tokenizer.decode(text_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+            rollouts.append(Rollout(list(prompt_ids[i // n]), ids, lps, truncated=not stopped, text=text))
+        return rollouts
+
+    def _sample(
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        seeds: list[int],
+        greedy: bool,
+        device: torch.device,
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        num_prompts, length = len(prompt_ids), max(len(p) for p in prompt_ids)
+        input_ids = torch.full((num_prompts, length), self.pad_token_id, dtype=torch.long)  # [P, L]
+        attention_mask = torch.zeros((num_prompts, length), dtype=torch.long)  # [P, L]
+        for i, ids in enumerate(prompt_ids):
+            if ids:
+                input_ids[i, length - len(ids) :] = torch.tensor(ids)
+                attention_mask[i, length - len(ids) :] = 1
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        # Positions count real tokens only, as generate() does for left padding.
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [P, L]
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = out.past_key_values
+        logits = out.logits[:, -1].float()  # [P, V]
+        next_pos = position_ids[:, -1:] + 1  # [P, 1]
+        if n > 1:  # one prefill per prompt, then n copies of its cache
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, 0)  # [N, V]
+            attention_mask = attention_mask.repeat_interleave(n, 0)  # [N, L]
+            next_pos = next_pos.repeat_interleave(n, 0)  # [N, 1]
+        num = num_prompts * n
+        uniforms = None
+        if not greedy:  # all of a completion's randomness, drawn from its own generator
+            uniforms = torch.stack(
+                [torch.rand(max_tokens, generator=torch.Generator().manual_seed(int(s))) for s in seeds]
+            ).to(device)  # [N, max_tokens]
+        eos = torch.tensor(self.eos_token_ids, device=device)
+        active = torch.arange(num, device=device)  # row -> completion index
+        tokens: list[list[int]] = [[] for _ in range(num)]
+        logps: list[list[float]] = [[] for _ in range(num)]
+        for t in range(max_tokens):
+            scores = logits / temperature  # [A, V]
+            logp_all = torch.log_softmax(scores, -1)  # [A, V] reported log-probs: before top-k/top-p
+            if greedy:
+                tok = logits.argmax(-1)  # [A]
+            else:
+                probs = torch.softmax(filter_logits(scores, top_k, top_p), -1)  # [A, V]
+                cdf = probs.cumsum(-1)  # [A, V]
+                target = uniforms[active, t : t + 1] * cdf[:, -1:]  # [A, 1]
+                tok = torch.searchsorted(cdf, target, right=True)[:, 0].clamp(max=cdf.shape[-1] - 1)  # [A]
+            tok_logp = logp_all.gather(-1, tok[:, None])[:, 0]  # [A]
+            done = torch.isin(tok, eos)  # [A]
+            for row, (c, tk, lp) in enumerate(zip(active.tolist(), tok.tolist(), tok_logp.tolist())):
+                tokens[c].append(tk)
+                logps[c].append(lp)
+            keep = ~done
+            if t == max_tokens - 1 or not bool(keep.any()):
+                break
+            if not bool(keep.all()):  # finished rows leave the batch and the cache
+                idx = keep.nonzero()[:, 0]
+                cache.batch_select_indices(idx)
+                attention_mask, next_pos, tok, active = attention_mask[idx], next_pos[idx], tok[idx], active[idx]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], -1)  # [A, L+t+1]
+            out = self.model(
+                input_ids=tok[:, None],
+                attention_mask=attention_mask,
+                position_ids=next_pos,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = out.past_key_values
+            logits = out.logits[:, -1].float()  # [A, V]
+            next_pos = next_pos + 1
+        return tokens, logps
+
+
+def filter_logits(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k and outside the top-p nucleus to -inf (as transformers' warpers)."""
+    vocab = scores.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(scores, top_k, dim=-1).values[:, -1:]  # [A, 1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False)  # [A, V]
+        cum = sorted_scores.softmax(-1).cumsum(-1)  # [A, V]
+        drop_sorted = cum <= 1 - top_p
+        drop_sorted[:, -1] = False  # always keep the most likely token
+        drop = drop_sorted.scatter(1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if hasattr(model, "module") and isinstance(model.module, torch.nn.Module) else model
+
+
+def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
+    ids: list[int] = []
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (gen_eos, getattr(tokenizer, "eos_token_id", None)):
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is not None and v not in ids:
+                ids.append(int(v))
+    if not ids:
+        raise ValueError("no EOS token id: set tokenizer.eos_token_id or model.generation_config.eos_token_id")
+    return ids
