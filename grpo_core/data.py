@@ -1,0 +1,418 @@
+"""Prompt data sets in one normalised schema: load, validate, dedupe, decontaminate, split, write.
+
+Every prompt row, whatever its origin, becomes::
+
+    {"id": str, "prompt": [{"role": "user", "content": str}, ...], "answer": str, "task": str, "source": str}
+
+plus any ``keep_columns`` of the source (e.g. ``tests`` for code rewards). Cold-start/SFT rows are
+``{"prompt": messages, "completion": str}``.
+
+Sources: local ``.jsonl``/``.json``/``.parquet``/``.csv`` files, or anything ``datasets.load_dataset``
+opens (a hub name such as ``openai/gsm8k``, or a local folder). Rows are validated one by one; a bad
+row raises a ``DataError`` naming file, row (the 1-based line for jsonl/csv) and field with how to fix
+it, or, with ``on_error="skip"``, is skipped and counted.
+
+Decontamination drops training rows that share a word n-gram (default 13, as in GPT-3's and the
+Llama reports' contamination checks) with any eval prompt; a prompt shorter than n words is compared
+whole. Splits are deterministic: rows are ordered by a seeded hash of their id, not by input order.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+from grpo_core.config import DataConfig, DatasetSource
+
+OnError = Literal["raise", "skip"]
+FILE_SUFFIXES = {".jsonl", ".json", ".parquet", ".csv"}
+ROLES = {"system", "user", "assistant"}
+
+
+class DataError(ValueError):
+    """A data set row or file that cannot be used; the message says where and how to fix it."""
+
+
+@dataclass
+class LoadStats:
+    rows_read: int = 0
+    rows_kept: int = 0
+    rows_skipped: int = 0
+    errors: list[str] = field(default_factory=list)  # the first few skip reasons
+
+    def skip(self, message: str) -> None:
+        self.rows_skipped += 1
+        if len(self.errors) < 20:
+            self.errors.append(message)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rows_read": self.rows_read, "rows_kept": self.rows_kept, "rows_skipped": self.rows_skipped,
+                "errors": list(self.errors)}
+
+
+# ---------------------------------------------------------------- reading raw records
+
+
+def read_records(source: str | Path, *, split: str = "train", name: str | None = None,
+                 on_error: OnError = "raise", stats: LoadStats | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """``(location, record)`` pairs from a local file or a ``datasets`` source.
+
+    ``location`` is what an error message shows, e.g. ``"data/train.jsonl line 7"``.
+    Malformed lines (jsonl) raise a DataError naming the line, or are skipped and counted.
+    """
+    stats = stats if stats is not None else LoadStats()
+    path = Path(source)
+    if path.is_file() and path.suffix.lower() in FILE_SUFFIXES:
+        return _read_file(path, on_error, stats)
+    if path.is_file():
+        raise DataError(f"{path}: unsupported file type {path.suffix!r}; use one of {sorted(FILE_SUFFIXES)}")
+    if not path.exists() and str(source).startswith((".", "/", "~")):
+        raise DataError(f"{source}: no such file or folder")
+    return _read_datasets(str(source), split=split, name=name)
+
+
+def _read_file(path: Path, on_error: OnError, stats: LoadStats) -> list[tuple[str, dict[str, Any]]]:
+    suffix = path.suffix.lower()
+    out: list[tuple[str, dict[str, Any]]] = []
+    if suffix == ".jsonl":
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                loc = f"{path} line {lineno}"
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    _fail(f"{loc}: malformed JSON ({e.msg} at column {e.colno}); fix or delete the line",
+                          on_error, stats)
+                    continue
+                if not isinstance(rec, dict):
+                    _fail(f"{loc}: expected a JSON object, got {type(rec).__name__}", on_error, stats)
+                    continue
+                out.append((loc, rec))
+        return out
+    if suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        if isinstance(data, dict):  # {"data": [...]} or {"rows": [...]}: the one list-valued key
+            lists = [v for v in data.values() if isinstance(v, list)]
+            if len(lists) != 1:
+                raise DataError(f"{path}: expected a JSON list of objects (or an object with one list of rows)")
+            data = lists[0]
+        if not isinstance(data, list):
+            raise DataError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")
+        for i, rec in enumerate(data, start=1):
+            if not isinstance(rec, dict):
+                _fail(f"{path} row {i}: expected a JSON object, got {type(rec).__name__}", on_error, stats)
+                continue
+            out.append((f"{path} row {i}", rec))
+        return out
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return [(f"{path} row {i}", rec) for i, rec in enumerate(pq.read_table(path).to_pylist(), start=1)]
+    with path.open(encoding="utf-8", newline="") as f:  # .csv; header on line 1
+        reader = csv.DictReader(f)
+        start = 2
+        for rec in reader:
+            out.append((f"{path} line {start}", dict(rec)))
+            start = reader.line_num + 1
+    return out
+
+
+def _read_datasets(source: str, *, split: str, name: str | None) -> list[tuple[str, dict[str, Any]]]:
+    """A hub name (``openai/gsm8k``) or a folder ``datasets`` understands."""
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(source, name, split=split)
+    except Exception as e:  # noqa: BLE001 - re-raised with the source named
+        raise DataError(f"cannot load dataset {source!r} (config {name!r}, split {split!r}): "
+                        f"{type(e).__name__}: {e}") from e
+    label = f"{source}[{split}]"
+    return [(f"{label} row {i}", rec) for i, rec in enumerate(ds, start=1)]
+
+
+def _fail(message: str, on_error: OnError, stats: LoadStats) -> None:
+    if on_error == "raise":
+        raise DataError(message + ". Or set on_error: skip to skip and count bad rows.")
+    stats.skip(message)
+
+
+# ---------------------------------------------------------------- normalising rows
+
+_BOXED = re.compile(r"\\boxed\s*\{")
+
+
+def extract_answer(text: str, answer_format: str = "auto") -> str:
+    """The final answer of a solution text: ``"... #### 72"`` -> ``"72"``, last ``\\boxed{...}`` content."""
+    text = str(text).strip()
+    if answer_format == "gsm8k" or (answer_format == "auto" and "####" in text):
+        if "####" not in text:
+            raise ValueError("no '####' marker")
+        return text.rsplit("####", 1)[1].strip().replace(",", "")
+    if answer_format == "boxed":
+        starts = [m.end() for m in _BOXED.finditer(text)]
+        if not starts:
+            raise ValueError("no \\boxed{...}")
+        depth, i = 1, starts[-1]
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth:
+            raise ValueError("unbalanced braces in \\boxed{...}")
+        return text[starts[-1]: i - 1].strip()
+    return text
+
+
+def to_messages(value: Any, *, template: str | None = None) -> list[dict[str, str]]:
+    """A prompt as chat messages: a string becomes one user turn; a message list is checked."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError("is empty")
+        return [{"role": "user", "content": template.format(prompt=value) if template else value}]
+    if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value):
+        msgs = []
+        for m in value:
+            if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+                raise ValueError(f"has a message without a valid role/content: {m!r}")
+            msgs.append({"role": m["role"], "content": m["content"]})
+        if template and msgs[-1]["role"] == "user":
+            msgs[-1]["content"] = template.format(prompt=msgs[-1]["content"])
+        return msgs
+    raise ValueError(f"must be a string or a list of chat messages, got {type(value).__name__}")
+
+
+def normalize_record(record: dict[str, Any], location: str, src: DatasetSource, index: int) -> dict[str, Any]:
+    """One raw record -> a schema row, or a DataError naming location and field."""
+    fmap = src.field_map
+    row: dict[str, Any] = {}
+    for key in ("prompt", "answer"):
+        column = fmap.get(key, key)
+        if column not in record or record[column] is None or record[column] == "":
+            raise DataError(
+                f"{location}: field {key!r} (column {column!r}) is missing or empty; columns present: "
+                f"{sorted(record)}. Fix the row, or map the field with field_map: {{{key!r}: '<column>'}}"
+            )
+        try:
+            if key == "prompt":
+                row["prompt"] = to_messages(record[column], template=src.prompt_template)
+            else:
+                value = record[column]
+                row["answer"] = extract_answer(value if isinstance(value, str) else json.dumps(value),
+                                               src.answer_format)
+        except ValueError as e:
+            raise DataError(f"{location}: field {key!r} (column {column!r}) {e}; "
+                            f"value starts {str(record[column])[:60]!r}") from None
+    id_column = fmap.get("id", "id")
+    row["id"] = str(record[id_column]) if record.get(id_column) not in (None, "") else f"{_source_label(src)}-{index:06d}"
+    row["task"] = str(record.get(fmap["task"])) if "task" in fmap and record.get(fmap["task"]) else src.task
+    row["source"] = _source_label(src)
+    for col in src.keep_columns:
+        if col not in record:
+            raise DataError(f"{location}: keep_columns names {col!r}, which the row lacks; columns present: {sorted(record)}")
+        row[col] = record[col]
+    return row
+
+
+def _source_label(src: DatasetSource) -> str:
+    return Path(src.path).name if Path(src.path).exists() else src.path
+
+
+def load_prompt_rows(src: DatasetSource, *, on_error: OnError = "raise") -> tuple[list[dict[str, Any]], LoadStats]:
+    """Read, validate and normalise one source."""
+    stats = LoadStats()
+    records = read_records(src.path, split=src.split, name=src.name, on_error=on_error, stats=stats)
+    stats.rows_read = stats.rows_skipped  # malformed lines were read and skipped already
+    rows = []
+    for i, (loc, rec) in enumerate(records):
+        if src.max_rows is not None and len(rows) >= src.max_rows:
+            break
+        stats.rows_read += 1
+        try:
+            rows.append(normalize_record(rec, loc, src, i))
+        except DataError as e:
+            _fail(str(e), on_error, stats)
+    stats.rows_kept = len(rows)
+    return rows, stats
+
+
+def load_sft_rows(src: DatasetSource, *, on_error: OnError = "raise") -> tuple[list[dict[str, Any]], LoadStats]:
+    """Reasoning traces ``{prompt, completion}`` (field_map names the two columns)."""
+    stats = LoadStats()
+    records = read_records(src.path, split=src.split, name=src.name, on_error=on_error, stats=stats)
+    stats.rows_read = stats.rows_skipped
+    rows = []
+    for loc, rec in records:
+        if src.max_rows is not None and len(rows) >= src.max_rows:
+            break
+        stats.rows_read += 1
+        try:
+            out = {}
+            for key in ("prompt", "completion"):
+                column = src.field_map.get(key, key)
+                value = rec.get(column)
+                if not value:
+                    raise DataError(f"{loc}: field {key!r} (column {column!r}) is missing or empty; columns "
+                                    f"present: {sorted(rec)}. Map it with field_map: {{{key!r}: '<column>'}}")
+                if key == "prompt":
+                    out[key] = to_messages(value, template=src.prompt_template)
+                elif not isinstance(value, str):
+                    raise DataError(f"{loc}: field 'completion' (column {column!r}) must be a string")
+                else:
+                    out[key] = value
+            rows.append(out)
+        except (DataError, ValueError) as e:
+            _fail(str(e), on_error, stats)
+    stats.rows_kept = len(rows)
+    return rows, stats
+
+
+# ---------------------------------------------------------------- dedupe, decontaminate, split
+
+
+def prompt_text(prompt: Any) -> str:
+    """All message contents of a prompt joined (or the string itself)."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(m["content"] for m in prompt)
+
+
+def normalized_prompt_hash(prompt: Any) -> str:
+    text = " ".join(prompt_text(prompt).lower().split())
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def dedupe_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """Keep the first row of each normalised prompt (case and whitespace folded)."""
+    seen: set[str] = set()
+    out = []
+    for row in rows:
+        h = normalized_prompt_hash(row["prompt"])
+        if h not in seen:
+            seen.add(h)
+            out.append(row)
+    return out, len(rows) - len(out)
+
+
+_WORD = re.compile(r"\w+|[^\w\s]")
+
+
+def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    words = _WORD.findall(text.lower())
+    if len(words) < n:
+        return {tuple(words)} if words else set()
+    return {tuple(words[i: i + n]) for i in range(len(words) - n + 1)}
+
+
+def decontaminate(train: list[dict[str, Any]], eval_rows: Iterable[dict[str, Any]], *, ngram_size: int = 13
+                  ) -> tuple[list[dict[str, Any]], int]:
+    """Drop training rows that share a word n-gram with any eval prompt (short prompts: whole match).
+
+    Words are ``\\w+`` runs and single punctuation marks, lowercased, so ``7+8*3=`` is 6 words.
+    """
+    eval_grams: set[tuple[str, ...]] = set()
+    for row in eval_rows:
+        eval_grams |= _ngrams(prompt_text(row["prompt"]), ngram_size)
+    kept = [r for r in train if not (_ngrams(prompt_text(r["prompt"]), ngram_size) & eval_grams)]
+    return kept, len(train) - len(kept)
+
+
+def split_rows(rows: list[dict[str, Any]], *, eval_fraction: float = 0.05, eval_size: int | None = None,
+               seed: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Deterministic train/eval split by a seeded hash of each row's id (independent of input order)."""
+    order = sorted(rows, key=lambda r: hashlib.sha256(f"{seed}:{r['id']}".encode()).hexdigest())
+    n_eval = eval_size if eval_size is not None else max(1, round(len(rows) * eval_fraction))
+    if not 0 < n_eval < len(rows):
+        raise DataError(f"cannot hold out {n_eval} of {len(rows)} rows; give more rows or change eval_fraction")
+    return order[n_eval:], order[:n_eval]
+
+
+# ---------------------------------------------------------------- parquet
+
+
+def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Write rows atomically (temp file + rename); nested prompts become list<struct<role, content>>."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows) if rows else pa.table({})
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def read_parquet(path: str | Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(Path(path)).to_pylist()
+
+
+# ---------------------------------------------------------------- the prepare_data stage, as a function
+
+
+@dataclass
+class PreparedData:
+    train: list[dict[str, Any]]
+    eval: list[dict[str, Any]]
+    cold_start: list[dict[str, Any]]
+    stats: dict[str, Any]
+
+
+def prepare_datasets(config: DataConfig) -> PreparedData:
+    """Build the train/eval prompt sets and the cold-start SFT set a DataConfig describes."""
+    from grpo_core import synthetic
+
+    train: list[dict[str, Any]] = []
+    eval_rows: list[dict[str, Any]] = []
+    cold: list[dict[str, Any]] = []
+    stats: dict[str, Any] = {"sources": {}}
+    if config.builtin_task == "chain":
+        kw = {"min_operands": config.min_operands, "max_operands": config.max_operands}
+        b_train, b_eval = synthetic.make_chain_splits(config.num_train, config.num_eval, seed=config.seed, **kw)
+        train += b_train
+        eval_rows += b_eval
+        if config.cold_start_size:
+            exclude = {r["prompt"][0]["content"] for r in b_eval}
+            cs_prompts = synthetic.make_chain_rows(config.cold_start_size, seed=10_000 + config.seed,
+                                                   exclude=exclude, **kw)
+            cold += synthetic.make_cold_start_rows(cs_prompts, direct_fraction=config.cold_start_direct_fraction,
+                                                   seed=config.seed)
+    for kind, sources, target in (("train", config.train_sources, train), ("eval", config.eval_sources, eval_rows)):
+        for src in sources:
+            rows, s = load_prompt_rows(src, on_error=config.on_error)
+            target += rows
+            stats["sources"][f"{kind}:{src.path}"] = s.as_dict()
+    for src in config.cold_start_sources:
+        rows, s = load_sft_rows(src, on_error=config.on_error)
+        cold += rows
+        stats["sources"][f"cold_start:{src.path}"] = s.as_dict()
+    if config.dedupe:
+        train, stats["train_duplicates"] = dedupe_rows(train)
+        eval_rows, stats["eval_duplicates"] = dedupe_rows(eval_rows)
+    if not eval_rows:
+        train, eval_rows = split_rows(train, eval_fraction=config.eval_fraction, seed=config.seed)
+    if config.decontaminate:
+        train, stats["train_contaminated"] = decontaminate(train, eval_rows, ngram_size=config.ngram_size)
+        cold, stats["cold_start_contaminated"] = decontaminate(cold, eval_rows, ngram_size=config.ngram_size)
+    if not train:
+        raise DataError("no training rows left after loading, dedupe and decontamination")
+    stats.update({"num_train": len(train), "num_eval": len(eval_rows), "num_cold_start": len(cold)})
+    return PreparedData(train=train, eval=eval_rows, cold_start=cold, stats=stats)

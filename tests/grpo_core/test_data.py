@@ -1,0 +1,162 @@
+"""Normalised prompt rows: loaders, row-by-row validation, dedupe, decontamination, split, parquet."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from grpo_core.config import DataConfig, DatasetSource
+from grpo_core.data import (
+    DataError,
+    decontaminate,
+    dedupe_rows,
+    extract_answer,
+    load_prompt_rows,
+    load_sft_rows,
+    prepare_datasets,
+    read_parquet,
+    split_rows,
+    write_parquet,
+)
+
+GSM8K_MAP = {"prompt": "question", "answer": "answer"}
+
+
+def _row(i, text):
+    return {"id": f"r{i}", "prompt": [{"role": "user", "content": text}], "answer": "1", "task": "t", "source": "s"}
+
+
+def test_gsm8k_real_file(shared_data):
+    rows, stats = load_prompt_rows(DatasetSource(path=str(shared_data / "gsm8k_test.jsonl"), field_map=GSM8K_MAP))
+    assert len(rows) == 1319 and stats.rows_kept == 1319 and stats.rows_skipped == 0
+    assert rows[0]["answer"] == "18"  # "... #### 18"
+    assert rows[0]["prompt"][0]["content"].startswith("Janet’s ducks lay 16 eggs")
+    assert all(r["answer"] and "####" not in r["answer"] for r in rows)
+    assert all(r["answer"].lstrip("-").replace(".", "").isdigit() for r in rows)
+    assert len({r["id"] for r in rows}) == 1319
+
+
+def test_math500_real_file(shared_data, tmp_path):
+    src = DatasetSource(path=str(shared_data / "math500_test.json"), answer_format="raw",
+                        field_map={"prompt": "problem", "answer": "answer", "id": "unique_id"},
+                        keep_columns=["difficulty"], prompt_template="{prompt}\nPut the answer in <answer></answer>.")
+    rows, _ = load_prompt_rows(src)
+    assert len(rows) == 500
+    assert rows[0]["id"] == "test/precalculus/807.json"
+    assert rows[0]["answer"] == "\\left( 3, \\frac{\\pi}{2} \\right)"
+    assert rows[0]["prompt"][0]["content"].endswith("\nPut the answer in <answer></answer>.")
+    assert rows[0]["difficulty"] == 2.0
+    back = read_parquet(write_parquet(rows, tmp_path / "math.parquet"))
+    assert back == rows
+    # parquet as an input source round-trips too
+    again, _ = load_prompt_rows(DatasetSource(path=str(tmp_path / "math.parquet"), answer_format="raw"))
+    assert [r["prompt"] for r in again] == [r["prompt"] for r in rows]
+
+
+def test_decontaminate_real_sets(shared_data):
+    gsm, _ = load_prompt_rows(DatasetSource(path=str(shared_data / "gsm8k_test.jsonl"), field_map=GSM8K_MAP))
+    train, evals = gsm[:300], gsm[250:400]
+    kept, removed = decontaminate(train, evals, ngram_size=13)
+    assert removed == 50 and kept == train[:250]
+    # a paraphrase keeping a 13-word run is caught; one sharing only short runs is not
+    words = evals[0]["prompt"][0]["content"].split()
+    leaked = _row(0, "Some intro. " + " ".join(words[:14]) + " and a different ending")
+    unrelated = _row(1, " ".join(words[:5]) + " completely different words follow here in this sentence now")
+    kept, removed = decontaminate([leaked, unrelated], evals, ngram_size=13)
+    assert kept == [unrelated] and removed == 1
+
+
+def test_missing_answer_column_names_file_line_and_field(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "2+2?"}\n')
+    with pytest.raises(DataError) as e:
+        load_prompt_rows(DatasetSource(path=str(path), field_map=GSM8K_MAP))
+    msg = str(e.value)
+    assert f"{path} line 2" in msg and "'answer'" in msg and "field_map" in msg and "on_error" in msg
+    rows, stats = load_prompt_rows(DatasetSource(path=str(path), field_map=GSM8K_MAP), on_error="skip")
+    assert [r["answer"] for r in rows] == ["2"]
+    assert stats.rows_read == 2 and stats.rows_skipped == 1 and "line 2" in stats.errors[0]
+
+
+def test_malformed_jsonl_lines(tmp_path):
+    path = tmp_path / "broken.jsonl"
+    path.write_text('{"prompt": "a", "answer": "1"}\n\n{"prompt": "b", "answer": \n[1, 2]\n{"prompt": "c", "answer": 3}\n')
+    with pytest.raises(DataError, match=r"broken.jsonl line 3: malformed JSON"):
+        load_prompt_rows(DatasetSource(path=str(path)))
+    rows, stats = load_prompt_rows(DatasetSource(path=str(path)), on_error="skip")
+    assert [r["answer"] for r in rows] == ["1", "3"]  # a number answer becomes its text
+    assert stats.rows_skipped == 2 and stats.rows_read == 4
+    assert "line 3" in stats.errors[0] and "line 4" in stats.errors[1]
+
+
+def test_csv_and_bad_prompt_type(tmp_path):
+    path = tmp_path / "d.csv"
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["q", "a"])
+        w.writerow(["multi\nline question", "5"])
+        w.writerow(["", "6"])
+    with pytest.raises(DataError, match=r"d.csv line 4: field 'prompt' \(column 'q'\)"):
+        load_prompt_rows(DatasetSource(path=str(path), field_map={"prompt": "q", "answer": "a"}))
+    bad = tmp_path / "b.json"
+    bad.write_text(json.dumps({"data": [{"prompt": 5, "answer": "1"}]}))
+    with pytest.raises(DataError, match=r"b.json row 1: field 'prompt' .* must be a string or a list of chat messages"):
+        load_prompt_rows(DatasetSource(path=str(bad)))
+
+
+def test_datasets_code_path_on_local_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    folder = tmp_path / "my_dataset"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("".join(json.dumps({"question": f"q{i}", "answer": f"x #### {i}"}) + "\n" for i in range(5)))
+    rows, _ = load_prompt_rows(DatasetSource(path=str(folder), split="train", field_map=GSM8K_MAP))
+    assert [r["answer"] for r in rows] == ["0", "1", "2", "3", "4"]
+    with pytest.raises(DataError, match="cannot load dataset"):
+        load_prompt_rows(DatasetSource(path=str(folder), split="validation", field_map=GSM8K_MAP))
+
+
+def test_sft_rows_need_completion(tmp_path):
+    path = tmp_path / "traces.jsonl"
+    path.write_text('{"q": "1+1", "trace": "<think>1+1=2</think><answer>2</answer>"}\n{"q": "2+2"}\n')
+    src = DatasetSource(path=str(path), field_map={"prompt": "q", "completion": "trace"})
+    with pytest.raises(DataError, match="line 2: field 'completion'"):
+        load_sft_rows(src)
+    rows, stats = load_sft_rows(src, on_error="skip")
+    assert rows == [{"prompt": [{"role": "user", "content": "1+1"}], "completion": "<think>1+1=2</think><answer>2</answer>"}]
+
+
+def test_extract_answer():
+    assert extract_answer("so 3 + 4 = 7\n#### 1,234") == "1234"
+    assert extract_answer("x \\boxed{1} then \\boxed{\\frac{1}{2}} end", "boxed") == "\\frac{1}{2}"
+    assert extract_answer(" 42 ", "auto") == "42"
+    with pytest.raises(ValueError):
+        extract_answer("no marker", "gsm8k")
+
+
+def test_dedupe_and_split_are_deterministic():
+    rows = [_row(i, f"Question number {i}") for i in range(100)]
+    dup = [_row(200, "question   NUMBER 3"), _row(201, "Question number 4\n")]
+    kept, removed = dedupe_rows(rows + dup)
+    assert removed == 2 and kept == rows
+    train, test = split_rows(rows, eval_fraction=0.1, seed=1)
+    assert len(test) == 10 and len(train) == 90
+    assert not {r["id"] for r in train} & {r["id"] for r in test}
+    assert split_rows(list(reversed(rows)), eval_fraction=0.1, seed=1) == (train, test)  # order-independent
+    assert split_rows(rows, eval_fraction=0.1, seed=2)[1] != test
+    with pytest.raises(DataError):
+        split_rows(rows[:1], eval_fraction=0.5)
+
+
+def test_prepare_builtin_and_sources(shared_data):
+    cfg = DataConfig(num_train=300, num_eval=50, cold_start_size=100, seed=3)
+    out = prepare_datasets(cfg)
+    assert len(out.train) == 300 and len(out.eval) == 50 and len(out.cold_start) == 100
+    eval_prompts = {r["prompt"][0]["content"] for r in out.eval}
+    assert not eval_prompts & {r["prompt"][0]["content"] for r in out.train + out.cold_start}
+    assert prepare_datasets(cfg).train == out.train
+    gsm = DatasetSource(path=str(shared_data / "gsm8k_test.jsonl"), field_map=GSM8K_MAP, max_rows=200)
+    out = prepare_datasets(DataConfig(builtin_task=None, train_sources=[gsm, gsm], eval_fraction=0.1))
+    assert out.stats["train_duplicates"] == 200  # the second copy
+    assert len(out.eval) == 20 and len(out.train) == 180
