@@ -1,0 +1,110 @@
+"""flows.launch: a stage's child processes (torchrun on CPU with gloo) stream their output into the task's
+logger, and a failure in one rank raises with that rank's own traceback."""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from flows.launch import StageProcessFailed, build_command, launch, resolve_nproc_per_node
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ENTRY = '''
+import os, sys
+import torch.distributed as dist
+from flows.launch import record_failure
+
+def load_shard(rank):
+    if rank == int(os.environ["FAIL_RANK"]):
+        raise ValueError(f"shard {rank} is corrupt")
+    return rank
+
+@record_failure
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    print(f"rank {rank} of {dist.get_world_size()} started", flush=True)
+    load_shard(rank)
+    dist.barrier()   # the healthy rank waits here for the failed one
+    print(f"rank {rank} done", flush=True)
+    dist.destroy_process_group()
+
+main()
+'''
+
+
+@pytest.fixture
+def entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "r1_fake_stage.py").write_text(textwrap.dedent(ENTRY))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{ROOT}")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    return "r1_fake_stage"
+
+
+def run(entry: str, fail_rank: int, caplog: pytest.LogCaptureFixture, nproc: int = 2) -> None:
+    logger = logging.getLogger("test-stage")
+    with caplog.at_level(logging.INFO, logger="test-stage"):
+        launch(entry, nproc_per_node=nproc, logger=logger, env={"FAIL_RANK": str(fail_rank)}, cwd=ROOT)
+
+
+def test_two_ranks_complete_and_stream_their_output(entry: str, caplog: pytest.LogCaptureFixture) -> None:
+    run(entry, fail_rank=-1, caplog=caplog)
+    lines = caplog.messages
+    assert any(line.endswith("rank 0 of 2 started") and line.startswith("[default0]") for line in lines)
+    assert any(line.endswith("rank 1 done") and line.startswith("[default1]") for line in lines)
+
+
+def test_failure_in_rank_1_raises_with_rank_1s_traceback(entry: str, caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(StageProcessFailed) as info:
+        run(entry, fail_rank=1, caplog=caplog)
+    err = info.value
+    assert err.rank == 1 and err.returncode != 0
+    assert "ValueError: shard 1 is corrupt" in str(err)
+    # the child's own frames, not torchrun's ChildFailedError summary
+    assert 'in load_shard' in err.child_traceback and "r1_fake_stage.py" in err.child_traceback
+    assert "ChildFailedError" not in err.child_traceback
+    assert any("traceback of rank 1" in m and "in load_shard" in m for m in caplog.messages)  # in the task log
+
+
+def test_single_process_failure_without_torchrun(entry: str, caplog: pytest.LogCaptureFixture,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # one process: plain `python -m`; WORLD_SIZE=1 makes the gloo group a group of one
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(StageProcessFailed) as info:
+        run(entry, fail_rank=0, caplog=caplog, nproc=1)
+    assert info.value.rank == 0 and "shard 0 is corrupt" in str(info.value)
+
+
+def test_a_killed_child_is_reported_with_its_signal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "r1_killed.py").write_text("import os, signal\nprint('about to die', flush=True)\n"
+                                           "os.kill(os.getpid(), signal.SIGKILL)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with pytest.raises(StageProcessFailed, match="killed by SIGKILL") as info:
+        launch("r1_killed")
+    assert info.value.rank is None and "about to die" in str(info.value)
+
+
+def test_nproc_comes_from_config_then_the_pools_job_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("R1_NPROC_PER_NODE", raising=False)
+    assert resolve_nproc_per_node(None) == 1
+    monkeypatch.setenv("R1_NPROC_PER_NODE", "4")
+    assert resolve_nproc_per_node(None) == 4
+    assert resolve_nproc_per_node(2) == 2
+    monkeypatch.setenv("R1_NPROC_PER_NODE", "0")  # a CPU-only Kubernetes pod (gpu_count 0)
+    assert resolve_nproc_per_node(None) == 1
+    monkeypatch.setenv("R1_NPROC_PER_NODE", "two")
+    with pytest.raises(ValueError, match="R1_NPROC_PER_NODE"):
+        resolve_nproc_per_node(None)
+
+
+def test_command_uses_torchrun_only_for_several_processes(tmp_path: Path) -> None:
+    assert build_command("m", ["a"], 1, log_dir=tmp_path)[1:] == ["-m", "m", "a"]
+    cmd = build_command("m", ["a"], 2, log_dir=tmp_path)
+    assert cmd[1:3] == ["-m", "torch.distributed.run"] and "--nproc-per-node=2" in cmd and cmd[-3:] == ["-m", "m", "a"]
