@@ -213,7 +213,7 @@ def _bwrap_argv(bwrap: str, python: str, prog_fd: int, limits: SandboxLimits, ui
             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8", "--setenv", "HOME", "/tmp"]
     as_root = os.geteuid() == 0
     if as_root:  # no user namespace: setpriv below switches to a real unprivileged uid so NPROC binds
-        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
     else:
         argv += ["--unshare-user", "--disable-userns", "--uid", "65534", "--gid", "65534"]
     argv += ["--ro-bind", "/usr", "/usr"]
@@ -237,7 +237,8 @@ def _bwrap_argv(bwrap: str, python: str, prog_fd: int, limits: SandboxLimits, ui
              "--perms", "0444", "--ro-bind-data", str(prog_fd), "/prog.py",
              "--chdir", "/tmp", "--"]
     if as_root:
-        argv += [_tool("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+        argv += [_tool("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                 "--inh-caps=-all", "--bounding-set=-all", "--"]
     return argv + _limit_argv(limits) + _python_argv(python, allow_site_packages, "/prog.py")
 
 
@@ -334,7 +335,8 @@ def run_in_sandbox(source: str, stdin: str = "", *, limits: SandboxLimits = Sand
             argv = _limit_argv(limits) + _python_argv(python, allow_site_packages, script)
             if os.geteuid() == 0 and _others_can_run(python):
                 uid = _slot_uid(slot)
-                argv = [_tool("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]
+                argv = [_tool("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
+                        "--inh-caps=-all", "--bounding-set=-all", "--", *argv]
             cwd = workdir.name
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": cwd or "/tmp"}
         start = time.monotonic()

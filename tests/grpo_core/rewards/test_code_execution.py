@@ -122,6 +122,16 @@ def test_json_column_and_assert_style() -> None:
 
 
 @needs_bwrap
+def test_program_runs_unprivileged() -> None:
+    res = run_in_sandbox("print(open('/proc/self/status').read())", limits=LIMITS)
+    status = dict(line.split(":", 1) for line in res.stdout.splitlines() if ":" in line)
+    assert status["NoNewPrivs"].strip() == "1"  # setuid binaries (su, mount) cannot raise privileges
+    assert int(status["CapEff"], 16) == 0 and int(status["CapPrm"], 16) == 0
+    if os.geteuid() == 0:  # the program runs under a real unprivileged uid, so RLIMIT_NPROC applies
+        assert int(status["Uid"].split()[0]) >= 3_000_000 and int(status["CapBnd"], 16) == 0
+
+
+@needs_bwrap
 def test_network_is_unreachable() -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
