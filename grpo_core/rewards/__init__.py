@@ -27,3 +27,4 @@ import grpo_core.synthetic  # noqa: E402,F401  chain_accuracy, chain_format (the
 from grpo_core.rewards.code import code_execution  # noqa: E402,F401
 from grpo_core.rewards.shaping import language_consistency, overlong_penalty  # noqa: E402,F401
 from grpo_core.rewards.math import math_accuracy  # noqa: E402,F401
+from grpo_core.rewards.format import format_reward  # noqa: E402,F401
