@@ -1,0 +1,6 @@
+"""The GRPO trainer: ``train_grpo(config, model_path, train_rows, output_dir)`` (see ``loop.py``)."""
+
+from grpo_core.trainer.checkpoint import CheckpointError, list_checkpoints, load_latest_checkpoint
+from grpo_core.trainer.loop import train_grpo
+
+__all__ = ["CheckpointError", "list_checkpoints", "load_latest_checkpoint", "train_grpo"]

@@ -1,0 +1,188 @@
+"""Atomic, verifiable, resumable checkpoints.
+
+Layout of ``output_dir/checkpoint-N`` (loadable with ``from_pretrained`` as is)::
+
+    model.safetensors, config.json, generation_config.json, tokenizer files   (save_pretrained)
+    optimizer.pt, scheduler.pt, rng_state.pt (python, numpy, torch, cuda)
+    trainer_state.json   step, prompt-stream position, optimiser steps, metrics history
+    grpo_config.json     the resolved trainer config (config.json is the model's)
+    manifest.json        sha256 of every file above; written last, it marks the checkpoint complete
+
+Everything is written into ``.tmp-checkpoint-N``, fsynced, then renamed, so a crash leaves either a
+complete checkpoint or a temp folder that is never read. On resume the newest checkpoint whose files
+match their hashes and load is used; any other is reported (naming the file) and skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message names the file."""
+
+
+@dataclass
+class LoadedCheckpoint:
+    path: Path
+    model: torch.nn.Module
+    trainer_state: dict[str, Any]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    rng: dict[str, Any]
+    config: dict[str, Any]
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of the complete-named checkpoints, oldest first."""
+    if not output_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in output_dir.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))]
+    return sorted(found)
+
+
+def remove_temp_checkpoints(output_dir: Path) -> None:
+    for p in output_dir.glob(".tmp-*"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def save_checkpoint(
+    output_dir: Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    trainer_state: dict[str, Any],
+    config: dict[str, Any],
+    save_total_limit: int,
+) -> Path:
+    """Write ``checkpoint-{step}`` atomically, then delete all but the newest ``save_total_limit``."""
+    final = output_dir / f"checkpoint-{step}"
+    tmp = output_dir / f".tmp-checkpoint-{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save(rng_state(), tmp / "rng_state.pt")
+    write_json(tmp / "trainer_state.json", trainer_state)
+    write_json(tmp / "grpo_config.json", config)
+    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    for p in files:
+        _fsync(p)
+    write_json(tmp / MANIFEST, {"step": step, "files": {str(p.relative_to(tmp)): _sha256(p) for p in files}})
+    _fsync(tmp)
+    if final.exists():  # a run restarted with resume=False overwrites its old checkpoints
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync(output_dir)
+    for _, old in list_checkpoints(output_dir)[:-save_total_limit]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def verify_checkpoint(path: Path) -> dict[str, Any]:
+    """The manifest, after checking every listed file's sha256; ``CheckpointError`` names the bad file."""
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{manifest_path} is missing: the checkpoint was not completed")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError) as e:
+        raise CheckpointError(f"{manifest_path} is unreadable: {e}") from e
+    for name, digest in files.items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{file} is missing")
+        if _sha256(file) != digest:
+            raise CheckpointError(f"{file} is corrupt: its sha256 does not match {MANIFEST}")
+    return manifest
+
+
+def _load(file: Path, reader: Callable[[Path], Any]) -> Any:
+    try:
+        return reader(file)
+    except Exception as e:  # any reader failure means this file, not the code, is bad
+        raise CheckpointError(f"{file} is unreadable: {type(e).__name__}: {e}") from e
+
+
+def load_checkpoint(path: Path, load_model: Callable[[Path], torch.nn.Module]) -> LoadedCheckpoint:
+    verify_checkpoint(path)
+    return LoadedCheckpoint(
+        path=path,
+        model=_load(path / "model.safetensors", lambda _: load_model(path)),
+        trainer_state=_load(path / "trainer_state.json", lambda f: json.loads(f.read_text())),
+        optimizer=_load(path / "optimizer.pt", lambda f: torch.load(f, map_location="cpu", weights_only=True)),
+        scheduler=_load(path / "scheduler.pt", lambda f: torch.load(f, map_location="cpu", weights_only=True)),
+        rng=_load(path / "rng_state.pt", lambda f: torch.load(f, map_location="cpu", weights_only=False)),
+        config=_load(path / "grpo_config.json", lambda f: json.loads(f.read_text())),
+    )
+
+
+def load_latest_checkpoint(output_dir: Path, load_model: Callable[[Path], torch.nn.Module]) -> LoadedCheckpoint | None:
+    """The newest usable checkpoint; unusable ones are logged as errors (naming the file) and skipped."""
+    for step, path in reversed(list_checkpoints(output_dir)):
+        try:
+            return load_checkpoint(path, load_model)
+        except CheckpointError as e:
+            logger.error("cannot resume from checkpoint-%d: %s; falling back to the previous checkpoint", step, e)
+    return None

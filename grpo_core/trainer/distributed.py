@@ -1,0 +1,110 @@
+"""Process-group plumbing for data-parallel GRPO (torchrun), and the single-process no-op case.
+
+Work split: a step's prompts are sharded over ranks whole (a group never straddles two ranks), each
+rank generates and scores its groups, and ``gather_objects`` gives every rank the whole step's
+rollouts, so advantages, dynamic sampling and metrics are computed identically everywhere. Training
+then shards the sequences again; gradients are summed with ``all_reduce_gradients``.
+
+Departure from the usual DDP wrapper: ``grpo_core.logprobs.compute_token_logps`` runs the decoder and
+the (chunked) LM head as separate calls, which a ``DistributedDataParallel`` wrapper never sees, so the
+gradient sync is done explicitly after accumulation: one flattened SUM all-reduce per step (DDP
+averages; with the loss already divided by global totals a sum gives the full-batch gradient).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed() -> DistContext:
+    """Join the torchrun process group when ``WORLD_SIZE`` > 1 (gloo on CPU, NCCL on CUDA)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def shard(items: list[Any], ctx: DistContext) -> list[Any]:
+    """This rank's contiguous share of ``items`` (sizes differ by at most one)."""
+    n, w = len(items), ctx.world_size
+    start = ctx.rank * (n // w) + min(ctx.rank, n % w)
+    return items[start : start + n // w + (1 if ctx.rank < n % w else 0)]
+
+
+def gather_objects(local: list[Any], ctx: DistContext) -> list[Any]:
+    """Concatenate every rank's list in rank order (the inverse of ``shard``)."""
+    if not ctx.enabled:
+        return list(local)
+    parts: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(parts, local)
+    return [x for part in parts for x in part]
+
+
+def all_reduce_sum(values: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    if ctx.enabled:
+        values = values.to(ctx.device)
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values
+
+
+def all_reduce_gradients(model: torch.nn.Module, ctx: DistContext) -> None:
+    """Sum the gradients of every rank in place (one flattened buffer)."""
+    if not ctx.enabled:
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:  # a rank that saw no sequence still joins the collective
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])  # [num_params]
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
+        offset += p.numel()
+
+
+def broadcast_object(obj: Any, ctx: DistContext) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    if not ctx.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.enabled:
+        dist.barrier()
+
+
+def destroy(ctx: DistContext) -> None:
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,165 @@
+"""One step's rollouts: prompts from the stream, G completions each, scored by the reward functions.
+
+Each rank generates and scores its whole groups (``distributed.shard`` by prompt), then every rank
+receives every group (``gather_objects``), so what follows (advantages, DAPO filtering, metrics) is
+the same computation whatever the number of processes.
+
+DAPO dynamic sampling (Yu et al. 2025, sec. 3.2): groups whose G rewards are all equal carry no
+advantage; they are dropped and further rounds of ``prompts_per_step`` prompts are generated until
+the step has ``prompts_per_step`` informative groups or ``max_dynamic_sampling_rounds`` extra rounds
+were spent. Departure: when the cap is hit the step trains on the informative groups it has (fewer
+than asked) rather than padding with uninformative ones; with none at all it keeps the first round.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from grpo_core.config import GRPOConfig
+from grpo_core.generation import GenerationBackend, Rollout
+from grpo_core.loss import combine_rewards
+from grpo_core.trainer.distributed import DistContext, gather_objects, shard
+from grpo_core.trainer.prompts import PromptStream, completion_seed, encode_prompt, is_conversational
+
+
+@dataclass
+class ScoredGroups:
+    positions: list[int]  # [P] stream position of each group's prompt
+    rows: list[dict[str, Any]]  # [P] the dataset rows
+    rollouts: list[Rollout]  # [P*G] a group's G completions contiguous
+    rewards_per_func: torch.Tensor  # [P*G, R] NaN where a function returned None
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def select(self, groups: list[int], num_generations: int) -> "ScoredGroups":
+        seqs = [g * num_generations + j for g in groups for j in range(num_generations)]
+        return ScoredGroups(
+            [self.positions[g] for g in groups],
+            [self.rows[g] for g in groups],
+            [self.rollouts[i] for i in seqs],
+            self.rewards_per_func[seqs],
+        )
+
+    def extend(self, other: "ScoredGroups") -> "ScoredGroups":
+        return ScoredGroups(
+            self.positions + other.positions,
+            self.rows + other.rows,
+            self.rollouts + other.rollouts,
+            torch.cat([self.rewards_per_func, other.rewards_per_func]),
+        )
+
+
+def score_rollouts(
+    reward_funcs: list[Callable[..., list[float | None]]],
+    reward_names: list[str],
+    rows: list[dict[str, Any]],
+    rollouts: list[Rollout],
+    num_generations: int,
+    max_completion_length: int,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``[B, R]`` rewards under TRL's contract (None -> NaN) and each function's seconds."""
+    prompts = [row["prompt"] for row in rows for _ in range(num_generations)]
+    completions: list[Any] = [
+        [{"role": "assistant", "content": r.text}] if is_conversational(p) else r.text
+        for p, r in zip(prompts, rollouts)
+    ]
+    keys = [k for k in dict.fromkeys(k for row in rows for k in row) if k not in ("prompt", "completion", "completion_ids")]
+    columns = {k: [row.get(k) for row in rows for _ in range(num_generations)] for k in keys}
+    out = torch.full((len(rollouts), len(reward_funcs)), math.nan)  # [B, R]
+    seconds: dict[str, float] = {}
+    completion_ids = [r.completion_ids for r in rollouts]
+    for col, (func, name) in enumerate(zip(reward_funcs, reward_names)):
+        start = time.perf_counter()
+        scores = func(
+            prompts=prompts,
+            completions=completions,
+            completion_ids=completion_ids,
+            max_completion_length=max_completion_length,
+            **columns,
+        )
+        seconds[name] = time.perf_counter() - start
+        if len(scores) != len(rollouts):
+            raise ValueError(f"reward function {name!r} returned {len(scores)} scores for {len(rollouts)} completions")
+        for i, s in enumerate(scores):
+            if s is not None:
+                out[i, col] = float(s)
+    return out, seconds
+
+
+def generate_groups(
+    backend: GenerationBackend,
+    tokenizer: Any,
+    train_rows: list[dict[str, Any]],
+    stream: PromptStream,
+    position: int,
+    num_prompts: int,
+    step: int,
+    config: GRPOConfig,
+    reward_funcs: list[Callable[..., list[float | None]]],
+    reward_names: list[str],
+    ctx: DistContext,
+    timings: dict[str, float],
+) -> ScoredGroups:
+    """Generate and score the groups of stream positions ``position .. position + num_prompts - 1``."""
+    G = config.num_generations
+    positions = list(range(position, position + num_prompts))
+    rows = [train_rows[i] for i in stream.rows_at(position, num_prompts)]
+    local_positions, local_rows = shard(positions, ctx), shard(rows, ctx)
+    prompt_ids = [encode_prompt(tokenizer, row["prompt"], config.max_prompt_length) for row in local_rows]
+    seeds = [completion_seed(config.seed, step, p, j) for p in local_positions for j in range(G)]
+    start = time.perf_counter()
+    rollouts = backend.generate(
+        prompt_ids,
+        n=G,
+        max_tokens=config.max_completion_length,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        seeds=seeds,
+    )
+    timings["time/generate"] = timings.get("time/generate", 0.0) + time.perf_counter() - start
+    start = time.perf_counter()
+    rewards, _ = score_rollouts(reward_funcs, reward_names, local_rows, rollouts, G, config.max_completion_length)
+    timings["time/reward"] = timings.get("time/reward", 0.0) + time.perf_counter() - start
+    gathered = gather_objects([(rollouts, rewards)], ctx)
+    all_rollouts = [r for part, _ in gathered for r in part]
+    all_rewards = torch.cat([rw for _, rw in gathered])  # [P*G, R]
+    return ScoredGroups(positions, rows, all_rollouts, all_rewards)
+
+
+def informative_groups(rewards: torch.Tensor, num_generations: int) -> list[int]:
+    """Indices of groups whose rewards ``[P*G]`` are not all equal (they have a non-zero advantage)."""
+    std = rewards.view(-1, num_generations).std(dim=1)  # [P]
+    return [g for g, s in enumerate(std.tolist()) if not math.isclose(s, 0.0, abs_tol=1e-8)]
+
+
+def collect_step_groups(
+    generate: Callable[[int, int], ScoredGroups],
+    position: int,
+    config: GRPOConfig,
+    reward_weights: torch.Tensor | None,
+) -> tuple[ScoredGroups, ScoredGroups, int, int]:
+    """``(train_groups, all_generated, new_position, rounds)``; ``generate(position, count)`` makes groups."""
+    P, G = config.prompts_per_step, config.num_generations
+    first = generate(position, P)
+    position += P
+    if not config.dynamic_sampling:
+        return first, first, position, 1
+    generated = first
+    kept = first.select(informative_groups(combine_rewards(first.rewards_per_func, reward_weights), G), G)
+    rounds = 1
+    while len(kept) < P and rounds <= config.max_dynamic_sampling_rounds:
+        more = generate(position, P)
+        position += P
+        rounds += 1
+        generated = generated.extend(more)
+        kept = kept.extend(more.select(informative_groups(combine_rewards(more.rewards_per_func, reward_weights), G), G))
+    if len(kept) == 0:
+        return first, generated, position, rounds
+    return kept.select(list(range(min(P, len(kept)))), G), generated, position, rounds

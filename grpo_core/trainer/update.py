@@ -1,0 +1,221 @@
+"""The optimisation half of a GRPO step: micro-batches, gradient accumulation, optimiser steps.
+
+A step's N training sequences are split into ``steps_per_generation`` chunks, one optimiser step each,
+and the chunks are run ``num_iterations`` (mu) times. Within a chunk each rank takes its share of the
+sequences in micro-batches of ``per_device_train_batch_size``; every micro-batch loss is divided by
+the chunk's GLOBAL sequence/token totals (``compute_policy_loss(num_sequences=, num_tokens=)``), so
+the summed gradients over micro-batches and ranks are exactly the full-batch gradient.
+
+Old log-probs are computed once before the first update when the batch is reused (mu > 1 or several
+optimiser steps per generation); otherwise the ratio is 1 and the loss detaches (TRL does the same).
+Reference log-probs exist only when ``beta > 0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from grpo_core.config import GRPOConfig
+from grpo_core.generation import Rollout
+from grpo_core.logprobs import compute_token_logps
+from grpo_core.loss import compute_policy_loss
+from grpo_core.trainer.distributed import DistContext, all_reduce_gradients, gather_objects, shard
+
+
+@dataclass
+class TrainBatch:
+    """Padded tensors of a step's training sequences (identical on every rank)."""
+
+    prompt_ids: torch.Tensor  # [N, Lp] left-padded
+    prompt_mask: torch.Tensor  # [N, Lp]
+    completion_ids: torch.Tensor  # [N, Tc] right-padded
+    completion_mask: torch.Tensor  # [N, Tc] 1 on completion tokens, EOS included
+    loss_mask: torch.Tensor  # [N, Tc] completion_mask without truncated rows when masking them
+    advantages: torch.Tensor  # [N]
+    sampling_logps: torch.Tensor | None  # [N, Tc] the generation backend's log-probs
+    old_logps: torch.Tensor | None = None  # [N, Tc]
+    ref_logps: torch.Tensor | None = None  # [N, Tc]
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
+
+
+def build_train_batch(
+    rollouts: list[Rollout], advantages: torch.Tensor, pad_token_id: int, mask_truncated: bool
+) -> TrainBatch:
+    n = len(rollouts)
+    lp = max(len(r.prompt_ids) for r in rollouts)
+    tc = max(1, max(len(r.completion_ids) for r in rollouts))
+    prompt_ids = torch.full((n, lp), pad_token_id, dtype=torch.long)  # [N, Lp]
+    prompt_mask = torch.zeros((n, lp), dtype=torch.long)  # [N, Lp]
+    completion_ids = torch.full((n, tc), pad_token_id, dtype=torch.long)  # [N, Tc]
+    completion_mask = torch.zeros((n, tc), dtype=torch.long)  # [N, Tc]
+    has_logps = all(r.logprobs is not None for r in rollouts)
+    sampling_logps = torch.zeros((n, tc)) if has_logps else None  # [N, Tc]
+    for i, r in enumerate(rollouts):
+        if r.prompt_ids:
+            prompt_ids[i, lp - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            prompt_mask[i, lp - len(r.prompt_ids) :] = 1
+        if r.completion_ids:
+            completion_ids[i, : len(r.completion_ids)] = torch.tensor(r.completion_ids)
+            completion_mask[i, : len(r.completion_ids)] = 1
+            if sampling_logps is not None:
+                sampling_logps[i, : len(r.completion_ids)] = torch.tensor(r.logprobs)
+    loss_mask = completion_mask.clone()
+    if mask_truncated:  # DAPO's overlong filtering: a cut-off completion teaches nothing about its ending
+        truncated = torch.tensor([r.truncated for r in rollouts])  # [N]
+        loss_mask[truncated] = 0
+    return TrainBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, loss_mask, advantages, sampling_logps)
+
+
+def _inputs(batch: TrainBatch, idx: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``input_ids``/``attention_mask`` ``[b, Lp'+T']`` of rows ``idx`` trimmed to their own padding, and ``T'``."""
+    prompt_mask = batch.prompt_mask[idx]  # [b, Lp]
+    first = int(prompt_mask.any(0).float().argmax()) if prompt_mask.any() else prompt_mask.shape[1]
+    t = max(1, int(batch.completion_mask[idx].sum(1).max()))
+    input_ids = torch.cat([batch.prompt_ids[idx, first:], batch.completion_ids[idx, :t]], 1)  # [b, Lp'+T']
+    attention_mask = torch.cat([prompt_mask[:, first:], batch.completion_mask[idx, :t]], 1)  # [b, Lp'+T']
+    return input_ids.to(device), attention_mask.to(device), t
+
+
+def _autocast(config: GRPOConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    if config.bf16 and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def compute_batch_logps(
+    model: torch.nn.Module, batch: TrainBatch, idx: list[int], config: GRPOConfig, device: torch.device
+) -> torch.Tensor:
+    """Log-probs ``[N, Tc]`` of rows ``idx`` under ``model`` (other rows 0), micro-batch by micro-batch."""
+    out = torch.zeros(batch.completion_ids.shape)  # [N, Tc]
+    bs = config.per_device_train_batch_size
+    for start in range(0, len(idx), bs):
+        mb = idx[start : start + bs]
+        input_ids, attention_mask, t = _inputs(batch, mb, device)
+        with _autocast(config, device):
+            logps, _ = compute_token_logps(
+                model, input_ids, attention_mask, t, temperature=config.temperature, chunk_size=config.logprob_chunk_size
+            )
+        out[mb, :t] = logps.float().cpu()  # [b, T']
+    return out
+
+
+def optimise(
+    model: torch.nn.Module,
+    ref_model: torch.nn.Module | None,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    batch: TrainBatch,
+    config: GRPOConfig,
+    ctx: DistContext,
+) -> dict[str, float]:
+    """Run the step's ``num_iterations x steps_per_generation`` optimiser steps; return the step's metrics."""
+    n = len(batch)
+    num_chunks = min(config.steps_per_generation or 1, n)
+    chunks = [c.tolist() for c in np.array_split(np.arange(n), num_chunks)]
+    local_idx = [i for c in chunks for i in shard(c, ctx)]
+    sums: dict[str, float] = {}
+    maxes: dict[str, float] = {}
+
+    def add(key: str, value: float) -> None:
+        sums[key] = sums.get(key, 0.0) + value
+
+    if config.num_iterations > 1 or num_chunks > 1:
+        batch.old_logps = compute_batch_logps(model, batch, local_idx, config, ctx.device)
+        if batch.sampling_logps is not None:
+            _add_sampling_diff(batch.old_logps, batch, local_idx, add, maxes)
+    if config.beta > 0.0:
+        assert ref_model is not None, "beta > 0 needs a reference model"
+        batch.ref_logps = compute_batch_logps(ref_model, batch, local_idx, config, ctx.device)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    bs = config.per_device_train_batch_size
+    for iteration in range(config.num_iterations):
+        for chunk in chunks:
+            num_sequences = len(chunk)
+            num_tokens = max(1, int(batch.loss_mask[chunk].sum()))
+            step_loss = 0.0
+            mine = shard(chunk, ctx)
+            for start in range(0, len(mine), bs):
+                mb = mine[start : start + bs]
+                input_ids, attention_mask, t = _inputs(batch, mb, ctx.device)
+                first_pass = iteration == 0
+                with _autocast(config, ctx.device):
+                    logps, entropy = compute_token_logps(
+                        model, input_ids, attention_mask, t, temperature=config.temperature,
+                        chunk_size=config.logprob_chunk_size, compute_entropy=first_pass,
+                    )  # [b, T']
+                loss_mask = batch.loss_mask[mb, :t].to(ctx.device)  # [b, T']
+                old = batch.old_logps[mb, :t].to(ctx.device) if batch.old_logps is not None else None
+                ref = batch.ref_logps[mb, :t].to(ctx.device) if batch.ref_logps is not None else None
+                loss, metrics = compute_policy_loss(
+                    logps.float(), old, ref, batch.advantages[mb].to(ctx.device), loss_mask,
+                    epsilon=config.epsilon, epsilon_high=config.epsilon_high, beta=config.beta,
+                    loss_type=config.loss_type, importance_sampling_level=config.importance_sampling_level,
+                    max_completion_length=config.max_completion_length,
+                    num_sequences=num_sequences, num_tokens=num_tokens,
+                )
+                loss.backward()
+                step_loss += loss.item()
+                tokens = float(loss_mask.sum())
+                add("tokens", tokens)
+                for key, value in metrics.items():
+                    add(key, value * tokens)
+                if first_pass:
+                    comp_mask = batch.completion_mask[mb, :t].to(ctx.device).float()  # [b, T']
+                    add("entropy", float((entropy.detach().float() * comp_mask).sum()))
+                    add("entropy_tokens", float(comp_mask.sum()))
+                    if batch.old_logps is None and batch.sampling_logps is not None:
+                        full = torch.zeros(batch.completion_ids.shape)  # [N, Tc]
+                        full[mb, :t] = logps.detach().float().cpu()
+                        _add_sampling_diff(full, batch, mb, add, maxes)
+            all_reduce_gradients(model, ctx)
+            add("loss", step_loss)
+            add("learning_rate", scheduler.get_last_lr()[0] / ctx.world_size)  # summed over ranks below
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+            add("grad_norm", float(grad_norm) / ctx.world_size)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+    return _reduce_metrics(sums, maxes, num_updates=config.num_iterations * num_chunks, ctx=ctx)
+
+
+def _add_sampling_diff(trainer_logps: torch.Tensor, batch: TrainBatch, idx: list[int], add: Any, maxes: dict[str, float]) -> None:
+    mask = batch.completion_mask[idx].bool()  # [b, Tc]
+    diff = (trainer_logps[idx] - batch.sampling_logps[idx]).abs()[mask]  # [tokens]
+    if diff.numel():
+        add("diff_sum", float(diff.sum()))
+        add("diff_tokens", float(diff.numel()))
+        maxes["sampling/logprob_diff_max"] = max(maxes.get("sampling/logprob_diff_max", 0.0), float(diff.max()))
+
+
+def _reduce_metrics(sums: dict[str, float], maxes: dict[str, float], num_updates: int, ctx: DistContext) -> dict[str, float]:
+    """Combine every rank's sums (and maxima) into the step's metrics."""
+    total: dict[str, float] = {}
+    top: dict[str, float] = {}
+    for part_sums, part_maxes in gather_objects([(sums, maxes)], ctx):
+        for k, v in part_sums.items():
+            total[k] = total.get(k, 0.0) + v
+        for k, v in part_maxes.items():
+            top[k] = max(top.get(k, v), v)
+    tokens = max(total.get("tokens", 0.0), 1.0)
+    out = {
+        "loss": total.get("loss", 0.0) / num_updates,
+        "grad_norm": total.get("grad_norm", 0.0) / num_updates,
+        "learning_rate": total.get("learning_rate", 0.0) / num_updates,
+    }
+    for key in ("kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"):
+        out[key] = total.get(key, 0.0) / tokens
+    if total.get("entropy_tokens"):
+        out["entropy"] = total["entropy"] / total["entropy_tokens"]
+    if total.get("diff_tokens"):
+        out["sampling/logprob_diff_mean"] = total["diff_sum"] / total["diff_tokens"]
+        out.update(top)
+    return out
