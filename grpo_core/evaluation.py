@@ -1,0 +1,220 @@
+"""Held-out evaluation after every stage: the numbers of the seed's emergence table.
+
+Metrics (all over the same held-out rows):
+
+- ``eval/accuracy``: greedy decoding, share of completions the reward scores as correct (>= 1).
+- ``eval/pass@1``: mean correctness of ``num_samples`` sampled completions per prompt at
+  ``temperature`` (the unbiased pass@1 estimator of Chen et al. 2021 with k=1 is exactly this mean).
+- ``eval/mean_length``: greedy completion length in tokens (EOS not counted); the seed's
+  "response length grows" curve.
+- ``eval/format_rate``: greedy completions of the form ``<think>...</think><answer>...</answer>``.
+- ``eval/direct_answer_rate``: greedy completions with an empty ``<think></think>`` (no working).
+- ``eval/accuracy_forced_reasoning``: greedy accuracy with the direct mode banned: where greedy
+  decoding emitted ``<think></think>``, the token after ``<think>`` is re-chosen as the argmax over
+  everything except ``</think>`` and greedy decoding continues. Compared with ``eval/accuracy`` it
+  separates "RL taught better reasoning" from "RL taught the model to use the reasoning it already had"
+  (``notes/embedded-default.md``). Needs ``<think>``/``</think>`` to be single tokens; otherwise NaN.
+
+Generation goes through a ``GenerationBackend`` (vLLM or transformers); correctness through a
+registered reward (TRL contract), so evaluation scores exactly what training rewards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from grpo_core.config import EvalConfig
+from grpo_core.generation import GenerationBackend, Rollout, make_backend
+from grpo_core.rewards import get_reward_funcs
+from grpo_core.sft import encode_prompt
+
+REASONING_FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
+DIRECT_ANSWER = re.compile(r"^\s*<think>\s*</think>")
+
+
+def has_reasoning_format(text: str) -> bool:
+    return bool(REASONING_FORMAT.match(text))
+
+
+def is_direct(text: str) -> bool:
+    return bool(DIRECT_ANSWER.match(text))
+
+
+def sample_seed(seed: int, row_id: str, j: int) -> int:
+    """Seed of sample ``j`` of a row: independent of batch composition and row order."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{row_id}:{j}".encode()).digest()[:8], "big") >> 1
+
+
+def score(reward_func: Callable[..., list[float | None]], rows: list[dict[str, Any]], rollouts: list[Rollout],
+          n: int, max_completion_length: int) -> list[bool]:
+    """Correct (reward >= 1) per rollout; rollouts are ``n`` per row, contiguous."""
+    expanded = [row for row in rows for _ in range(n)]
+    columns = {k: [r.get(k) for r in expanded] for k in expanded[0] if k != "prompt"} if expanded else {}
+    scores = reward_func(
+        [r.text for r in rollouts], prompts=[r["prompt"] for r in expanded],
+        completion_ids=[r.completion_ids for r in rollouts], max_completion_length=max_completion_length, **columns,
+    )
+    return [s is not None and s >= 1.0 - 1e-6 for s in scores]
+
+
+def completion_length(rollout: Rollout) -> int:
+    return len(rollout.completion_ids) - (0 if rollout.truncated else 1)
+
+
+def evaluate(
+    model: str | Path | torch.nn.Module,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    *,
+    reward_func: str | Callable[..., list[float | None]] = "chain_accuracy",
+    num_samples: int = 4,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 64,
+    backend: GenerationBackend | None = None,
+    seed: int = 0,
+    forced_reasoning: bool = True,
+    batch_size: int = 64,
+    return_rows: bool = False,
+) -> dict[str, Any]:
+    """Evaluate ``model`` on prompt rows ``{id, prompt, answer, ...}``; see the module docstring.
+
+    ``model`` is a path or a loaded causal LM; ``backend`` defaults to transformers sampling with it.
+    With ``return_rows`` the result has ``rows``: per-row completions and verdicts.
+    """
+    if not rows:
+        raise ValueError("evaluate got no rows; the held-out set is empty")
+    path = None if isinstance(model, torch.nn.Module) else Path(model)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    if isinstance(model, torch.nn.Module):
+        module = model
+    elif backend is None or forced_reasoning:
+        from transformers import AutoModelForCausalLM
+
+        module = AutoModelForCausalLM.from_pretrained(path)
+    else:
+        module = None
+    if backend is None:
+        backend = make_backend("hf", str(path) if path else "", model=module, tokenizer=tokenizer)
+    fn = get_reward_funcs([reward_func])[0] if isinstance(reward_func, str) else reward_func
+    prompt_ids = [encode_prompt(tokenizer, r["prompt"]) for r in rows]
+
+    greedy = _generate(backend, prompt_ids, n=1, max_tokens=max_new_tokens, greedy=True, batch=batch_size)
+    greedy_ok = score(fn, rows, greedy, 1, max_new_tokens)
+    texts = [g.text for g in greedy]
+    metrics: dict[str, Any] = {
+        "eval/accuracy": _mean(greedy_ok),
+        "eval/mean_length": _mean([completion_length(g) for g in greedy]),
+        "eval/format_rate": _mean([has_reasoning_format(t) for t in texts]),
+        "eval/direct_answer_rate": _mean([is_direct(t) for t in texts]),
+        "eval/num_rows": len(rows),
+    }
+    sampled_ok: list[bool] = []
+    if num_samples > 0:
+        seeds = [sample_seed(seed, str(r.get("id", i)), j) for i, r in enumerate(rows) for j in range(num_samples)]
+        sampled = _generate(backend, prompt_ids, n=num_samples, max_tokens=max_new_tokens, greedy=False,
+                            batch=max(1, batch_size // num_samples), temperature=temperature, top_p=top_p, seeds=seeds)
+        sampled_ok = score(fn, rows, sampled, num_samples, max_new_tokens)
+        metrics["eval/pass@1"] = _mean(sampled_ok)
+        metrics["eval/mean_length_sampled"] = _mean([completion_length(s) for s in sampled])
+    forced_texts, forced_ok = texts, greedy_ok
+    if forced_reasoning:
+        forced = force_reasoning(module, tokenizer, backend, prompt_ids, greedy, max_new_tokens, batch_size)
+        if forced is None:
+            metrics["eval/accuracy_forced_reasoning"] = math.nan
+        else:
+            forced_texts = [f.text for f in forced]
+            forced_ok = score(fn, rows, forced, 1, max_new_tokens)
+            metrics["eval/accuracy_forced_reasoning"] = _mean(forced_ok)
+    if return_rows:
+        k = max(num_samples, 1)
+        metrics["rows"] = [
+            {"id": r.get("id"), "answer": r.get("answer"), "greedy": texts[i], "correct": greedy_ok[i],
+             "forced": forced_texts[i], "forced_correct": forced_ok[i],
+             "pass@1": _mean(sampled_ok[i * k:(i + 1) * k]) if sampled_ok else math.nan}
+            for i, r in enumerate(rows)
+        ]
+    return metrics
+
+
+def evaluate_with_config(config: EvalConfig, model: str | Path | torch.nn.Module, rows: list[dict[str, Any]], *,
+                         tokenizer: Any = None, backend: GenerationBackend | None = None,
+                         return_rows: bool = False) -> dict[str, Any]:
+    """``evaluate`` with the fields of an EvalConfig (the evaluate stage's entry point)."""
+    rows = rows[: config.max_rows] if config.max_rows else rows
+    return evaluate(model, tokenizer, rows, reward_func=config.reward_func, num_samples=config.num_samples,
+                    temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
+                    backend=backend, seed=config.seed, forced_reasoning=config.forced_reasoning,
+                    batch_size=config.batch_size, return_rows=return_rows)
+
+
+def force_reasoning(model: torch.nn.Module | None, tokenizer: Any, backend: GenerationBackend,
+                    prompt_ids: list[list[int]], greedy: list[Rollout], max_new_tokens: int, batch_size: int
+                    ) -> list[Rollout] | None:
+    """Greedy rollouts with an empty think block banned (see module docstring); None if not applicable."""
+    think, end_think = (_single_token_id(tokenizer, t) for t in ("<think>", "</think>"))
+    if model is None or think is None or end_think is None or max_new_tokens < 3:
+        return None
+    redo = [i for i, g in enumerate(greedy) if g.completion_ids[:2] == [think, end_think]]
+    out = list(greedy)
+    if not redo:
+        return out
+    banned = [end_think] + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
+    prefixes = [prompt_ids[i] + [think] for i in redo]
+    first = _argmax_next_token(model, prefixes, banned, tokenizer.pad_token_id or 0)
+    continued = _generate(backend, [p + [t] for p, t in zip(prefixes, first)], n=1, max_tokens=max_new_tokens - 2,
+                          greedy=True, batch=batch_size)
+    for i, t, c in zip(redo, first, continued):
+        head = tokenizer.decode([think, t], skip_special_tokens=True)
+        out[i] = Rollout(prompt_ids[i], [think, t] + c.completion_ids, None, c.truncated, head + c.text)
+    return out
+
+
+@torch.inference_mode()
+def _argmax_next_token(model: torch.nn.Module, prefixes: list[list[int]], banned: list[int], pad_id: int) -> list[int]:
+    """Greedy next token of each prefix with ``banned`` ids excluded (one left-padded forward pass)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    length = max(len(p) for p in prefixes)
+    ids = torch.full((len(prefixes), length), pad_id, dtype=torch.long)  # [P, L]
+    mask = torch.zeros_like(ids)  # [P, L]
+    for i, p in enumerate(prefixes):
+        ids[i, length - len(p):] = torch.tensor(p)
+        mask[i, length - len(p):] = 1
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [P, L]
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=position_ids.to(device),
+                   logits_to_keep=1).logits[:, -1].float()  # [P, V]
+    logits[:, banned] = float("-inf")
+    model.train(was_training)
+    return logits.argmax(-1).tolist()
+
+
+def _single_token_id(tokenizer: Any, text: str) -> int | None:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids[0] if len(ids) == 1 else None
+
+
+def _generate(backend: GenerationBackend, prompt_ids: list[list[int]], *, n: int, max_tokens: int, greedy: bool,
+              batch: int, temperature: float = 1.0, top_p: float = 1.0, seeds: list[int] | None = None
+              ) -> list[Rollout]:
+    out: list[Rollout] = []
+    for start in range(0, len(prompt_ids), batch):
+        chunk = prompt_ids[start: start + batch]
+        chunk_seeds = seeds[start * n: (start + len(chunk)) * n] if seeds is not None else [0] * (len(chunk) * n)
+        out += backend.generate(chunk, n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=0,
+                                seeds=chunk_seeds, greedy=greedy)
+    return out
+
+
+def _mean(values: list[Any]) -> float:
+    return float(sum(values)) / len(values) if values else math.nan

@@ -1,0 +1,127 @@
+"""Evaluation metrics: hand-computed on scripted rollouts, and end to end on a tiny model that memorised its rows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from grpo_core.config import EvalConfig, SFTConfig
+from grpo_core.evaluation import evaluate, evaluate_with_config, has_reasoning_format, is_direct
+from grpo_core.generation import Rollout
+from grpo_core.sft import train_sft
+from grpo_core.synthetic import make_chain_rows, make_cold_start_rows
+from grpo_core.tiny import build_tiny_model
+
+torch.set_num_threads(1)
+
+
+class ScriptedBackend:
+    """Returns fixed completions: greedy[i] for prompt i, sampled[i][j] for its j-th sample."""
+
+    def __init__(self, tok, greedy, sampled):
+        self.tok, self.greedy, self.sampled, self.calls = tok, greedy, sampled, []
+
+    def _rollout(self, prompt, text):
+        ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+        return Rollout(prompt, ids, None, False, text)
+
+    def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k, seeds, greedy=False):
+        self.calls.append((len(prompt_ids), n, greedy, list(seeds) if seeds else None))
+        out = []
+        for p in prompt_ids:
+            i = self.prompts.index(p)
+            out += [self._rollout(p, self.greedy[i])] if greedy else [self._rollout(p, t) for t in self.sampled[i][:n]]
+        return out
+
+    def update_weights(self, model):
+        pass
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), hidden_size=64, num_layers=2, num_heads=2)
+
+
+def test_metrics_by_hand(tiny):
+    tok = AutoTokenizer.from_pretrained(tiny)
+    rows = [{"id": f"r{i}", "prompt": [{"role": "user", "content": p}], "answer": a, "task": "chain"}
+            for i, (p, a) in enumerate([("1+2+3=", "6"), ("2*3*4=", "24"), ("9-1-1=", "7")])]
+    greedy = ["<think>1+2=3;3+3=6</think><answer>6</answer>",  # correct: 4 tags + 11 chars + 1 digit = 16 tokens
+              "<think></think><answer>25</answer>",  # direct, wrong, 6 tokens
+              "7"]  # no format, 1 token
+    sampled = [["<think></think><answer>6</answer>", "x"],
+               ["<think></think><answer>24</answer>", "<think>2*3=6;6*4=24</think><answer>24</answer>"],
+               ["<think></think><answer>7</answer>", "<think></think><answer>8</answer>"]]
+    backend = ScriptedBackend(tok, greedy, sampled)
+    from grpo_core.sft import encode_prompt
+    backend.prompts = [encode_prompt(tok, r["prompt"]) for r in rows]
+    m = evaluate(tiny, tok, rows, num_samples=2, backend=backend, forced_reasoning=False, batch_size=2,
+                 return_rows=True)
+    assert m["eval/accuracy"] == pytest.approx(1 / 3)
+    assert m["eval/pass@1"] == pytest.approx(4 / 6)
+    assert m["eval/format_rate"] == pytest.approx(2 / 3)
+    assert m["eval/direct_answer_rate"] == pytest.approx(1 / 3)
+    assert m["eval/mean_length"] == pytest.approx((16 + 6 + 1) / 3)
+    assert [r["pass@1"] for r in m["rows"]] == [0.5, 1.0, 0.5]
+    # prompts chunked by batch_size (greedy) and batch_size // k (sampled); one seed per completion, stable
+    assert [c[:3] for c in backend.calls] == [(2, 1, True), (1, 1, True), (1, 2, False), (1, 2, False), (1, 2, False)]
+    seeds = [s for c in backend.calls if not c[2] for s in c[3]]
+    assert len(set(seeds)) == 6
+    again = ScriptedBackend(tok, greedy, sampled)
+    again.prompts = backend.prompts
+    evaluate(tiny, tok, rows[::-1], num_samples=2, backend=again, forced_reasoning=False, batch_size=64)
+    assert sorted(s for c in again.calls if not c[2] for s in c[3]) == sorted(seeds)  # order-independent
+
+
+def test_format_helpers():
+    assert has_reasoning_format("<think>a\nb</think>\n<answer>3</answer>")
+    assert not has_reasoning_format("<answer>3</answer>")
+    assert is_direct("<think> </think><answer>3</answer>") and not is_direct("<think>1</think><answer>1</answer>")
+
+
+def test_memorised_model_end_to_end(tiny, tmp_path):
+    prompts = make_chain_rows(6, seed=4)
+    sft_rows = make_cold_start_rows(prompts, direct_fraction=0.5, seed=1)
+    n_direct = sum(is_direct(r["completion"]) for r in sft_rows)
+    assert 0 < n_direct < 6
+    cfg = SFTConfig(learning_rate=3e-3, max_steps=150, per_device_train_batch_size=6, save_steps=10**6,
+                    report_to=[], lr_scheduler_type="constant")
+    final = train_sft(cfg, tiny, sft_rows, tmp_path)["final_path"]
+    ec = EvalConfig(num_samples=2, temperature=0.01, max_new_tokens=40)
+    m = evaluate_with_config(ec, final, prompts, return_rows=True)
+    assert m["eval/accuracy"] == 1.0 and m["eval/format_rate"] == 1.0
+    assert m["eval/pass@1"] == 1.0  # near-greedy sampling of a memorised model
+    assert m["eval/direct_answer_rate"] == pytest.approx(n_direct / 6)
+    tok = AutoTokenizer.from_pretrained(final)
+    expected_len = sum(len(tok(r["completion"], add_special_tokens=False)["input_ids"]) for r in sft_rows) / 6
+    assert m["eval/mean_length"] == pytest.approx(expected_len)
+    assert [r["greedy"] for r in m["rows"]] == [r["completion"] for r in sft_rows]
+    # forced reasoning: direct rows are re-decoded with a non-empty think block; the others are untouched
+    for row, sft in zip(m["rows"], sft_rows):
+        assert row["forced"].startswith("<think>") and not is_direct(row["forced"])
+        if not is_direct(sft["completion"]):
+            assert row["forced"] == row["greedy"]
+    assert 0.0 <= m["eval/accuracy_forced_reasoning"] <= 1.0
+    m2 = evaluate(final, None, prompts, num_samples=0, forced_reasoning=False)
+    assert "eval/pass@1" not in m2 and m2["eval/accuracy"] == 1.0
+
+
+def test_forced_reasoning_needs_single_token_tags(tiny):
+    tok = AutoTokenizer.from_pretrained(tiny)
+
+    class NoTags:
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+        def __call__(self, text, **kw):
+            if text in ("<think>", "</think>"):
+                return {"input_ids": [5, 6]}
+            return tok(text, **kw)
+
+    rows = make_chain_rows(2, seed=0)
+    m = evaluate(tiny, NoTags(), rows, num_samples=0, max_new_tokens=4)
+    assert math.isnan(m["eval/accuracy_forced_reasoning"])
+    assert m["eval/accuracy"] == 0.0  # an untrained model
