@@ -13,6 +13,7 @@ or a GSM8K solution ending ``#### 72``.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from dataclasses import dataclass
@@ -65,6 +66,14 @@ def _parse(text: str, config: list[Any] | None) -> list[Any]:
     return parse(text, extraction_config=config, parsing_timeout=None)
 
 
+@functools.lru_cache(maxsize=1024)
+def _parse_gold(gold: str, match_types: tuple[str, ...]) -> tuple[Any, ...]:
+    """Parsed ground truth, cached per worker: the G completions of a prompt share one gold."""
+    config = _extraction_config(match_types)
+    gold_text = gold if any(d in gold for d in _LATEX_DELIMS) else f"${gold}$"
+    return tuple(_parse(gold_text, config) or _parse(gold, config))
+
+
 def _equal(gold: list[Any], pred: list[Any], opts: VerifyOptions) -> bool:
     from math_verify import verify
 
@@ -89,10 +98,7 @@ _PROSE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")  # a word that is not a \com
 def check_answer(gold: str, pred: str, pred_kind: str, opts: VerifyOptions) -> float:
     """(worker) 1.0 if the extracted ``pred`` equals ``gold`` under math-verify, else 0.0."""
     config = _extraction_config(opts.match_types)
-    gold_text = gold if any(d in gold for d in _LATEX_DELIMS) else f"${gold}$"
-    gold_parsed = _parse(gold_text, config)
-    if not gold_parsed:
-        gold_parsed = _parse(gold, config)
+    gold_parsed = list(_parse_gold(gold, tuple(opts.match_types)))
     pred_parsed = _parse(f"\\boxed{{{pred}}}", config)
     if _equal(gold_parsed, pred_parsed, opts):
         return 1.0

@@ -60,7 +60,7 @@ def test_prefilled_think_in_prompt():
 
 
 def test_hostile_inputs_are_fast_and_score_zero():
-    hostile = ["<think>" + "{" * 2_000_000, "<think>a</think>\\boxed{5}" + "$\\]" * 2000 + "x", b"\xff<think>a</think>\xfe",
+    hostile = ["<think>" + "{" * 2_000_000, "<think>a</think>\\boxed{5}" + "$\\]" * 1000 + "x", b"\xff<think>a</think>\xfe",
                "<think>a</think>" + "\\boxed{" * 100_000]
     start = time.monotonic()
     assert format_reward(hostile) == [0.0] * 4
