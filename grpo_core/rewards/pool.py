@@ -25,6 +25,7 @@ import math
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -125,7 +126,10 @@ class _WorkerProcess(mp_context.ForkServerProcess):
 class _Worker:
     def __init__(self, ctx: Any, fn: Callable[..., Any], memory_limit: int | None) -> None:
         self.conn, child = ctx.Pipe(duplex=True)
-        process_cls = _WorkerProcess if ctx.get_start_method() == "forkserver" else ctx.Process
+        # The _launch override is checked against CPython 3.10-3.13; elsewhere use the stock process (which
+        # needs the usual ``if __name__ == "__main__"`` guard in the calling script).
+        patched = ctx.get_start_method() == "forkserver" and (3, 10) <= sys.version_info[:2] < (3, 14)
+        process_cls = _WorkerProcess if patched else ctx.Process
         self.proc = process_cls(target=_worker_main, args=(child, fn, memory_limit), daemon=True)
         self.proc.start()
         child.close()
