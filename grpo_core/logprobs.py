@@ -35,7 +35,9 @@ def selective_log_softmax(logits: Tensor, index: Tensor, chunk_size: int = 1024)
 def _chunk_logps(
     hidden: Tensor, targets: Tensor, lm_head: nn.Module, temperature: float, compute_entropy: bool
 ) -> tuple[Tensor, Tensor]:
-    logits = lm_head(hidden).float() / temperature  # [n, V], the only vocabulary-sized tensors live here
+    logits = lm_head(hidden).float()  # [n, V], the only vocabulary-sized tensors live here
+    if temperature != 1.0:
+        logits.div_(temperature)  # in place: a second [n, V] copy would double the chunk's peak
     lse = torch.logsumexp(logits, dim=-1)  # [n]
     logps = logits.gather(-1, targets[:, None]).squeeze(-1) - lse  # [n]
     if not compute_entropy:

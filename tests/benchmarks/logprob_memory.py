@@ -1,0 +1,133 @@
+# python tests/benchmarks/logprob_memory.py --repeats 2
+"""Peak memory and time of the old/ref log-prob pass: naive full log-softmax vs grpo_core's chunked pass.
+
+Model: a 1-layer Qwen2 with Qwen2.5-0.5B's widths (hidden 896, vocab 151,936, tied embeddings), random
+init, fp32 on CPU; input 4 x (32 prompt + 1024 completion) tokens, forward only (``torch.no_grad``).
+
+- naive: ``model(..., logits_to_keep=T+1).logits[:, :-1]`` -> ``log_softmax(-1)`` -> ``gather`` (TRL's
+  path without its chunking): [B, T, V] logits and an fp32 log-softmax of the same size.
+- chunked: ``grpo_core.logprobs.compute_token_logps`` (hidden states, lm_head on ``chunk_size`` rows at a time).
+
+Each measurement runs in a fresh subprocess, methods interleaved (A B, B A, ...). Memory: torch's CPU
+allocator keeps no statistics, so the child resets the kernel's RSS high-water mark (``/proc/self/clear_refs``)
+after building the model and reports ``VmHWM - VmRSS_before``, i.e. what the pass itself added on top of the
+weights. Time: CPU seconds (user + sys) of the pass with 1 torch thread, steadier than wall time on shared
+cores; wall time is printed too. The last line is JSON with ``memory_ratio`` (chunked / naive, target <= 0.25)
+and ``time_ratio`` (target <= 1.2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+
+def read_status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def run_child(args: argparse.Namespace) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from grpo_core.logprobs import compute_token_logps
+
+    torch.set_num_threads(args.threads)
+    config = Qwen2Config(
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4864, num_hidden_layers=1,
+        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    T = args.tokens
+    input_ids = torch.randint(0, args.vocab, (args.batch, args.prompt + T))  # [B, L]
+    attention_mask = torch.ones_like(input_ids)  # [B, L]
+
+    def naive(ids, mask, T):
+        logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=T + 1).logits[:, :-1]  # [B, T, V]
+        return logits.log_softmax(-1).gather(-1, ids[:, -T:, None]).squeeze(-1)  # [B, T]
+
+    def chunked(ids, mask, T):
+        return compute_token_logps(model, ids, mask, T, chunk_size=args.chunk_size)[0]  # [B, T]
+
+    method = {"naive": naive, "chunked": chunked}[args.child]
+    with torch.no_grad():
+        method(input_ids[:1, -16:], attention_mask[:1, -16:], 8)  # warm-up: kernels, lazy init
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
+        before = read_status_kib("VmRSS")
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        logps = method(input_ids, attention_mask, T)
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        peak = read_status_kib("VmHWM")
+    print(json.dumps({
+        "method": args.child, "pass_peak_mib": (peak - before) / 1024, "rss_peak_mib": peak / 1024,
+        "cpu_s": cpu, "wall_s": wall, "checksum": float(logps.double().sum()),
+    }))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=1024, help="completion tokens per row (logits_to_keep)")
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--hidden", type=int, default=896)
+    parser.add_argument("--chunk-size", type=int, default=None, help="default: compute_token_logps's default")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--child", choices=["naive", "chunked"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.chunk_size is None:
+        import inspect
+
+        from grpo_core.logprobs import compute_token_logps
+
+        args.chunk_size = inspect.signature(compute_token_logps).parameters["chunk_size"].default
+    if args.child:
+        return run_child(args)
+
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
+    forward = [a for a in sys.argv[1:]] + ["--chunk-size", str(args.chunk_size)]
+    results: dict[str, list[dict]] = {"naive": [], "chunked": []}
+    print(f"B={args.batch} T={args.tokens} V={args.vocab} H={args.hidden} chunk_size={args.chunk_size} threads={args.threads}")
+    print(f"{'method':<8} {'rep':>3} {'pass peak MiB':>14} {'RSS peak MiB':>13} {'cpu s':>7} {'wall s':>7}")
+    for rep in range(args.repeats):
+        for method in (("naive", "chunked") if rep % 2 == 0 else ("chunked", "naive")):
+            out = subprocess.run(
+                [sys.executable, __file__, *forward, "--child", method], env=env, capture_output=True, text=True, check=True
+            ).stdout.strip().splitlines()[-1]
+            r = json.loads(out)
+            results[method].append(r)
+            print(f"{method:<8} {rep:>3} {r['pass_peak_mib']:>14.0f} {r['rss_peak_mib']:>13.0f} {r['cpu_s']:>7.2f} {r['wall_s']:>7.2f}", flush=True)
+
+    def med(method: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[method])
+
+    summary = {
+        "memory_ratio": med("chunked", "pass_peak_mib") / med("naive", "pass_peak_mib"),
+        "time_ratio": med("chunked", "cpu_s") / med("naive", "cpu_s"),
+        "wall_time_ratio": med("chunked", "wall_s") / med("naive", "wall_s"),
+        "naive_pass_peak_mib": med("naive", "pass_peak_mib"),
+        "chunked_pass_peak_mib": med("chunked", "pass_peak_mib"),
+        "naive_cpu_s": med("naive", "cpu_s"),
+        "chunked_cpu_s": med("chunked", "cpu_s"),
+        "chunk_size": args.chunk_size,
+        "same_logps": abs(med("naive", "checksum") - med("chunked", "checksum")) <= 1e-5 * abs(med("naive", "checksum")),
+        "children_max_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
