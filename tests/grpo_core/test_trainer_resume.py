@@ -1,0 +1,127 @@
+"""Exact resume: a GRPO run SIGKILLed at arbitrary points and resumed ends bit-identical to one that never stopped.
+
+The child process is this file run as a script:
+
+    python tests/grpo_core/test_trainer_resume.py MODEL_DIR OUTPUT_DIR BACKEND
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_STEPS = 8
+ROWS = [{"prompt": [{"role": "user", "content": f"{i}*{i}="}], "answer": str(i * i)} for i in range(12)]
+
+
+def digit_fraction(completions, **kwargs):
+    texts = [c[0]["content"] for c in completions]
+    return [sum(ch.isdigit() for ch in t) / max(1, len(t)) for t in texts]
+
+
+def resume_config(backend: str):
+    from grpo_core.config import GRPOConfig
+
+    # Everything that carries state across steps is on: the reference model (beta), old log-probs and
+    # two optimiser steps per generation (Adam moments), warmup + cosine (scheduler), clip-higher.
+    return GRPOConfig(
+        use_vllm=backend == "vllm", max_steps=MAX_STEPS, generation_batch_size=12, num_generations=4,
+        max_completion_length=8, max_prompt_length=16, per_device_train_batch_size=5, learning_rate=5e-3,
+        beta=0.04, num_iterations=2, steps_per_generation=2, epsilon_high=0.28, lr_scheduler_type="cosine",
+        warmup_steps=2, weight_decay=0.01, save_steps=2, save_total_limit=2, seed=7, report_to=["jsonl"],
+        torch_num_threads=1, vllm_kv_cache_memory_bytes=16 * 2**20,
+    )
+
+
+class SlowSteps:
+    """Gives the parent time to kill the child in the middle of a run; does not touch any state."""
+
+    def on_step(self, step: int, max_steps: int, metrics: dict) -> None:
+        time.sleep(0.2)
+
+
+def run_child(model_dir: str, output_dir: str, backend: str) -> None:
+    from grpo_core.trainer import train_grpo
+
+    train_grpo(resume_config(backend), model_dir, ROWS, output_dir, reward_funcs=[digit_fraction], callbacks=[SlowSteps()])
+
+
+def _metrics(output_dir: Path) -> list[dict]:
+    path = output_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def _spawn(model_dir: Path, output_dir: Path, backend: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    return subprocess.Popen(
+        [sys.executable, __file__, str(model_dir), str(output_dir), backend],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def _kill_after_line(proc: subprocess.Popen, output_dir: Path, line: int, rng: random.Random) -> None:
+    deadline = time.time() + 240
+    while len(_metrics(output_dir)) < line:
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert time.time() < deadline, "child made no progress"
+        time.sleep(0.02)
+    time.sleep(rng.uniform(0.0, 0.3))  # somewhere in the next step: generating, training or checkpointing
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the child finished before it could be killed"
+
+
+def _resume_is_exact(tmp_path: Path, backend: str) -> None:
+    from safetensors.torch import load_file
+
+    from grpo_core.tiny import build_tiny_model
+    from grpo_core.trainer import train_grpo
+
+    torch.set_num_threads(1)
+    model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_layers=2, num_heads=2)
+    reference = tmp_path / "uninterrupted"
+    train_grpo(resume_config(backend), model_dir, ROWS, reference, reward_funcs=[digit_fraction], resume=False)
+
+    killed = tmp_path / "killed"
+    rng = random.Random()
+    for line in (2, 5):  # SIGKILL twice, at arbitrary points after step 2 and after step 5
+        _kill_after_line(_spawn(model_dir, killed, backend), killed, line, rng)
+        assert not (killed / "final").exists()
+    train_grpo(resume_config(backend), model_dir, ROWS, killed, reward_funcs=[digit_fraction])  # resume=True
+
+    expected, actual = load_file(reference / "final" / "model.safetensors"), load_file(killed / "final" / "model.safetensors")
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), f"{name} differs after resume"
+    ref_metrics, got = _metrics(reference), _metrics(killed)
+    assert [m["step"] for m in got] == list(range(1, MAX_STEPS + 1))  # every step exactly once
+    for a, b in zip(ref_metrics, got):
+        for key in ("loss", "reward", "grad_norm", "kl", "learning_rate", "completions/mean_length"):
+            assert a[key] == b[key], (a["step"], key)
+
+
+def test_sigkill_resume_is_bit_identical_hf(tmp_path):
+    _resume_is_exact(tmp_path, "hf")
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_sigkill_resume_is_bit_identical_vllm(tmp_path):
+    pytest.importorskip("vllm")
+    _resume_is_exact(tmp_path, "vllm")
+
+
+if __name__ == "__main__":
+    run_child(*sys.argv[1:4])
