@@ -71,10 +71,13 @@ def compute_token_logps(
     flat_hidden, flat_targets = hidden.reshape(B * T, H), targets.reshape(B * T)  # [B*T, H], [B*T]
     lm_head = model.get_output_embeddings()  # the tied embedding module when tie_word_embeddings
 
-    needs_grad = torch.is_grad_enabled() and (flat_hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
+    needs_grad = torch.is_grad_enabled() and (
+        flat_hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters())
+    )
     logps, entropies = [], []
     for start in range(0, B * T, chunk_size):
-        args = (flat_hidden[start : start + chunk_size], flat_targets[start : start + chunk_size], lm_head, temperature, compute_entropy)
+        rows = slice(start, start + chunk_size)
+        args = (flat_hidden[rows], flat_targets[rows], lm_head, temperature, compute_entropy)
         if needs_grad:
             # backward recomputes this chunk's logits instead of storing [n, V] activations for every chunk
             chunk_logps, chunk_entropy = checkpoint(_chunk_logps, *args, use_reentrant=False)

@@ -95,6 +95,7 @@ def compute_policy_loss(
     means on-policy (one optimisation pass): the ratio is 1 in value but the gradient still flows.
     ``num_sequences`` / ``num_tokens`` are the totals of the whole optimiser step (all micro-batches and
     ranks), so that summing the micro-batch losses gives the full-batch loss; by default this batch's own.
+    Metrics are floats over this batch; ``kl`` is 0.0 when ``beta == 0`` (nothing is computed).
     """
     mask = completion_mask.to(per_token_logps.dtype)  # [B, T]
     seq_lens = mask.sum(dim=1).clamp(min=1.0)  # [B], |o_i|
