@@ -158,6 +158,7 @@ def get_pool() -> VerifierPool:
                 timeout=float(_SETTINGS["timeout"]),
                 memory_limit_mb=_SETTINGS["memory_limit_mb"],
                 preload=("math_verify",),
+                warmup=("answer", "1/2", "\\frac{1}{2}", "boxed", VerifyOptions()),
             )
         return _POOL
 

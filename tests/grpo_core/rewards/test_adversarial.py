@@ -82,7 +82,8 @@ def test_batch_of_hostile_items_is_bounded_by_items_over_workers():
     scores = math_accuracy(completions, answer=["0.5"] * 8)
     elapsed = time.monotonic() - start
     assert scores == [0.0] * 4 + [1.0] * 4
-    assert elapsed < (4 / 2) * BOUND_S  # 4 hangs over 2 workers: two rounds of one timeout each, plus slack
+    # 4 hangs over 2 workers: two rounds of one timeout each; respawned workers warm up (~0.4 s, off the clock)
+    assert elapsed < (4 / 2) * BOUND_S + 2.0
 
 
 def test_extraction_is_linear_on_pathological_text():
