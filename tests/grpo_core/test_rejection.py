@@ -1,0 +1,109 @@
+"""Rejection sampling: each filter on scripted samples, per-prompt pass rates, determinism on a real model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from grpo_core.config import RejectionSamplingConfig
+from grpo_core.generation import Rollout, make_backend
+from grpo_core.rejection import rejection_sample, rejection_sample_with_config
+from grpo_core.sft import encode_prompt
+from grpo_core.synthetic import make_chain_rows
+from grpo_core.tiny import build_tiny_model
+
+torch.set_num_threads(1)
+
+GOOD = "<think>1+2=3;3+3=6</think><answer>6</answer>"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), hidden_size=64, num_layers=2, num_heads=2)
+
+
+class ScriptedBackend:
+    """samples[i] is a list of (text, truncated) for prompt i, returned in order."""
+
+    def __init__(self, tok, prompts, samples):
+        self.tok, self.prompts, self.samples, self.seeds = tok, prompts, samples, []
+
+    def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k, seeds, greedy=False):
+        self.seeds += list(seeds)
+        out = []
+        for p in prompt_ids:
+            for text, truncated in self.samples[self.prompts.index(p)][:n]:
+                ids = self.tok(text, add_special_tokens=False)["input_ids"] + ([] if truncated else [self.tok.eos_token_id])
+                out.append(Rollout(p, ids, None, truncated, text))
+        return out
+
+    def update_weights(self, model):
+        pass
+
+
+def test_filters_and_pass_rates(tiny):
+    tok = AutoTokenizer.from_pretrained(tiny)
+    rows = [{"id": "a", "prompt": [{"role": "user", "content": "1+2+3="}], "answer": "6"},
+            {"id": "b", "prompt": [{"role": "user", "content": "1+2*2="}], "answer": "6"},
+            {"id": "c", "prompt": [{"role": "user", "content": "9-3-3="}], "answer": "3"}]
+    samples = [
+        [(GOOD, False), (GOOD, False), ("<think></think><answer>6</answer>", False), ("<answer>5</answer>", False)],
+        [("<think>1+2=3;3*2=6</think><answer>6</answer>", True), ("<think>x</think><answer>7</answer>", False),
+         ("<think>1+2=3;3*2=6;6-0=6;6+0=6</think><answer>6</answer>", False), ("<think>1+2=3;3*2=6</think><answer>6</answer>", False)],
+        [("<think>9-3=6</think><answer>4</answer>", False)] * 4,
+    ]
+    prompts = [encode_prompt(tok, r["prompt"]) for r in rows]
+    backend = ScriptedBackend(tok, prompts, samples)
+    kept, stats = rejection_sample(backend, tok, rows, n=4, keep_per_prompt=2, max_completion_tokens=24, batch_size=8)
+    assert [(k["id"], k["completion"]) for k in kept] == [
+        ("a-rs0", GOOD), ("a-rs1", "<think></think><answer>6</answer>"),
+        ("b-rs0", "<think>1+2=3;3*2=6</think><answer>6</answer>"),
+    ]
+    assert kept[0]["prompt"] == rows[0]["prompt"]
+    assert [p["pass_rate"] for p in stats["per_prompt"]] == [0.75, 0.75, 0.0]
+    assert [p["kept"] for p in stats["per_prompt"]] == [2, 1, 0]
+    assert stats["rs/rejected/incorrect"] == 1 + 1 + 4
+    assert stats["rs/rejected/duplicate"] == 1 and stats["rs/rejected/truncated"] == 1
+    assert stats["rs/rejected/too_long"] == 1  # 4 + 29 characters > 24 tokens
+    assert stats["rs/rejected/over_limit"] == 0
+    assert stats["rs/num_kept"] == 3 and stats["rs/prompts_with_kept"] == 2 and stats["rs/num_samples"] == 12
+    assert stats["rs/mean_pass_rate"] == pytest.approx(0.5)
+    assert len(set(backend.seeds)) == 12
+
+    kept1, stats1 = rejection_sample(ScriptedBackend(tok, prompts, samples), tok, rows, n=4, keep_per_prompt=1)
+    assert [k["id"] for k in kept1] == ["a-rs0", "b-rs0"]  # the step-by-step one: first in sample order
+    assert stats1["rs/rejected/over_limit"] == 2 and stats1["rs/rejected/duplicate"] == 1  # a: 1 dup, 1 over; b: 1 over
+    # the format filter: a bare correct answer is kept only when the format is not required
+    bare = [[("<answer>6</answer>", False)]]
+    always = lambda completions, **kw: [1.0] * len(completions)  # noqa: E731
+    kept2, s2 = rejection_sample(ScriptedBackend(tok, prompts[:1], bare), tok, rows[:1], n=1, reward_func=always)
+    assert kept2 == [] and s2["rs/rejected/format"] == 1
+    kept3, _ = rejection_sample(ScriptedBackend(tok, prompts[:1], bare), tok, rows[:1], n=1, require_format=False,
+                                reward_func=always)
+    assert [k["completion"] for k in kept3] == ["<answer>6</answer>"]
+
+
+def test_language_filter(tiny):
+    tok = AutoTokenizer.from_pretrained(tiny)
+    rows = [{"id": "en", "prompt": [{"role": "user", "content": "What is one plus two? Answer in tags."}], "answer": "3"}]
+    samples = [[("<think>one plus two is three</think><answer>3</answer>", False),
+                ("<think>一加二等于三 three</think><answer>3</answer>", False)]]
+    prompts = [encode_prompt(tok, rows[0]["prompt"])]
+    kept, stats = rejection_sample(ScriptedBackend(tok, prompts, samples), tok, rows, n=2, keep_per_prompt=2,
+                                   reward_func="math_accuracy", language_consistency_threshold=0.9)
+    assert [k["completion"] for k in kept] == [samples[0][0][0]]
+    assert stats["rs/rejected/language"] == 1
+
+
+def test_real_backend_is_deterministic(tiny):
+    tok = AutoTokenizer.from_pretrained(tiny)
+    rows = make_chain_rows(3, seed=0)
+    cfg = RejectionSamplingConfig(num_samples=3, keep_per_prompt=3, max_new_tokens=8, require_format=False,
+                                  reward_func="chain_format", reward_threshold=0.0, drop_truncated=False, seed=5)
+    backend = make_backend("hf", str(tiny), tokenizer=tok)
+    kept_a, stats_a = rejection_sample_with_config(cfg, backend, tok, rows)
+    kept_b, _ = rejection_sample_with_config(cfg, backend, tok, rows[::-1], batch_size=3)
+    assert sorted((k["id"], k["completion"]) for k in kept_a) == sorted((k["id"], k["completion"]) for k in kept_b)
+    assert stats_a["rs/num_samples"] == 9
+    assert stats_a["rs/num_kept"] + stats_a["rs/rejected/duplicate"] == 9  # everything passes but duplicates
