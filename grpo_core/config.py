@@ -76,7 +76,7 @@ class GRPOConfig(OptimConfig):
     scale_rewards: Literal["group", "batch", "none"] = "group"
     importance_sampling_level: Literal["token", "sequence"] = "token"
     num_iterations: int = Field(1, ge=1, description="mu: optimisation passes over each generated batch")
-    steps_per_generation: int | None = Field(None, ge=1, description="optimiser steps per generation round; None = gradient_accumulation_steps")
+    steps_per_generation: int | None = Field(None, ge=1, description="optimiser steps per generation round, each on 1/N of its completions; None = 1 (TRL counts micro-batches here)")
 
     # --- rewards ---
     reward_funcs: list[str] = ["math_accuracy", "format"]
