@@ -78,6 +78,18 @@ def test_micro_batches_give_the_full_batch_update(tmp_path, tiny_path):
             assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
 
 
+def test_gradient_checkpointing_changes_memory_not_math(tmp_path, tiny_path):
+    runs = []
+    for flag in (False, True):
+        config = small_config(max_steps=2, gradient_checkpointing=flag, beta=0.04)
+        train_grpo(config, tiny_path, ROWS, tmp_path / str(flag), reward_funcs=[digit_fraction], resume=False)
+        runs.append(read_metrics(tmp_path / str(flag)))
+    for a, b in zip(*runs):
+        assert a["reward"] == b["reward"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+
+
 def test_metrics_and_off_policy_iterations(tmp_path, tiny_path):
     config = small_config(max_steps=2, num_iterations=2, steps_per_generation=2, beta=0.04, temperature=0.9,
                           lr_scheduler_type="cosine", warmup_steps=1, report_to=["jsonl", "tensorboard"])
