@@ -30,6 +30,7 @@ from grpo_core.generation import make_backend
 from grpo_core.loss import combine_rewards, compute_group_advantages
 from grpo_core.rewards import get_reward_funcs, pop_reward_stats
 from grpo_core.trainer.checkpoint import (
+    list_checkpoints,
     load_latest_checkpoint,
     remove_temp_checkpoints,
     save_checkpoint,
@@ -132,6 +133,12 @@ def train_grpo(
     if ctx.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
         remove_temp_checkpoints(output_dir)
+        if not resume:  # starting over: an old run's later checkpoints would outrank the new ones
+            old = [p for _, p in list_checkpoints(output_dir)] + [p for p in [output_dir / "final"] if p.exists()]
+            if old:
+                logger.warning("resume=False: removing %s from a previous run", [p.name for p in old])
+            for path in old:
+                shutil.rmtree(path)
     barrier(ctx)
 
     seed_everything(config.seed)

@@ -141,6 +141,12 @@ def test_checkpoint_corruption_falls_back_to_the_previous_one(tmp_path, tiny_pat
     assert after[3]["loss"] == before[4]["loss"]  # the re-run step 4 is the same computation
     assert [s for s, _ in list_checkpoints(tmp_path)] == [3, 4, 5]
 
+    # resume=False starts over: the old run's checkpoints must not outrank the new run's.
+    train_grpo(config.model_copy(update={"max_steps": 2}), tiny_path, ROWS, tmp_path, reward_funcs=[digit_fraction], resume=False)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [1, 2]
+    assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2]
+    assert read_metrics(tmp_path)[1]["loss"] == before[2]["loss"]
+
 
 def test_config_errors_say_how_to_fix_them(tiny_path, tmp_path):
     with pytest.raises(ValidationError, match="multiple of num_generations"):
