@@ -161,13 +161,16 @@ class Store:
         return self.fs._strip_protocol(uri)
 
     # ---- transfers ----------------------------------------------------------------------------------
-    def put_dir(self, local_dir: Path, dest: str) -> dict[str, dict[str, Any]]:
-        """Upload every file under ``local_dir`` to ``dest``; returns {relative path: {sha256, size}}."""
+    def put_dir(self, local_dir: Path, dest: str, *, skip_prefixes: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+        """Upload every file under ``local_dir`` to ``dest`` (except relative paths starting with one of
+        ``skip_prefixes``); returns {relative path: {sha256, size}}."""
         local_dir = Path(local_dir)
         files: dict[str, dict[str, Any]] = {}
         for p in sorted(local_dir.rglob("*")):
             if p.is_file():
                 rel = p.relative_to(local_dir).as_posix()
+                if rel.startswith(skip_prefixes) if skip_prefixes else False:
+                    continue
                 files[rel] = {"sha256": sha256_file(p), "size": p.stat().st_size}
                 self.put_file(p, f"{dest}/{rel}")
         return files
@@ -201,6 +204,16 @@ class Store:
         try:
             with self.fs.open(self._strip(path), "r") as f:
                 return json.load(f)
+        except FileNotFoundError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise self._explain(e, f"reading {path}") from None
+
+    def read_text(self, path: str) -> str:
+        """A text file's content; FileNotFoundError when it does not exist."""
+        try:
+            with self.fs.open(self._strip(path), "r") as f:
+                return f.read()
         except FileNotFoundError:
             raise
         except Exception as e:  # noqa: BLE001
@@ -280,6 +293,25 @@ class Store:
         self.write_json(f"{ref.uri}/{MANIFEST}", m)
         return ref_from_manifest(m)
 
+    # ---- the run's own files ----------------------------------------------------------------------------
+    def write_run_file(self, run: str, name: str, obj: dict[str, Any]) -> str:
+        """A run-level JSON file (e.g. the resolved pipeline config a run was started with)."""
+        path = self.path(run, "_run", name)
+        self.write_json(path, obj)
+        return self.uri(path)
+
+    def read_run_file(self, run: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.read_json(self.path(run, "_run", name))
+        except FileNotFoundError:
+            return None
+
+    def uncommitted(self, run: str, stage: str) -> list[str]:
+        """Version folders without a manifest (a writer still running, or one that died) and checkpoint keys."""
+        names = [n for n in self._ls(self.path(run, stage)) if not n.startswith(("_", "."))]
+        out = [n for n in names if not self.exists(self.path(run, stage, n, MANIFEST))]
+        return out + [f"{CHECKPOINTS}/{k}" for k in self._ls(self.path(run, stage, CHECKPOINTS))]
+
     # ---- checkpoints --------------------------------------------------------------------------------
     def checkpoint_dir(self, run: str, stage: str, key: str) -> str:
         return self.path(run, stage, CHECKPOINTS, key)
@@ -321,9 +353,9 @@ class StageWriter:
         self.uri = store.uri(self.path)
         self.files: dict[str, dict[str, Any]] = {}
 
-    def put_dir(self, local_dir: Path, name: str = "") -> str:
+    def put_dir(self, local_dir: Path, name: str = "", *, skip_prefixes: tuple[str, ...] = ()) -> str:
         dest = f"{self.path}/{name}" if name else self.path
-        for rel, info in self.store.put_dir(local_dir, dest).items():
+        for rel, info in self.store.put_dir(local_dir, dest, skip_prefixes=skip_prefixes).items():
             self.files[f"{name}/{rel}" if name else rel] = info
         return self.store.uri(dest)
 

@@ -1,0 +1,169 @@
+"""The ``r1`` command: run the pipeline, run one stage, show a run's status and report.
+
+    r1 run                                  # embedded default: configs/tiny-cpu.yaml, local store ./r1-runs
+    r1 run -c configs/qwen2.5-0.5b-gsm8k.yaml --run gsm8k-1 --store s3://bucket/r1
+    r1 run --run X --from-stage rejection_sample
+    r1 stage rejection_sample --run X
+    r1 status X [--json]
+    r1 report X
+
+Without ``PREFECT_API_URL`` Prefect runs ephemerally (a temporary local server for the run). Problems with
+the config, the store or the data end the command with one ``error:`` line and exit code 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+# Before Prefect is imported: no analytics (machines without internet) and a generous ephemeral
+# server start-up on busy laptops. Users' own settings win.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml"
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="The DeepSeek-R1 recipe as a Prefect pipeline.")
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message.strip().splitlines()[0] if message.strip() else 'failed'}", err=True)
+    raise typer.Exit(1)
+
+
+def _config(path: Optional[Path]) -> Any:
+    from grpo_core.config import ConfigError, load_config
+
+    try:
+        return load_config(path or DEFAULT_CONFIG)
+    except ConfigError as e:
+        _fail(str(e))
+
+
+def _store(url: Optional[str]) -> Any:
+    from tasks.store import Store, StoreError
+
+    try:
+        return Store(url)
+    except StoreError as e:
+        _fail(str(e))
+
+
+def _run_flow(fn: Any, **params: Any) -> Any:
+    """Call a flow; a failure becomes one error line (Prefect's log above it has the traceback)."""
+    state = fn(**params, return_state=True)
+    if state.is_completed():
+        return state.result()
+    exc = state.result(raise_on_failure=False)
+    _fail(f"{type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else str(state.message))
+
+
+@app.command()
+def run(
+    config: Optional[Path] = typer.Option(None, "-c", "--config", help="pipeline YAML (default: configs/tiny-cpu.yaml)"),
+    run_name: Optional[str] = typer.Option(None, "--run", help="run name (default: a new timestamped one)"),
+    from_stage: Optional[str] = typer.Option(None, "--from-stage", help="rerun this stage and the ones after it"),
+    stages: Optional[str] = typer.Option(None, "--stages", help="comma-separated stages to run; others are reused"),
+    store: Optional[str] = typer.Option(None, "--store", help="store root: a folder or s3://bucket/prefix"),
+    dispatch: str = typer.Option("inline", "--dispatch", help="inline (subflows here) or deployments"),
+) -> None:
+    """Run the whole R1 pipeline (stages whose committed output matches are reused)."""
+    from grpo_core.config import STAGES
+
+    cfg = _config(config)
+    st = _store(store)
+    selected = [s.strip() for s in stages.split(",")] if stages else None
+    for name in [*(selected or []), *([from_stage] if from_stage else [])]:
+        if name not in STAGES:
+            _fail(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
+    from flows.r1_pipeline import new_run_name, r1_pipeline
+
+    name = run_name or new_run_name()
+    typer.echo(f"run {name} -> {st.url}/{name}")
+    result = _run_flow(r1_pipeline, config=cfg.model_dump(mode="json"), run_name=name, stages=selected,
+                       from_stage=from_stage, store=st.url, dispatch=dispatch)
+    _print_status(st, name)
+    typer.echo(f"report: {result['report']}")
+
+
+@app.command()
+def stage(
+    name: str = typer.Argument(..., help="prepare_data | cold_start_sft | grpo_train | rejection_sample | "
+                                         "sft_consolidate | final_rl"),
+    run_name: str = typer.Option(..., "--run", help="the run whose committed upstream outputs this stage reads"),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", help="default: the config the run started with"),
+    store: Optional[str] = typer.Option(None, "--store"),
+) -> None:
+    """Run (or rerun) one stage of an existing run; upstream outputs come from the store."""
+    from grpo_core.config import STAGES
+
+    if name not in STAGES:
+        _fail(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
+    cfg = _config(config) if config else None
+    st = _store(store)
+    from flows.stages import STAGE_FLOWS
+
+    ref = _run_flow(STAGE_FLOWS[name], run=run_name, config=cfg.model_dump(mode="json") if cfg else None,
+                    store=st.url, force=True)
+    typer.echo(f"{name}: committed {ref['uri']}")
+
+
+@app.command()
+def status(
+    run_name: str = typer.Argument(..., metavar="NAME"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object: {run, stages: {stage: {state, uri, metrics}}}"),
+    store: Optional[str] = typer.Option(None, "--store"),
+) -> None:
+    """The stages of a run: state, key metrics, URIs."""
+    st = _store(store)
+    if as_json:
+        from flows.report import stage_status
+
+        typer.echo(json.dumps(stage_status(st, run_name), sort_keys=True))
+    else:
+        _print_status(st, run_name)
+
+
+@app.command()
+def report(run_name: str = typer.Argument(..., metavar="NAME"), store: Optional[str] = typer.Option(None, "--store")) -> None:
+    """Rebuild the run's report (emergence table + plots) in the store and print it."""
+    st = _store(store)
+    if not st.runs() or run_name not in st.runs():
+        _fail(f"no run {run_name!r} in {st.url}")
+    from flows.report import write_report
+
+    rep = write_report(st, run_name)
+    typer.echo(rep.markdown)
+    typer.echo(f"\nreport: {rep.uri}")
+
+
+KEY_METRICS = ("eval/accuracy", "eval/pass@1", "eval/mean_length", "data/num_train", "num_kept", "train/loss", "reward")
+
+
+def _print_status(st: Any, run_name: str) -> None:
+    from flows.report import stage_status
+
+    info = stage_status(st, run_name)
+    typer.echo(f"{'stage':<18}{'state':<12}{'metrics':<58}uri")
+    for stage_name, s in info["stages"].items():
+        shown = [f"{k.split('/')[-1]}={_short(v)}" for k, v in s["metrics"].items()
+                 if k in KEY_METRICS or k.startswith("eval/accuracy")][:4]
+        typer.echo(f"{stage_name:<18}{s['state']:<12}{' '.join(shown):<58}{s['uri'] or ''}")
+
+
+def _short(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def main() -> None:  # python -m flows.cli
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""The run's report: the seed's emergence table measured for real, and plots of the GRPO stages.
+
+    r1 report NAME        (also written at the end of every ``r1 run``)
+
+Table rows: every model stage's held-out evaluation (greedy accuracy, pass@1 over k samples, mean
+completion length, format rate), plus the GRPO stages' training curve at a few steps (the accuracy reward
+and mean completion length of the sampled completions, on training prompts). Plots (PNG, matplotlib Agg)
+of reward, accuracy and length over GRPO steps go to ``{root}/{run}/_report/`` next to ``report.md``;
+inside a Prefect run the report is also a markdown artifact linking them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_core.config import STAGES
+from tasks._common import artifact_key, in_prefect_run
+from tasks._training import read_history
+from tasks.store import StageRef, Store
+
+MODEL_STAGES = ("cold_start_sft", "grpo_train", "sft_consolidate", "final_rl")
+GRPO_STAGES = ("grpo_train", "final_rl")
+REPORT_DIR = "_report"
+# Which logged/eval keys mean what; the first one present wins.
+ACCURACY_KEYS = ("rewards/chain_accuracy/mean", "rewards/math_accuracy/mean", "reward")
+LENGTH_KEYS = ("completions/mean_length",)
+EVAL_COLUMNS = {"greedy accuracy": ("eval/accuracy", "eval/greedy_accuracy"),
+                "pass@1": ("eval/pass@1", "eval/pass_at_1"),
+                "mean length": ("eval/mean_length", "eval/greedy_mean_length"),
+                "format rate": ("eval/format_rate",),
+                "forced-reasoning accuracy": ("eval/accuracy_forced_reasoning",),
+                "direct answers": ("eval/direct_answer_rate",)}
+
+
+@dataclass
+class Report:
+    run: str
+    uri: str
+    markdown: str
+    rows: list[dict[str, Any]]
+    plots: dict[str, str]
+
+
+def stage_status(store: Store, run: str) -> dict[str, Any]:
+    """``{"run", "stages": {stage: {"state", "uri", "metrics"}}}`` (state: completed | incomplete | pending)."""
+    stages: dict[str, Any] = {}
+    for stage in STAGES:
+        ref = store.latest(run, stage)
+        pending = store.uncommitted(run, stage)
+        if ref is not None:
+            stages[stage] = {"state": "completed", "uri": ref.uri, "metrics": ref.metrics}
+        else:
+            stages[stage] = {"state": "incomplete" if pending else "pending", "uri": None, "metrics": {}}
+    return {"run": run, "stages": stages}
+
+
+def _first(metrics: dict[str, Any], keys: tuple[str, ...]) -> float | None:
+    for k in keys:
+        if k in metrics and metrics[k] is not None and not (isinstance(metrics[k], float) and math.isnan(metrics[k])):
+            return float(metrics[k])
+    return None
+
+
+def emergence_rows(store: Store, run: str, curve_points: int = 5) -> tuple[list[dict[str, Any]], dict[str, list]]:
+    """Table rows (held-out evals and GRPO curve points) and the GRPO histories used for the plots."""
+    rows: list[dict[str, Any]] = []
+    histories: dict[str, list[dict[str, Any]]] = {}
+    for stage in MODEL_STAGES:
+        ref = store.latest(run, stage)
+        if ref is None:
+            continue
+        if stage in GRPO_STAGES:
+            hist = read_history(store, ref)
+            histories[stage] = hist
+            picks = sorted({hist[round(i * (len(hist) - 1) / max(1, curve_points - 1))]["step"]
+                            for i in range(curve_points)}) if hist else []
+            for h in (h for h in hist if h["step"] in picks):
+                rows.append({"stage / step": f"{stage} step {h['step']} (train samples)",
+                             "accuracy": _first(h, ACCURACY_KEYS), "mean length": _first(h, LENGTH_KEYS)})
+        row = {"stage / step": f"{stage} (held-out)"}
+        for column, keys in EVAL_COLUMNS.items():
+            row["accuracy" if column == "greedy accuracy" else column] = _first(ref.metrics, keys)
+        rows.append(row)
+    return rows, histories
+
+
+def _markdown_table(rows: list[dict[str, Any]]) -> str:
+    columns = ["stage / step", "accuracy", "pass@1", "mean length", "format rate", "forced-reasoning accuracy",
+               "direct answers"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        cells = []
+        for c in columns:
+            v = r.get(c)
+            if v is None:
+                cells.append("")
+            elif c in ("accuracy", "pass@1", "format rate", "forced-reasoning accuracy", "direct answers"):
+                cells.append(f"{100 * v:.1f}%")
+            elif isinstance(v, float):
+                cells.append(f"{v:.1f}")
+            else:
+                cells.append(str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_histories(histories: dict[str, list[dict[str, Any]]], out_dir: Path) -> dict[str, Path]:
+    """reward.png, accuracy.png, length.png: the GRPO stages one after the other on a shared step axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = {}
+    for name, keys, label in (("reward", ("reward",), "mean reward"), ("accuracy", ACCURACY_KEYS, "accuracy reward"),
+                              ("length", LENGTH_KEYS, "mean completion length (tokens)")):
+        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+        offset = 0
+        for stage in GRPO_STAGES:
+            hist = histories.get(stage) or []
+            points = [(offset + h["step"], _first(h, keys)) for h in hist]
+            points = [(x, y) for x, y in points if y is not None]
+            if points:
+                ax.plot(*zip(*points), marker="." if len(points) < 40 else None, label=stage)
+            offset += max((h["step"] for h in hist), default=0)
+        ax.set_xlabel("GRPO step (final_rl continues after grpo_train)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend()
+        fig.tight_layout()
+        path = out_dir / f"{name}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        plots[name] = path
+    return plots
+
+
+def write_report(store: Store, run: str) -> Report:
+    """Build the table and plots from the committed stages, save them to the store, publish an artifact."""
+    rows, histories = emergence_rows(store, run)
+    status = stage_status(store, run)
+    base = store.path(run, REPORT_DIR)
+    with tempfile.TemporaryDirectory(prefix="r1-report-") as tmp:
+        plots = plot_histories(histories, Path(tmp))
+        uris = {}
+        for name, path in plots.items():
+            store.put_file(path, f"{base}/{name}.png")
+            uris[name] = store.uri(f"{base}/{name}.png")
+        markdown = "\n\n".join([
+            f"# R1 run `{run}`",
+            "## Emergence table\nHeld-out rows: greedy accuracy, pass@1 over k samples at the eval temperature, mean "
+            "completion length (tokens, greedy). GRPO rows: accuracy reward and mean length of the sampled "
+            "completions on training prompts at that step.",
+            _markdown_table(rows),
+            "## Plots\n" + "\n".join(f"- [{name}]({uri})" for name, uri in uris.items()),
+            "## Stages\n" + "\n".join(f"- {s}: {v['state']} {v['uri'] or ''}" for s, v in status["stages"].items()),
+        ])
+        md_path = Path(tmp) / "report.md"
+        md_path.write_text(markdown + "\n")
+        store.put_file(md_path, f"{base}/report.md")
+        json_path = Path(tmp) / "report.json"
+        json_path.write_text(json.dumps({"run": run, "rows": rows, "plots": uris, "status": status}, indent=2))
+        store.put_file(json_path, f"{base}/report.json")
+    _publish(run, markdown)
+    return Report(run=run, uri=store.uri(f"{base}/report.md"), markdown=markdown, rows=rows, plots=uris)
+
+
+def _publish(run: str, markdown: str) -> None:
+    if not in_prefect_run():
+        return
+    try:
+        from prefect.artifacts import create_markdown_artifact
+
+        create_markdown_artifact(markdown, key=artifact_key(run, "report"), description=f"R1 report of run {run}")
+    except Exception:  # noqa: BLE001 - the files in the store are the report; the artifact is a view
+        pass
+
+
+def stage_refs(store: Store, run: str) -> dict[str, StageRef]:
+    return {s: ref for s in STAGES if (ref := store.latest(run, s)) is not None}

@@ -1,0 +1,226 @@
+"""What every stage task shares: fingerprints, the retry rule, store fetches, artifacts.
+
+Caching: a stage is skipped when the store already holds a committed output whose manifest carries the
+same fingerprint (sha256 of the stage's resolved config section + the exact upstream versions it read).
+The store is checked directly instead of Prefect's result cache (``cache_key_fn``): the store is the one
+source of truth, so a cache hit works from any machine that can read the store, a deleted output is
+never "cached", and nothing depends on where Prefect keeps its result records. Task source is not in
+the key, so editing code does not throw away a finished training run. A hit ends the task in a
+``Cached`` state, which the Prefect UI shows as such.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from grpo_core.config import PipelineConfig
+from tasks.store import StageRef, StageWriter, Store, TransientStoreError
+
+
+class WorkerCrashed(RuntimeError):
+    """The process running a stage died (killed, out of memory, segfault): worth a retry."""
+
+
+class StageFailed(RuntimeError):
+    """The stage's code raised (a bug, bad data, a NaN loss): a retry would fail the same way."""
+
+
+RETRIABLE = (WorkerCrashed, TransientStoreError, ConnectionError, TimeoutError)
+
+
+def retry_on_crash(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn``: retry crashes and storage errors only, never code errors."""
+    try:
+        exc = state.result(raise_on_failure=False)
+    except Exception:  # noqa: BLE001 - an unreadable state is not worth a retry
+        return False
+    return isinstance(exc, RETRIABLE)
+
+
+def stage_task(name: str) -> Any:
+    """The Prefect task decorator every stage uses: retries only for crashes and storage errors, and no
+    Prefect result cache (the store's manifests are the cache; see the module docstring)."""
+    from prefect import task
+    from prefect.cache_policies import NO_CACHE
+
+    return task(name=name, retries=2, retry_delay_seconds=2, retry_condition_fn=retry_on_crash,
+                cache_policy=NO_CACHE)
+
+
+def fingerprint(stage: str, section: BaseModel | dict[str, Any], parents: dict[str, StageRef],
+                extra: dict[str, Any] | None = None) -> str:
+    """sha256 over the stage's config section and the exact upstream outputs (versions) it reads."""
+    cfg = section.model_dump(mode="json") if isinstance(section, BaseModel) else section
+    payload = {"stage": stage, "config": cfg, "parents": {k: v.parent_entry() for k, v in sorted(parents.items())},
+               "extra": extra or {}}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def logger() -> logging.Logger | logging.LoggerAdapter:
+    try:
+        from prefect import get_run_logger
+
+        return get_run_logger()
+    except Exception:  # noqa: BLE001 - outside a Prefect run (plain function call, worker process)
+        return logging.getLogger("r1")
+
+
+def artifact_key(*parts: str) -> str:
+    """Prefect artifact keys: lowercase letters, digits and dashes only."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(parts).lower())).strip("-")
+
+
+def cached(ref: StageRef, why: str) -> Any:
+    """A Completed state named ``Cached`` carrying ``ref``: what a skipped stage's task returns."""
+    from prefect.states import Completed
+
+    logger().info(f"{ref.stage}: reusing committed output {ref.uri} ({why})")
+    return Completed(data=ref, name="Cached", message=f"{why}: {ref.uri}")
+
+
+def in_prefect_run() -> bool:
+    """True inside a flow or task run (artifacts need one; outside, Prefect would start a server)."""
+    try:
+        from prefect.context import FlowRunContext, TaskRunContext
+
+        return bool(FlowRunContext.get() or TaskRunContext.get())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def publish_metrics(run: str, stage: str, ref: StageRef, metrics: dict[str, Any], title: str = "") -> None:
+    """A table artifact with the stage's metrics (no-op outside a Prefect run)."""
+    if not in_prefect_run():
+        return
+    try:
+        from prefect.artifacts import create_table_artifact
+
+        rows = [{"metric": k, "value": _fmt(v)} for k, v in sorted(metrics.items())]
+        rows.append({"metric": "uri", "value": ref.uri})
+        create_table_artifact(rows, key=artifact_key(run, stage, title or "metrics"),
+                              description=f"{stage} {title or 'metrics'} of run {run}")
+    except Exception as e:  # noqa: BLE001 - artifacts are a view; never fail a stage over one
+        logging.getLogger("r1").debug("no artifact: %s", e)
+
+
+def _fmt(v: Any) -> Any:
+    return round(v, 4) if isinstance(v, float) else v
+
+
+class Progress:
+    """A Prefect progress artifact for a training stage, updated from the trainer's step callback."""
+
+    def __init__(self, run: str, stage: str) -> None:
+        self.id = None
+        self.last = -1.0
+        if not in_prefect_run():
+            return
+        try:
+            from prefect.artifacts import create_progress_artifact
+
+            self.id = create_progress_artifact(0.0, key=artifact_key(run, stage, "progress"),
+                                               description=f"{stage} of run {run}: optimiser steps done")
+        except Exception:  # noqa: BLE001 - outside a run
+            self.id = None
+
+    def update(self, step: int, max_steps: int, metrics: dict[str, Any] | None = None) -> None:
+        pct = 100.0 * step / max(1, max_steps)
+        if self.id is None or (pct - self.last < 1.0 and step < max_steps):
+            return
+        self.last = pct
+        try:
+            from prefect.artifacts import update_progress_artifact
+
+            shown = {k: _fmt(v) for k, v in (metrics or {}).items() if k in ("reward", "loss", "eval/accuracy")}
+            update_progress_artifact(self.id, pct, description=f"step {step}/{max_steps} {shown}")
+        except Exception:  # noqa: BLE001
+            pass
+
+
+@dataclass
+class StageContext:
+    """A stage task's world: the config, the run, the store and a local scratch folder."""
+
+    config: PipelineConfig
+    run: str
+    store: Store
+    stage: str
+    work: Path
+
+    @classmethod
+    def open(cls, config: PipelineConfig | dict[str, Any], run: str, store: str | None, stage: str) -> "StageContext":
+        cfg = config if isinstance(config, PipelineConfig) else PipelineConfig.model_validate(config)
+        st = Store(store)
+        base = Path(os.environ.get("R1_WORKDIR") or Path(tempfile.gettempdir()) / "r1-work")
+        work = base / run / stage / os.urandom(3).hex()  # fresh per attempt: a retry reads from the store
+        work.mkdir(parents=True)
+        if cfg.run.torch_num_threads:
+            import torch
+
+            torch.set_num_threads(cfg.run.torch_num_threads)
+        return cls(cfg, run, st, stage, work)
+
+    def reuse(self, fp: str, force: bool) -> StageRef | None:
+        return None if force else self.store.latest(self.run, self.stage, fp)
+
+    def fetch(self, ref: StageRef, name: str) -> Path:
+        """Download ``name`` of an upstream output (a file such as ``train.parquet``, or a folder such as
+        ``model``) into the scratch folder."""
+        dest = self.work / "inputs" / ref.stage / name
+        if Path(name).suffix:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            return _get_file(self.store, f"{ref.uri}/{name}", dest)
+        return self.store.get_dir(f"{ref.uri}/{name}", dest)
+
+    def base_model(self, data: StageRef) -> str:
+        """Local folder of the base model (the tiny one built by prepare_data) or its hub name."""
+        if self.config.model.tiny is not None:
+            return str(self.fetch(data, "base_model"))
+        return str(self.config.model.name_or_path)
+
+    def begin(self) -> StageWriter:
+        return self.store.begin(self.run, self.stage)
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _get_file(store: Store, src: str, dest: Path) -> Path:
+    try:
+        store.fs.get_file(store._strip(src), str(dest))
+    except FileNotFoundError:
+        raise StageFailed(f"upstream file {src} is missing; rerun the stage that writes it") from None
+    except Exception as e:  # noqa: BLE001
+        raise TransientStoreError(f"downloading {src}: {type(e).__name__}: {e}") from None
+    return dest
+
+
+def commit_stage(ctx: StageContext, writer: StageWriter, *, fp: str, section: BaseModel,
+                 parents: dict[str, StageRef], metrics: dict[str, Any], extra: dict[str, Any] | None = None) -> StageRef:
+    """Commit (manifest last), publish the metrics table, log the URI."""
+    numeric = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    ref = writer.commit(fingerprint=fp, config={ctx.stage: section.model_dump(mode="json"),
+                                                "model": ctx.config.model.model_dump(mode="json")},
+                        parents=parents, metrics=numeric, extra=extra)
+    publish_metrics(ctx.run, ctx.stage, ref, numeric)
+    logger().info(f"{ctx.stage}: committed {ref.uri}")
+    return ref
+
+
+def write_jsonl(rows: list[dict[str, Any]], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, default=str) + "\n")
+    return path

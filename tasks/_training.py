@@ -1,0 +1,68 @@
+"""The part the four training stages share: run the trainer with store checkpoints, then commit the model.
+
+Each training stage's task only picks its inputs (which rows, which starting model) and calls
+``train_and_commit``. The checkpoint key is the stage fingerprint, so a retry resumes only checkpoints
+written under the same config and inputs; after the commit the stage's checkpoints are deleted (the
+committed model replaces them, and a forced rerun must start from scratch, not from the last one).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from grpo_core.config import GRPOConfig, SFTConfig
+from tasks._common import Progress, StageContext, commit_stage, logger
+from tasks._worker import run_training
+from tasks.store import StageRef
+
+
+def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOConfig, model_path: str,
+                     rows_path: Path, parents: dict[str, StageRef], fp: str,
+                     extra_metrics: dict[str, Any] | None = None) -> StageRef:
+    """Train (resuming from the store's newest checkpoint for ``fp``), upload the final model, commit."""
+    log = logger()
+    trainer_cls = GRPOConfig if kind == "grpo" else SFTConfig
+    cfg = {k: v for k, v in section.model_dump(mode="json").items() if k in trainer_cls.model_fields}
+    if ctx.config.run.torch_num_threads and not cfg.get("torch_num_threads"):
+        cfg["torch_num_threads"] = ctx.config.run.torch_num_threads
+    out = ctx.work / "train" / "out"
+    spec = {"kind": kind, "config": cfg, "model_path": str(model_path), "rows_path": str(rows_path),
+            "output_dir": str(out), "store": ctx.store.url, "run": ctx.run, "stage": ctx.stage, "key": fp,
+            "keep": ctx.config.run.keep_checkpoints, "torch_num_threads": cfg.get("torch_num_threads")}
+    progress = Progress(ctx.run, ctx.stage)
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["event"] == "step":
+            progress.update(event["step"], event["max_steps"], event.get("metrics"))
+        elif event["event"] == "checkpoint":
+            log.info(f"{ctx.stage}: checkpoint at step {event['step']} stored at {event['uri']}")
+        elif event["event"] == "resume":
+            log.info(f"{ctx.stage}: resuming from the store's checkpoint at step {event['step']} ({event['uri']})")
+
+    result = run_training(spec, isolation=ctx.config.run.isolation, on_event=on_event)
+    final = Path(result["metrics"].get("final_path") or out / "final")
+    writer = ctx.begin()
+    try:
+        writer.put_dir(final, "model")
+        writer.put_file(out.parent / "metrics.jsonl", "metrics.jsonl")
+        metrics = {k: v for k, v in result["metrics"].items() if k != "final_path"}
+        metrics.update(extra_metrics or {})
+        ref = commit_stage(ctx, writer, fp=fp, section=section, parents=parents, metrics=metrics,
+                           extra={"training": {"kind": kind, "resumed_from_step": result["resumed_from"],
+                                               "steps_logged": len(result["steps"])}})
+    except BaseException:
+        writer.abort()
+        raise
+    ctx.store.remove(ctx.store.checkpoint_dir(ctx.run, ctx.stage, fp))
+    return ref
+
+
+def read_history(store: Any, ref: StageRef) -> list[dict[str, Any]]:
+    """The per-step metrics a training stage committed (``metrics.jsonl``)."""
+    try:
+        text = store.read_text(f"{ref.uri}/metrics.jsonl")
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

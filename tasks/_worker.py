@@ -1,0 +1,213 @@
+"""One training call (SFT or GRPO) whose checkpoints stream to the store; run in a child process or inline.
+
+    python -m tasks._worker SPEC.json      (launched by the training tasks through flows.launch; not by hand)
+
+Why a child process: a crash (killed worker, out of memory, segfault) then ends the child, not the flow,
+and the task can retry it; the retry downloads the newest complete checkpoint from the store (not from
+local disk, which on another machine would not exist) and the trainer resumes from it. The step history
+travels inside each checkpoint (``r1_history.jsonl``), so the final ``metrics.jsonl`` holds every
+optimiser step exactly once even across a crash. ``flows.launch`` starts the child (``torchrun`` when
+the work pool asks for several processes; then only rank 0 uploads and reports). Progress events go
+through a small file the parent tails, since the child's stdout is the log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+HISTORY = "r1_history.jsonl"
+Emit = Callable[[dict[str, Any]], None]
+
+
+class StoreCheckpoints:
+    """Trainer callbacks: record each step, upload each checkpoint (with the history so far) to the store."""
+
+    def __init__(self, store: Any, run: str, stage: str, key: str, keep: int, emit: Emit,
+                 history: dict[int, dict[str, Any]]) -> None:
+        self.store, self.run, self.stage, self.key, self.keep, self.emit = store, run, stage, key, keep, emit
+        self.history = history
+
+    def on_step(self, step: int, max_steps: int, metrics: dict[str, Any]) -> None:
+        self.history[int(step)] = {"step": int(step), **_plain(metrics)}
+        self.emit({"event": "step", "step": int(step), "max_steps": int(max_steps), "metrics": _plain(metrics)})
+
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        if _rank() != 0:  # one upload per checkpoint under torchrun
+            return
+        path = Path(path)
+        _write_history({s: m for s, m in self.history.items() if s <= step}, path / HISTORY)
+        uri = self.store.put_checkpoint(self.run, self.stage, self.key, int(step), path)
+        self.store.prune_checkpoints(self.run, self.stage, self.key, self.keep)
+        self.emit({"event": "checkpoint", "step": int(step), "uri": uri})
+
+
+def _plain(metrics: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in (metrics or {}).items():
+        if hasattr(v, "item"):
+            v = v.item()
+        if isinstance(v, (int, float, str, bool)) or v is None:
+            out[k] = v
+    return out
+
+
+def _write_history(history: dict[int, dict[str, Any]], path: Path) -> None:
+    with open(path, "w") as f:
+        for step in sorted(history):
+            f.write(json.dumps(history[step]) + "\n")
+
+
+def _read_history(path: Path) -> dict[int, dict[str, Any]]:
+    if not path.exists():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {int(r["step"]): r for r in rows}
+
+
+def fetch_checkpoint(spec: dict[str, Any], emit: Emit) -> int:
+    """Download the store's newest complete checkpoint for this stage and key into ``output_dir``
+    (once, in the launching process, before any rank starts); returns its step, 0 when there is none."""
+    from tasks.store import Store
+
+    store = Store(spec["store"], check=False)
+    found = store.latest_checkpoint(spec["run"], spec["stage"], spec["key"])
+    if found is None:
+        return 0
+    step, uri = found
+    store.get_dir(uri, Path(spec["output_dir"]) / f"checkpoint-{step}")
+    emit({"event": "resume", "step": step, "uri": uri})
+    return step
+
+
+def execute(spec: dict[str, Any], emit: Emit) -> dict[str, Any]:
+    """Train from ``model_path`` or the newest checkpoint in ``output_dir``; write ``metrics.jsonl``."""
+    from grpo_core.config import GRPOConfig, SFTConfig
+    from tasks.store import Store
+
+    if spec.get("torch_num_threads"):
+        import torch
+
+        torch.set_num_threads(int(spec["torch_num_threads"]))
+    out = Path(spec["output_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    resumed_from = max((int(p.name.split("-")[1]) for p in out.glob("checkpoint-*") if (p / HISTORY).exists()),
+                       default=0)
+    history = ({s: m for s, m in _read_history(out / f"checkpoint-{resumed_from}" / HISTORY).items()
+                if s <= resumed_from} if resumed_from else {})
+    store = Store(spec["store"], check=False)
+    callbacks = [StoreCheckpoints(store, spec["run"], spec["stage"], spec["key"], int(spec.get("keep", 2)),
+                                  emit, history)]
+    rows = _read_rows(Path(spec["rows_path"]))
+    if spec["kind"] == "grpo":
+        from grpo_core.trainer import train_grpo
+
+        metrics = train_grpo(GRPOConfig.model_validate(spec["config"]), spec["model_path"], rows, out,
+                             resume=True, callbacks=callbacks)
+    else:
+        from grpo_core.sft import train_sft
+
+        metrics = train_sft(SFTConfig.model_validate(spec["config"]), spec["model_path"], rows, out,
+                            resume=True, callbacks=callbacks)
+    if _rank() == 0:
+        _write_history(history, out.parent / "metrics.jsonl")
+    return {"metrics": _plain(metrics or {}), "resumed_from": resumed_from, "steps": sorted(history)}
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    from grpo_core.data import read_parquet
+
+    return read_parquet(path)
+
+
+def run_training(spec: dict[str, Any], *, isolation: str, on_event: Emit) -> dict[str, Any]:
+    """Run ``execute`` inline, or in child processes through ``flows.launch`` (torchrun when the work pool
+    asks for several); a child that dies without a Python error raises ``WorkerCrashed`` (retried)."""
+    from flows.launch import StageProcessFailed, launch, resolve_nproc_per_node
+    from tasks._common import StageFailed, WorkerCrashed, logger
+    from tasks.store import TransientStoreError
+
+    fetch_checkpoint(spec, on_event)
+    if isolation == "inline":
+        return execute(spec, on_event)
+    work = Path(spec["output_dir"]).parent
+    spec = {**spec, "events_path": str(work / "events.jsonl"), "result_path": str(work / "result.json")}
+    Path(spec["events_path"]).write_text("")
+    spec_path = work / "worker-spec.json"
+    spec_path.write_text(json.dumps(spec))
+    root = str(Path(__file__).resolve().parents[1])
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    follower = _EventFollower(Path(spec["events_path"]), on_event)
+    follower.start()
+    try:
+        launch("tasks._worker", [str(spec_path)], nproc_per_node=resolve_nproc_per_node(None), logger=logger(),
+               env=env, cwd=root)
+    except StageProcessFailed as e:
+        if e.child_traceback is None:
+            raise WorkerCrashed(f"{spec['stage']} worker process died: {e}") from None
+        if "TransientStoreError" in str(e).splitlines()[0]:
+            raise TransientStoreError(str(e)) from None
+        raise StageFailed(str(e)) from None
+    finally:
+        follower.stop()
+    return json.loads(Path(spec["result_path"]).read_text())
+
+
+class _EventFollower(threading.Thread):
+    """Tails the child's events file and hands each event to ``on_event`` in this process."""
+
+    def __init__(self, path: Path, on_event: Emit) -> None:
+        super().__init__(daemon=True)
+        self.path, self.on_event, self.done, self.offset = path, on_event, threading.Event(), 0
+
+    def run(self) -> None:
+        while not self.done.wait(0.5):
+            self.drain()
+
+    def drain(self) -> None:
+        with open(self.path) as f:
+            f.seek(self.offset)
+            while (line := f.readline()).endswith("\n"):
+                self.offset = f.tell()
+                try:
+                    self.on_event(json.loads(line))
+                except Exception:  # noqa: BLE001 - a progress update must never break training
+                    pass
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(timeout=5)
+        self.drain()
+
+
+def _child_main(spec_path: str) -> None:
+    from flows.launch import record_failure
+
+    @record_failure
+    def run() -> None:
+        spec = json.loads(Path(spec_path).read_text())
+        rank0 = _rank() == 0
+        lock = threading.Lock()
+
+        def emit(event: dict[str, Any]) -> None:
+            if rank0:
+                with lock, open(spec["events_path"], "a") as f:
+                    f.write(json.dumps(event, default=str) + "\n")
+
+        result = execute(spec, emit)
+        if rank0:
+            Path(spec["result_path"]).write_text(json.dumps(result, default=str))
+
+    run()
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1])

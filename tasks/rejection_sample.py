@@ -1,0 +1,45 @@
+"""Stage 4, rejection_sample: sample N completions per training prompt from the GRPO model and keep the
+correct ones that pass the format, length and language filters, deduplicated, at most k per prompt
+(grpo_core.rejection). Output: ``samples.parquet`` (SFT rows ``{prompt, completion, ...}``) and
+``pass_rates.parquet`` (one row per prompt), with the keep/drop counts in the manifest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_core.config import PipelineConfig
+from grpo_core.data import read_parquet, write_parquet
+from tasks._common import StageContext, cached, commit_stage, fingerprint, stage_task
+from tasks.store import StageRef
+
+STAGE = "rejection_sample"
+
+
+@stage_task(STAGE)
+def rejection_sample(config: PipelineConfig | dict[str, Any], run: str, store: str | None = None,
+                     inputs: dict[str, StageRef] | None = None, force: bool = False) -> StageRef:
+    ctx = StageContext.open(config, run, store, STAGE)
+    try:
+        data, rl = (inputs or {})["prepare_data"], (inputs or {})["grpo_train"]
+        parents = {"prepare_data": data, "grpo_train": rl}
+        section = ctx.config.rejection_sample
+        fp = fingerprint(STAGE, section, parents)
+        if (ref := ctx.reuse(fp, force)) is not None:
+            return cached(ref, "same config and inputs")
+        from grpo_core.rejection import rejection_sample as sample
+
+        rows = read_parquet(ctx.fetch(data, "train.parquet"))
+        result = sample(section, str(ctx.fetch(rl, "model")), rows)
+        out = ctx.work / "out"
+        write_parquet(result.kept, out / "samples.parquet")
+        write_parquet(result.pass_rates, out / "pass_rates.parquet")
+        writer = ctx.begin()
+        try:
+            writer.put_dir(out)
+            return commit_stage(ctx, writer, fp=fp, section=section, parents=parents, metrics=result.stats)
+        except BaseException:
+            writer.abort()
+            raise
+    finally:
+        ctx.cleanup()
