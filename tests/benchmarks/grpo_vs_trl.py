@@ -1,0 +1,335 @@
+# python tests/benchmarks/grpo_vs_trl.py --threads 1 --steps 6 --rounds 2
+"""This project's GRPO trainer against TRL's ``GRPOTrainer`` on the same work, side by side.
+
+Same for both: a tiny local model (``grpo_core.tiny.build_tiny_model``: the embedded default, hidden 128
+x 4 layers, ~0.9M parameters, and one 4x wider), the chain-task prompts (``grpo_core.synthetic``), the reward
+(``chain_accuracy``, a plain TRL-contract function), 8 prompts x G=8 completions x 32 new tokens per step,
+temperature 1, beta 0.04 (so both run a reference model), loss_type "grpo", one optimiser step per
+generation round on one 64-sequence micro-batch, fp32, no gradient checkpointing (TRL's defaults bf16=True
+and gradient_checkpointing=True are switched off: both only cost time on a CPU), no saving, no reporting,
+and the same torch thread count (``--threads``, also OMP_NUM_THREADS).
+
+Each (model, trainer, backend) runs in a fresh child process (so its peak RSS, ``VmHWM``, is its own); the
+configurations are interleaved (round r runs ours/TRL in alternating order) so load changes on the shared
+machine hit both alike. A child runs ``--steps`` steps; its first step (warm-up: lazy init, vLLM graph
+capture) is excluded. Reported: median seconds and CPU-seconds (user+sys, all threads) per step, the split
+generate/reward/train, peak RSS, and the achieved GFLOP/s of the training passes (policy forward+backward
+6*P*tokens, reference forward 2*P*tokens, TRL's vLLM path adds an old-log-prob forward 2*P*tokens) against
+a measured fp32 matmul peak at the same thread count.
+
+Comparisons: same backend (ours with transformers sampling vs TRL use_vllm=False), best backend (ours with
+colocated vLLM vs TRL's best that runs here), and peak RSS with the same backend. Speedups are ratios of
+steps/s (TRL s/step / ours s/step); ``*_cpu_speedup`` uses CPU-seconds, steadier on a shared CPU. The
+top-level numbers are the embedded default's model; ``per_model`` holds both. The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+NUM_PROMPTS, NUM_GENERATIONS, MAX_COMPLETION_LENGTH = 8, 8, 32
+BETA, LEARNING_RATE, SEED = 0.04, 5e-5, 0
+MODELS = {"base": {"hidden_size": 128, "num_heads": 4}, "wide": {"hidden_size": 512, "num_heads": 8}}
+RUNS = ("ours_hf", "trl_hf", "ours_vllm", "trl_vllm")
+
+
+def read_status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def cpu_seconds() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+class StepClock:
+    """Wall and CPU time between consecutive step ends, with the step's phase times and token count."""
+
+    def __init__(self) -> None:
+        self.last = (time.perf_counter(), cpu_seconds())
+        self.steps: list[dict[str, float]] = []
+
+    def tick(self, phases: dict[str, float]) -> None:
+        now = (time.perf_counter(), cpu_seconds())
+        self.steps.append({"wall": now[0] - self.last[0], "cpu": now[1] - self.last[1], **phases})
+        self.last = now
+
+
+def chain_rows() -> list[dict[str, Any]]:
+    from grpo_core.synthetic import make_chain_rows
+
+    return make_chain_rows(256, seed=SEED)
+
+
+def run_ours(spec: dict[str, Any], clock: StepClock) -> dict[str, Any]:
+    from grpo_core.config import GRPOConfig
+    from grpo_core.synthetic import chain_accuracy
+    from grpo_core.trainer import train_grpo
+
+    config = GRPOConfig(
+        num_generations=NUM_GENERATIONS, generation_batch_size=NUM_PROMPTS * NUM_GENERATIONS,
+        max_completion_length=MAX_COMPLETION_LENGTH, max_prompt_length=64, temperature=1.0,
+        beta=BETA, loss_type="grpo", scale_rewards="group", epsilon=0.2,
+        learning_rate=LEARNING_RATE, lr_scheduler_type="constant", adam_beta2=0.999, max_grad_norm=1.0,
+        max_steps=spec["steps"], per_device_train_batch_size=NUM_PROMPTS * NUM_GENERATIONS,
+        save_steps=10**6, report_to=[], torch_num_threads=spec["threads"], seed=SEED,
+        use_vllm=spec["backend"] == "vllm", reward_funcs=["chain_accuracy"],
+    )
+
+    class Recorder:
+        def on_step(self, step: int, max_steps: int, metrics: dict[str, float]) -> None:
+            tokens = metrics["tokens_per_second"] * metrics["time/step"]  # prompt + completion tokens of the step
+            clock.tick({"generate": metrics["time/generate"], "reward": metrics["time/reward"],
+                        "train": metrics["time/train"], "tokens": tokens,
+                        "completion_tokens": metrics["completions/mean_length"] * NUM_PROMPTS * NUM_GENERATIONS})
+
+    with tempfile.TemporaryDirectory() as out:
+        clock.last = (time.perf_counter(), cpu_seconds())
+        train_grpo(config, spec["model_path"], chain_rows(), out, reward_funcs=[chain_accuracy],
+                   resume=False, callbacks=[Recorder()])
+    return {"old_logp_pass": False}
+
+
+def run_trl(spec: dict[str, Any], clock: StepClock) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_core.synthetic import chain_accuracy
+
+    use_vllm = spec["backend"] == "vllm"
+    phases = {"generate": 0.0, "reward": 0.0, "tokens": 0.0, "completion_tokens": 0.0}
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        def _generate(self, prompts):  # tokenise, sample, decode
+            start = time.perf_counter()
+            out = super()._generate(prompts)
+            phases["generate"] += time.perf_counter() - start
+            prompt_ids, completion_ids = out[0], out[1]
+            phases["completion_tokens"] += sum(len(c) for c in completion_ids)
+            phases["tokens"] += sum(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids))
+            return out
+
+        def _calculate_rewards(self, *args, **kwargs):
+            start = time.perf_counter()
+            out = super()._calculate_rewards(*args, **kwargs)
+            phases["reward"] += time.perf_counter() - start
+            return out
+
+    class Recorder(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            clock.last = (time.perf_counter(), cpu_seconds())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            wall_since = time.perf_counter() - clock.last[0]
+            train = wall_since - phases["generate"] - phases["reward"]  # ref log-probs, loss, backward, AdamW
+            clock.tick({**phases, "train": train})
+            phases.update({k: 0.0 for k in phases})
+
+    out = tempfile.mkdtemp()
+    args = GRPOConfig(
+        output_dir=out, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
+        max_steps=spec["steps"], per_device_train_batch_size=NUM_PROMPTS * NUM_GENERATIONS,
+        gradient_accumulation_steps=1, num_generations=NUM_GENERATIONS,
+        max_completion_length=MAX_COMPLETION_LENGTH, temperature=1.0,
+        beta=BETA, loss_type="grpo", scale_rewards="group", epsilon=0.2,
+        learning_rate=LEARNING_RATE, lr_scheduler_type="constant", max_grad_norm=1.0,
+        use_cpu=True, bf16=False, gradient_checkpointing=False, seed=SEED, dataloader_num_workers=0,
+        model_init_kwargs={"dtype": torch.float32},
+        use_vllm=use_vllm, vllm_mode="colocate", vllm_max_model_length=128, vllm_enable_sleep_mode=False,
+    )
+    torch.set_num_threads(spec["threads"])
+    trainer = TimedGRPOTrainer(
+        model=spec["model_path"], reward_funcs=[chain_accuracy], args=args,
+        train_dataset=Dataset.from_list(chain_rows()), callbacks=[Recorder()],
+    )
+    torch.set_num_threads(spec["threads"])
+    trainer.train()
+    return {"old_logp_pass": use_vllm and args.vllm_importance_sampling_correction}
+
+
+def run_child(spec: dict[str, Any]) -> None:
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    clock = StepClock()
+    extra = (run_ours if spec["trainer"] == "ours" else run_trl)(spec, clock)
+    print("RESULT " + json.dumps({"steps": clock.steps, "peak_rss_mib": read_status_kib("VmHWM") / 1024,
+                                  "threads": torch.get_num_threads(), **extra}), flush=True)
+
+
+def measure_matmul_peak(threads: int, n: int = 1024, repeats: int = 5) -> float:
+    """Best fp32 GFLOP/s of an ``n x n`` matmul at ``threads`` threads."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def build_models(root: Path) -> dict[str, dict[str, Any]]:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from grpo_core.tiny import build_tiny_model, count_parameters
+
+    out = {}
+    for name, shape in MODELS.items():
+        path = build_tiny_model(root / name, seed=SEED, num_layers=4, **shape)
+        params = count_parameters(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)))
+        out[name] = {"path": str(path), "params": params, **shape}
+    return out
+
+
+def launch(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    env = {
+        **os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "MKL_NUM_THREADS": str(spec["threads"]),
+        "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "WANDB_MODE": "disabled",
+    }
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = [l for l in proc.stderr.strip().splitlines() if l.strip()][-3:]
+    return {"error": f"exit {proc.returncode}: " + " | ".join(tail)[-600:]}
+
+
+def summarise(results: list[dict[str, Any]], params: int, peak_gflops: float) -> dict[str, Any] | None:
+    """Medians over the steps of every child of one configuration, warm-up steps dropped."""
+    steps = [s for r in results if "steps" in r for s in r["steps"][1:]]
+    if not steps:
+        return None
+    med = lambda key: statistics.median(s[key] for s in steps)  # noqa: E731
+    old_pass = any(r.get("old_logp_pass") for r in results)
+    train_flops = [(6 + 2 + (2 if old_pass else 0)) * params * s["tokens"] for s in steps]  # policy fwd+bwd, ref, old
+    gen_flops = [2 * params * s["completion_tokens"] for s in steps]  # ~one forward per sampled token
+    train_gflops = statistics.median(f / s["train"] / 1e9 for f, s in zip(train_flops, steps))
+    return {
+        "s_per_step": med("wall"), "cpu_s_per_step": med("cpu"), "generate_s": med("generate"),
+        "reward_s": med("reward"), "train_s": med("train"), "tokens_per_step": med("tokens"),
+        "train_gflops": train_gflops, "train_frac_of_matmul_peak": train_gflops / peak_gflops,
+        "generate_gflops": statistics.median(f / s["generate"] / 1e9 for f, s in zip(gen_flops, steps)),
+        "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in results if "steps" in r),
+        "steps_measured": len(steps),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="base model only, 3 steps, 1 round, no TRL vLLM probe")
+    parser.add_argument("--steps", type=int, default=6, help="steps per child, the first is warm-up")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every configuration")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--models", default="base,wide", help=f"comma list of {list(MODELS)}")
+    parser.add_argument("--skip-trl-vllm", action="store_true", help="do not try TRL's colocated vLLM mode")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per child")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return run_child(json.loads(args.child))
+    if args.quick:
+        args.steps, args.rounds, args.models, args.skip_trl_vllm = 3, 1, "base", True
+    from grpo_core.generation import vllm_available
+
+    peak = measure_matmul_peak(args.threads)
+    load = os.getloadavg()
+    print(f"threads={args.threads} steps/child={args.steps} rounds={args.rounds} load avg {load[0]:.1f} "
+          f"{load[1]:.1f} {load[2]:.1f} (cores {os.cpu_count()}); fp32 matmul peak {peak:.1f} GFLOP/s", flush=True)
+    root = Path(tempfile.mkdtemp(prefix="grpo_vs_trl_"))
+    models = {k: v for k, v in build_models(root).items() if k in args.models.split(",")}
+    runs = ["ours_hf", "trl_hf"] + (["ours_vllm"] if vllm_available() else [])
+    trl_vllm_error = "not tried (--skip-trl-vllm)" if args.skip_trl_vllm else None
+    if not vllm_available():
+        trl_vllm_error = "vllm not installed"
+    results: dict[tuple[str, str], list[dict]] = {}
+    print(f"{'model':<5} {'run':<9} {'rnd':>3} {'s/step':>7} {'cpu s':>7} {'gen s':>6} {'train s':>7} {'RSS MiB':>8}")
+    for rnd in range(args.rounds):
+        for model, info in models.items():
+            order = list(runs if rnd % 2 == 0 else reversed(runs))
+            if trl_vllm_error is None:  # tried until it fails once
+                order.append("trl_vllm")
+            for run in order:
+                trainer, backend = run.split("_")
+                spec = {"trainer": trainer, "backend": backend, "model_path": info["path"], "steps": args.steps,
+                        "threads": args.threads}
+                r = launch(spec, args.timeout)
+                results.setdefault((model, run), []).append(r)
+                if "error" in r:
+                    print(f"{model:<5} {run:<9} {rnd:>3} failed: {r['error']}", flush=True)
+                    if run == "trl_vllm":
+                        trl_vllm_error = r["error"]
+                    continue
+                s = r["steps"][1:]
+                med = lambda k: statistics.median(x[k] for x in s)  # noqa: E731
+                print(f"{model:<5} {run:<9} {rnd:>3} {med('wall'):>7.2f} {med('cpu'):>7.2f} {med('generate'):>6.2f} "
+                      f"{med('train'):>7.2f} {r['peak_rss_mib']:>8.0f}", flush=True)
+
+    per_model: dict[str, Any] = {}
+    for model, info in models.items():
+        summary = {run: summarise(results.get((model, run), []), info["params"], peak) for run in RUNS}
+        summary = {k: v for k, v in summary.items() if v is not None}
+        ours = {k: v for k, v in summary.items() if k.startswith("ours")}
+        trl = {k: v for k, v in summary.items() if k.startswith("trl")}
+        entry: dict[str, Any] = {"params": info["params"], "hidden_size": info["hidden_size"], "runs": summary}
+        if "ours_hf" in summary and "trl_hf" in summary:
+            entry["same_backend_speedup"] = summary["trl_hf"]["s_per_step"] / summary["ours_hf"]["s_per_step"]
+            entry["same_backend_cpu_speedup"] = summary["trl_hf"]["cpu_s_per_step"] / summary["ours_hf"]["cpu_s_per_step"]
+            entry["peak_rss_ratio"] = summary["ours_hf"]["peak_rss_mib"] / summary["trl_hf"]["peak_rss_mib"]
+        if ours and trl:
+            best_ours = min(ours, key=lambda k: ours[k]["s_per_step"])
+            best_trl = min(trl, key=lambda k: trl[k]["s_per_step"])
+            entry["best_backend"] = {"ours": best_ours, "trl": best_trl}
+            entry["best_backend_speedup"] = trl[best_trl]["s_per_step"] / ours[best_ours]["s_per_step"]
+            entry["best_backend_cpu_speedup"] = trl[best_trl]["cpu_s_per_step"] / ours[best_ours]["cpu_s_per_step"]
+        per_model[model] = entry
+        print(f"\n{model}: {info['params'] / 1e6:.2f}M params, hidden {info['hidden_size']}")
+        for run, v in summary.items():
+            print(f"  {run:<9} {v['s_per_step']:.2f} s/step  {v['cpu_s_per_step']:.2f} cpu-s/step  "
+                  f"(generate {v['generate_s']:.2f}, reward {v['reward_s']:.3f}, train {v['train_s']:.2f})  "
+                  f"train {v['train_gflops']:.1f} GFLOP/s = {100 * v['train_frac_of_matmul_peak']:.0f}% of matmul peak, "
+                  f"generate {v['generate_gflops']:.2f} GFLOP/s, peak RSS {v['peak_rss_mib']:.0f} MiB")
+        for key in ("same_backend_speedup", "same_backend_cpu_speedup", "best_backend_speedup",
+                    "best_backend_cpu_speedup", "peak_rss_ratio"):
+            if key in entry:
+                print(f"  {key}: {entry[key]:.2f}")
+
+    head = per_model.get("base") or next(iter(per_model.values()))
+    print(json.dumps({
+        "same_backend_speedup": head.get("same_backend_speedup"),
+        "best_backend_speedup": head.get("best_backend_speedup"),
+        "peak_rss_ratio": head.get("peak_rss_ratio"),
+        "model": "base" if "base" in per_model else next(iter(per_model)),
+        "trl_vllm": "ok" if trl_vllm_error is None and any(k[1] == "trl_vllm" for k in results) else trl_vllm_error,
+        "threads": args.threads, "matmul_peak_gflops": peak, "load_avg_start": load, "load_avg_end": os.getloadavg(),
+        "per_model": per_model,
+    }))
+
+
+if __name__ == "__main__":
+    main()
