@@ -27,19 +27,34 @@ def rejection_sample(config: PipelineConfig | dict[str, Any], run: str, store: s
         fp = fingerprint(STAGE, section, parents)
         if (ref := ctx.reuse(fp, force)) is not None:
             return cached(ref, "same config and inputs")
-        from grpo_core.rejection import rejection_sample as sample
-
         rows = read_parquet(ctx.fetch(data, "train.parquet"))
-        result = sample(section, str(ctx.fetch(rl, "model")), rows)
+        kept, stats = _sample(ctx, str(ctx.fetch(rl, "model")), rows)
         out = ctx.work / "out"
-        write_parquet(result.kept, out / "samples.parquet")
-        write_parquet(result.pass_rates, out / "pass_rates.parquet")
+        write_parquet(kept, out / "samples.parquet")
+        write_parquet(stats.pop("per_prompt"), out / "pass_rates.parquet")
         writer = ctx.begin()
         try:
             writer.put_dir(out)
-            return commit_stage(ctx, writer, fp=fp, section=section, parents=parents, metrics=result.stats)
+            return commit_stage(ctx, writer, fp=fp, section=section, parents=parents, metrics=stats)
         except BaseException:
             writer.abort()
             raise
     finally:
         ctx.cleanup()
+
+
+def _sample(ctx: StageContext, model_path: str, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict]:
+    """Sample with the same backend kind the GRPO stage used (vLLM for real runs, transformers for tiny)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from grpo_core.generation import make_backend
+    from grpo_core.rejection import rejection_sample_with_config
+    from grpo_core.trainer.loop import _backend_opts
+
+    grpo = ctx.config.grpo_train
+    kind = "auto" if grpo.use_vllm is None else ("vllm" if grpo.use_vllm else "hf")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    backend = make_backend(kind, model_path, tokenizer=tokenizer, **_backend_opts(grpo, kind, device))
+    return rejection_sample_with_config(ctx.config.rejection_sample, backend, tokenizer, rows)

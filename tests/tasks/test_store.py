@@ -1,0 +1,124 @@
+"""The object store: manifest-last commits, uncommitted output ignored, checkpoints, S3 through moto, errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks.store import MANIFEST, Store, StoreError
+
+
+def _files(root: Path) -> Path:
+    (root / "model").mkdir(parents=True)
+    (root / "model" / "weights.bin").write_bytes(b"\x00\x01" * 5000)
+    (root / "train.parquet").write_bytes(b"rows")
+    return root
+
+
+def _commit(store: Store, src: Path, run: str = "r", stage: str = "prepare_data", fp: str = "fp1"):
+    w = store.begin(run, stage)
+    w.put_dir(src)
+    return w, w.commit(fingerprint=fp, config={"x": 1}, parents={}, metrics={"m": 0.5})
+
+
+def _roundtrip(store: Store, tmp_path: Path) -> None:
+    src = _files(tmp_path / "src")
+    w = store.begin("r", "prepare_data")
+    w.put_dir(src)
+    assert store.latest("r", "prepare_data") is None  # files written, manifest not yet: invisible
+    ref = w.commit(fingerprint="fp1", config={"data": {"n": 1}}, parents={}, metrics={"data/num_train": 3})
+    assert store.latest("r", "prepare_data") == ref
+    assert store.latest("r", "prepare_data", fingerprint="other") is None
+    manifest = store.manifest(ref)
+    weights = (src / "model" / "weights.bin").read_bytes()
+    assert manifest["files"]["model/weights.bin"] == {"sha256": hashlib.sha256(weights).hexdigest(), "size": 10000}
+    assert manifest["config"] == {"data": {"n": 1}} and manifest["metrics"] == {"data/num_train": 3}
+    assert "torch" in manifest["packages"] and manifest["created"].endswith("Z")
+    out = store.get_dir(f"{ref.uri}/model", tmp_path / "dl")
+    assert (out / "weights.bin").read_bytes() == weights
+    # JSON-serialisable reference
+    assert json.loads(json.dumps(ref.to_dict()))["uri"] == ref.uri
+
+    # checkpoints: one without its completion marker is never resumed from
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "state.pt").write_bytes(b"s")
+    store.put_checkpoint("r", "grpo_train", "key", 2, ck)
+    store.put_file(ck / "state.pt", store.path("r", "grpo_train", "_checkpoints", "key", "checkpoint-4", "state.pt"))
+    assert store.latest_checkpoint("r", "grpo_train", "key")[0] == 2
+    store.put_checkpoint("r", "grpo_train", "key", 6, ck)
+    store.prune_checkpoints("r", "grpo_train", "key", keep=1)
+    assert store.latest_checkpoint("r", "grpo_train", "key")[0] == 6
+    assert not store.exists(store.path("r", "grpo_train", "_checkpoints", "key", "checkpoint-2"))
+
+
+def test_local_store_commit_and_checkpoints(tmp_path):
+    _roundtrip(Store(tmp_path / "store"), tmp_path)
+
+
+def test_s3_store_through_moto(s3_env, tmp_path):
+    store = Store(s3_env)
+    _roundtrip(store, tmp_path)
+    assert store.runs() == ["r"]
+    text = json.dumps(store.manifest(store.latest("r", "prepare_data")))
+    assert "testing-secret-never-logged" not in text and "AWS_" not in text
+
+
+def test_uncommitted_and_aborted_output_is_ignored(tmp_path):
+    store = Store(tmp_path / "store")
+    _, first = _commit(store, _files(tmp_path / "a"))
+    dead = store.begin("r", "prepare_data")  # a writer that died after uploading, before its manifest
+    dead.put_dir(tmp_path / "a")
+    assert store.latest("r", "prepare_data") == first
+    assert store.uncommitted("r", "prepare_data") == [dead.version]
+    aborted = store.begin("r", "prepare_data")
+    aborted.put_dir(tmp_path / "a")
+    aborted.abort()
+    assert not (tmp_path / "store" / "r" / "prepare_data" / aborted.version).exists()
+    time.sleep(0.01)
+    _, second = _commit(store, tmp_path / "a", fp="fp2")
+    assert store.latest("r", "prepare_data") == second  # newest committed wins
+    assert store.latest("r", "prepare_data", fingerprint="fp1") == first
+    assert (tmp_path / "store" / "r" / "prepare_data" / second.version / MANIFEST).exists()
+
+
+def test_update_manifest_merges_sections(tmp_path):
+    store = Store(tmp_path / "store")
+    _, ref = _commit(store, _files(tmp_path / "a"))
+    new = store.update_manifest(ref, metrics={"eval/accuracy": 0.25}, eval={"fingerprint": "e"})
+    assert new.metrics == {"m": 0.5, "eval/accuracy": 0.25}
+    assert store.manifest(ref)["eval"] == {"fingerprint": "e"}
+
+
+def test_unreachable_s3_endpoint_fails_fast_naming_it(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "supersecret-value")
+    start = time.monotonic()
+    with pytest.raises(StoreError) as err:
+        Store("s3://some-bucket/prefix")
+    assert time.monotonic() - start < 30
+    msg = str(err.value)
+    assert "cannot reach S3 endpoint http://127.0.0.1:9" in msg and "s3://some-bucket/prefix" in msg
+    assert "supersecret" not in msg and "\n" not in msg
+
+
+def test_unauthorised_s3_fails_with_access_denied(s3_env, monkeypatch):
+    import moto.settings
+
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # moto checks credentials from now on
+    with pytest.raises(StoreError, match="access denied by S3 endpoint") as err:
+        Store(s3_env)
+    assert "testing-secret-never-logged" not in str(err.value)
+
+
+def test_missing_bucket_says_so(s3_server, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with pytest.raises(StoreError, match="bucket not found"):
+        Store("s3://no-such-bucket-r1/x")
