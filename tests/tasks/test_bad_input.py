@@ -1,0 +1,101 @@
+"""Bad input fails fast with one clear message naming what and where, and commits nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from grpo_core.config import ConfigError, PipelineConfig, load_config
+from grpo_core.data import DataError
+from tasks.prepare_data import prepare_data
+from tasks.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _data_config(path: Path, **data) -> PipelineConfig:
+    return PipelineConfig.model_validate({
+        "model": {"tiny": {"hidden_size": 16, "num_layers": 1, "num_heads": 2}},
+        "data": {"builtin_task": None, "train_sources": [{"path": str(path)}], "eval_fraction": 0.3, **data},
+    })
+
+
+def _nothing_committed(store_dir: Path) -> None:
+    store = Store(store_dir)
+    assert store.latest("bad", "prepare_data") is None
+    assert store.uncommitted("bad", "prepare_data") == []  # the failed stage left no partial output either
+
+
+def test_missing_answer_column_names_file_row_and_field(tmp_path):
+    src = tmp_path / "qa.jsonl"
+    src.write_text("\n".join(json.dumps({"prompt": f"{i}+1=", "solution": str(i + 1)}) for i in range(4)) + "\n")
+    with pytest.raises(DataError) as err:
+        prepare_data.fn(_data_config(src), "bad", str(tmp_path / "store"))
+    msg = str(err.value)
+    assert str(src) in msg and "'answer'" in msg and "line 1" in msg
+    _nothing_committed(tmp_path / "store")
+
+
+def test_malformed_jsonl_line_names_the_line(tmp_path):
+    src = tmp_path / "qa.jsonl"
+    src.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": \n{"prompt": "3+3=", "answer": "6"}\n')
+    with pytest.raises(DataError, match=r"line 2") as err:
+        prepare_data.fn(_data_config(src), "bad", str(tmp_path / "store"))
+    assert str(src) in str(err.value)
+    _nothing_committed(tmp_path / "store")
+
+
+def test_bad_rows_can_be_skipped_and_counted(tmp_path):
+    src = tmp_path / "qa.jsonl"
+    good = [json.dumps({"prompt": f"what is {i} plus {i}?", "answer": str(2 * i)}) for i in range(6)]
+    src.write_text("\n".join(good[:3] + ["{not json", json.dumps({"prompt": "x"})] + good[3:]) + "\n")
+    ref = prepare_data.fn(_data_config(src, on_error="skip"), "ok", str(tmp_path / "store"))
+    manifest = Store(tmp_path / "store").manifest(ref)
+    assert ref.metrics["data/num_train"] + ref.metrics["data/num_eval"] == 6
+    assert manifest["data_stats"]["sources"][f"train:{src}"]["rows_skipped"] == 2
+
+
+@pytest.mark.parametrize("stage, field, value, expect", [
+    ("grpo_train", "bogus_field", "1", "unknown field"),
+    ("grpo_train", "beta", "-0.5", "Input should be greater than or equal to 0 (got -0.5)"),
+    ("cold_start_sft", "learning_rate", "0", "Input should be greater than 0 (got 0)"),
+])
+def test_config_errors_name_yaml_path_and_line(tmp_path, stage, field, value, expect):
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"# a config\nmodel: {{tiny: {{}}}}\n{stage}:\n  {field}: {value}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}:4: {stage}.{field}: {expect}"
+
+
+def test_every_committed_config_parses():
+    names = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+    assert {"tiny-cpu.yaml", "qwen2.5-0.5b-gsm8k.yaml", "qwen2.5-7b-math.yaml", "ci-tiny.yaml"} <= set(names)
+    for name in names:
+        cfg = load_config(ROOT / "configs" / name)
+        assert cfg.grpo_train.reward_funcs and cfg.evaluate.reward_func
+
+
+def test_cli_bad_config_is_one_line_and_commits_nothing(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: {tiny: {}}\ngrpo_train:\n  num_generations: 1\n")
+    result = CliRunner().invoke(app, ["run", "-c", str(path), "--store", str(tmp_path / "store"), "--run", "bad"])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "grpo_train.num_generations" in lines[0]
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "store" / "bad").exists()
+
+
+def test_cli_unreachable_store_is_one_line(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    result = CliRunner().invoke(app, ["status", "x", "--store", "s3://r1-bucket/runs"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [result.output.strip()]
+    assert "error: cannot reach S3 endpoint http://127.0.0.1:9" in result.output
