@@ -125,7 +125,7 @@ def status(
     if as_json:
         from flows.report import stage_status
 
-        typer.echo(json.dumps(stage_status(st, run_name), sort_keys=True))
+        typer.echo(json.dumps(stage_status(st, run_name)))
     else:
         _print_status(st, run_name)
 

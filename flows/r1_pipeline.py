@@ -20,7 +20,7 @@ from typing import Any, Literal
 from prefect import flow
 
 from flows.report import write_report
-from flows.stages import RUN_CONFIG, STAGE_FLOWS, reuse
+from flows.stages import RUN_CONFIG, STAGE_FLOWS, call_task, reuse
 from grpo_core.config import STAGES, PipelineConfig
 from tasks.store import StageRef, Store
 
@@ -58,7 +58,7 @@ class Dispatcher:
 
     def __call__(self, stage: str, **inputs: StageRef) -> StageRef:
         if stage not in self.selected:
-            ref = reuse.with_options(name=f"reuse-{stage}")(self.run, stage, self.store)
+            ref = call_task(reuse.with_options(name=f"reuse-{stage}"), self.run, stage, self.store)
         else:
             ref = self.run_stage(stage, inputs)
         self.refs[stage] = ref

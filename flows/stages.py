@@ -78,11 +78,17 @@ def run_stage(stage: str, run: str, config: PipelineConfig | dict[str, Any] | No
     given = {k: v if isinstance(v, StageRef) else StageRef.from_dict(v) for k, v in (inputs or {}).items()}
     refs = {name: given.get(name) or committed(st, run, name) for name in upstream(stage, cfg)}
     task = TASKS[stage].with_options(retries=cfg.run.retries, retry_delay_seconds=cfg.run.retry_delay_seconds)
-    ref = task(cfg, run, st.url, refs, force)
+    ref = call_task(task, cfg, run, st.url, refs, force)
     if stage in MODEL_STAGES:
         data = refs.get("prepare_data") or committed(st, run, "prepare_data")
-        ref = evaluate.with_options(retries=cfg.run.retries)(cfg, run, st.url, ref, data, force)
+        ref = call_task(evaluate.with_options(retries=cfg.run.retries), cfg, run, st.url, ref, data, force)
     return ref.to_dict()
+
+
+def call_task(task: Any, *args: Any) -> StageRef:
+    """Run a stage task and return its StageRef, whether it ran or ended ``Cached`` (a task that returns a
+    state hands that state, not its data, to a plain call); a failure raises the task's exception."""
+    return task(*args, return_state=True).result()
 
 
 def _flow(stage: str) -> Callable[..., Any]:

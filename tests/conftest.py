@@ -21,8 +21,11 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def s3_server():
     """A moto S3 server on 127.0.0.1 (as s3fs's own tests use); yields its endpoint URL."""
+    import logging
+
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one log line per S3 request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
