@@ -139,6 +139,7 @@ def run_training(spec: dict[str, Any], *, isolation: str, on_event: Emit) -> dic
     if isolation == "inline":
         return execute(spec, on_event)
     work = Path(spec["output_dir"]).parent
+    work.mkdir(parents=True, exist_ok=True)  # absent when there was no checkpoint to fetch
     spec = {**spec, "events_path": str(work / "events.jsonl"), "result_path": str(work / "result.json")}
     Path(spec["events_path"]).write_text("")
     spec_path = work / "worker-spec.json"
