@@ -251,6 +251,7 @@ class Store:
 
     def remove(self, path: str) -> None:
         try:
+            self.fs.invalidate_cache()
             if self.fs.exists(self._strip(path)):
                 self.fs.rm(self._strip(path), recursive=True)
         except Exception:  # noqa: BLE001 - best effort cleanup of uncommitted output

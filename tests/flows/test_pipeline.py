@@ -1,0 +1,206 @@
+"""The whole pipeline through real Prefect against S3 (moto on 127.0.0.1, s3fs), on configs/ci-tiny.yaml.
+
+One pipeline run (module fixture) serves the checks that read it: every stage committed and evaluated,
+a second run fully cached, ``r1 status --json``, ``r1 report`` with PNGs that open, ``r1 stage
+rejection_sample`` reusing the upstream outputs, ``--from-stage``, and a worker killed mid-``grpo_train``
+whose retry resumes from the store's checkpoint. Tests run in file order; the later ones add versions.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.r1_pipeline import r1_pipeline
+from flows.stages import grpo_train_flow
+from grpo_core.config import STAGES, load_config
+from tasks.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = "ci"
+MODEL_STAGES = ("cold_start_sft", "grpo_train", "sft_consolidate", "final_rl")
+
+
+@pytest.fixture(scope="module")
+def s3_store(s3_server):
+    import boto3
+
+    bucket = f"r1-flows-{uuid.uuid4().hex[:8]}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWS_ENDPOINT_URL_S3", s3_server)
+        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
+        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret-never-logged")
+        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        mp.setenv("R1_WORKDIR", str(Path(os.environ.get("TMPDIR", "/tmp")) / f"r1-work-{bucket}"))
+        boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=bucket)
+        yield f"s3://{bucket}/runs"
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config(ROOT / "configs" / "ci-tiny.yaml").model_dump(mode="json")
+
+
+@pytest.fixture(scope="module")
+def first_run(s3_store, config):
+    start = time.monotonic()
+    state = r1_pipeline(config=config, run_name=RUN, store=s3_store, return_state=True)
+    assert state.is_completed(), state.message
+    return {"result": state.result(), "seconds": time.monotonic() - start}
+
+
+def _task_runs(flow_run_id) -> list:
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    with get_client(sync_client=True) as client:
+        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+        ids = [flow_run_id, *(c.id for c in children)]
+        return client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": ids}))
+
+
+def _versions(store: Store, stage: str) -> int:
+    return len(store.manifests(RUN, stage))
+
+
+def test_pipeline_commits_and_evaluates_every_stage(first_run, s3_store):
+    store = Store(s3_store)
+    refs = first_run["result"]["stages"]
+    assert list(refs) == list(STAGES)
+    for stage in STAGES:
+        manifest = store.manifest(store.latest(RUN, stage))
+        assert manifest["uri"] == refs[stage]["uri"] and manifest["uri"].startswith(s3_store)
+        for name, info in manifest["files"].items():  # every listed file exists with its size
+            assert store.fs.size(store._strip(f"{manifest['uri']}/{name}")) == info["size"]
+        if stage in MODEL_STAGES:
+            assert 0.0 <= manifest["metrics"]["eval/accuracy"] <= 1.0
+            assert manifest["metrics"]["eval/mean_length"] > 0
+    # parents are the exact upstream versions
+    grpo = store.manifest(store.latest(RUN, "grpo_train"))
+    assert grpo["parents"]["cold_start_sft"]["version"] == store.latest(RUN, "cold_start_sft").version
+    consolidate = store.manifest(store.latest(RUN, "sft_consolidate"))
+    assert set(consolidate["parents"]) == {"prepare_data", "rejection_sample", "grpo_train"}  # init_from grpo_train
+    history = store.read_text(f"{grpo['uri']}/metrics.jsonl").splitlines()
+    assert [json.loads(line)["step"] for line in history] == [1, 2, 3, 4]
+    print(f"ci-tiny pipeline on S3: {first_run['seconds']:.0f} s")
+
+
+def test_second_run_is_cached_end_to_end(first_run, s3_store, config):
+    store = Store(s3_store)
+    before = {s: _versions(store, s) for s in STAGES}
+    state = r1_pipeline(config=config, run_name=RUN, store=s3_store, return_state=True)
+    assert state.is_completed()
+    runs = _task_runs(state.state_details.flow_run_id)
+    stage_runs = [t for t in runs if t.name.split("-")[0] in (*STAGES, "evaluate")]
+    assert stage_runs and all(t.state.name == "Cached" for t in stage_runs), [(t.name, t.state.name) for t in stage_runs]
+    assert {s: _versions(store, s) for s in STAGES} == before
+
+
+def test_status_json_shape(first_run, s3_store):
+    result = CliRunner().invoke(app, ["status", RUN, "--json", "--store", s3_store])
+    assert result.exit_code == 0, result.output
+    status = json.loads(result.output)
+    assert status["run"] == RUN and list(status["stages"]) == list(STAGES)
+    for stage, info in status["stages"].items():
+        assert info["state"] == "completed" and info["uri"].startswith(s3_store)
+        assert isinstance(info["metrics"], dict)
+    assert "eval/accuracy" in status["stages"]["final_rl"]["metrics"]
+    table = CliRunner().invoke(app, ["status", RUN, "--store", s3_store])
+    assert table.exit_code == 0 and all(s in table.output for s in STAGES)
+
+
+def test_report_prints_table_and_plots_open(first_run, s3_store, tmp_path):
+    from PIL import Image
+
+    result = CliRunner().invoke(app, ["report", RUN, "--store", s3_store])
+    assert result.exit_code == 0, result.output
+    assert "| stage / step | accuracy |" in result.output
+    for stage in MODEL_STAGES:
+        assert f"{stage} (held-out)" in result.output
+    assert "grpo_train step 4 (train samples)" in result.output
+    store = Store(s3_store)
+    for name in ("reward", "accuracy", "length"):
+        data = store.fs.cat_file(store._strip(f"{s3_store}/{RUN}/_report/{name}.png"))
+        with Image.open(io.BytesIO(data)) as img:
+            assert img.format == "PNG" and img.size[0] > 100
+
+
+def test_stage_rerun_reuses_upstream(first_run, s3_store):
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowFilter
+
+    store = Store(s3_store)
+    before = {s: _versions(store, s) for s in STAGES}
+    result = CliRunner().invoke(app, ["stage", "rejection_sample", "--run", RUN, "--store", s3_store])
+    assert result.exit_code == 0, result.output
+    after = {s: _versions(store, s) for s in STAGES}
+    assert after == {**before, "rejection_sample": before["rejection_sample"] + 1}  # only it wrote a new output
+    new = store.manifest(store.latest(RUN, "rejection_sample"))
+    assert new["parents"]["grpo_train"]["version"] == store.latest(RUN, "grpo_train").version
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_runs(flow_filter=FlowFilter(name={"any_": ["rejection-sample"]}), limit=1,
+                                         sort="START_TIME_DESC")[0]
+    names = [(t.name.rsplit("-", 1)[0], t.state.name) for t in _task_runs(flow_run.id)]
+    assert names == [("rejection_sample", "Completed")]  # no upstream task ran, and it was not a cache hit
+
+
+@pytest.mark.slow
+def test_from_stage_reruns_tail_and_reuses_head(first_run, s3_store, config):
+    store = Store(s3_store)
+    before = {s: _versions(store, s) for s in STAGES}
+    state = r1_pipeline(config=config, run_name=RUN, store=s3_store, from_stage="sft_consolidate", return_state=True)
+    assert state.is_completed()
+    after = {s: _versions(store, s) for s in STAGES}
+    assert after == {**before, "sft_consolidate": before["sft_consolidate"] + 1, "final_rl": before["final_rl"] + 1}
+    states = {t.name: t.state.name for t in _task_runs(state.state_details.flow_run_id)}
+    assert {n.rsplit("-", 1)[0] for n, s in states.items() if s == "Cached"} >= {
+        "reuse-prepare_data", "reuse-cold_start_sft", "reuse-grpo_train", "reuse-rejection_sample"}
+
+
+@pytest.mark.slow
+def test_killed_grpo_worker_resumes_from_store_checkpoint(first_run, s3_store, config):
+    """SIGKILL the training process after its first stored checkpoint; the retry resumes from the store."""
+    cfg = json.loads(json.dumps(config))
+    cfg["grpo_train"].update(max_steps=24, save_steps=2)
+    cfg["run"].update(isolation="subprocess", retries=1, retry_delay_seconds=0)
+    store = Store(s3_store)
+    done: dict = {}
+    thread = threading.Thread(target=lambda: done.update(state=grpo_train_flow(run=RUN, config=cfg, store=s3_store,
+                                                                                return_state=True)))
+    thread.start()
+    pattern = store._strip(f"{s3_store}/{RUN}/grpo_train/_checkpoints/*/checkpoint-*/_COMPLETE")
+    killed = None
+    deadline = time.monotonic() + 300
+    while killed is None and time.monotonic() < deadline and thread.is_alive():
+        store.fs.invalidate_cache()
+        if store.fs.glob(pattern):
+            for child in psutil.Process().children(recursive=True):
+                if "tasks._worker" in " ".join(child.cmdline()):
+                    child.kill()
+                    killed = child.pid
+        time.sleep(0.05)
+    thread.join(timeout=600)
+    assert killed is not None, "the worker finished or never checkpointed before it could be killed"
+    state = done["state"]
+    assert state.is_completed(), state.message
+    manifest = store.manifest(store.latest(RUN, "grpo_train"))
+    assert manifest["config"]["grpo_train"]["max_steps"] == 24
+    resumed = manifest["training"]["resumed_from_step"]
+    assert 2 <= resumed < 24
+    steps = [json.loads(line)["step"] for line in store.read_text(f"{manifest['uri']}/metrics.jsonl").splitlines()]
+    assert steps == list(range(1, 25))  # no step lost or repeated
+    runs = [t for t in _task_runs(state.state_details.flow_run_id) if t.name.startswith("grpo_train")]
+    assert len(runs) == 1 and runs[0].run_count == 2  # the task was retried once, in place
+    store.fs.invalidate_cache()
+    assert not store.fs.glob(pattern)  # checkpoints are removed once the model is committed
