@@ -161,6 +161,11 @@ def _short(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+from flows.deploy import deploy_command  # noqa: E402  `r1 deploy`: work pools + deployments (infra/prefect.yaml)
+
+app.command("deploy")(deploy_command)
+
+
 def main() -> None:  # python -m flows.cli
     app()
 
