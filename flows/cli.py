@@ -134,7 +134,7 @@ def status(
 def report(run_name: str = typer.Argument(..., metavar="NAME"), store: Optional[str] = typer.Option(None, "--store")) -> None:
     """Rebuild the run's report (emergence table + plots) in the store and print it."""
     st = _store(store)
-    if not st.runs() or run_name not in st.runs():
+    if run_name not in st.runs():
         _fail(f"no run {run_name!r} in {st.url}")
     from flows.report import write_report
 

@@ -6,8 +6,8 @@
 A stage whose committed output already matches its config fingerprint and inputs is reused (the task
 ends ``Cached``). ``from_stage`` reruns that stage and every later one, reusing the committed outputs
 before it; ``stages`` runs only the named stages and reuses the others. ``dispatch="inline"`` runs each
-stage flow as a subflow in this process; ``"deployments"`` (issue 5) will run them with
-``run_deployment`` on their work pools — only ``Dispatcher.run`` changes.
+stage flow as a subflow in this process; ``"deployments"`` runs each with ``run_deployment`` on its work
+pool (flows/dispatch.py), passing only the config and store references.
 """
 
 from __future__ import annotations
