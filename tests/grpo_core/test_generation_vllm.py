@@ -47,7 +47,8 @@ def backend(tiny):
     # Building the engine leaves the trainer's threads, thread setter and RNG stream alone.
     assert torch.get_num_threads() == threads and torch.set_num_threads is set_threads
     assert torch.equal(torch.rand(3), expected_draw)
-    return engine
+    yield engine
+    engine.close()
 
 
 def _prompts(tokenizer, block_size: int) -> list[list[int]]:
