@@ -96,6 +96,10 @@ class GRPOConfig(OptimConfig):
 
     # --- memory ---
     logprob_chunk_size: int = Field(1024, gt=0, description="rows of logits turned into log-probs at once")
+    distributed_strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="under torchrun: ddp = replicated weights + gradient all-reduce; fsdp = FSDP2 "
+        "sharded weights, gradients and optimizer state (models that do not fit replicated)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "GRPOConfig":
