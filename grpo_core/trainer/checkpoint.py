@@ -112,15 +112,21 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     config: dict[str, Any],
     save_total_limit: int,
+    model_state_dict: dict[str, torch.Tensor] | None = None,
+    optimizer_state_dict: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``checkpoint-{step}`` atomically, then delete all but the newest ``save_total_limit``."""
+    """Write ``checkpoint-{step}`` atomically, then delete all but the newest ``save_total_limit``.
+
+    ``model_state_dict``/``optimizer_state_dict``: full states gathered from a sharded (FSDP) model;
+    default: the model's and optimizer's own.
+    """
     final = output_dir / f"checkpoint-{step}"
     tmp = output_dir / f".tmp-checkpoint-{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state_dict)
     tokenizer.save_pretrained(tmp)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(optimizer_state_dict if optimizer_state_dict is not None else optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng_state.pt")
     write_json(tmp / "trainer_state.json", trainer_state)

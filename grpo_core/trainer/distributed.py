@@ -91,6 +91,19 @@ def all_reduce_gradients(model: torch.nn.Module, ctx: DistContext) -> None:
         offset += p.numel()
 
 
+def micro_batches(idx: list[int], size: int, lockstep: DistContext | None = None) -> list[list[int]]:
+    """``idx`` in slices of ``size``; with a ``lockstep`` context, padded with empty slices to the most any rank has.
+
+    Sharded weights (FSDP) make every forward a collective, so each rank must run as many as the others.
+    """
+    batches = [idx[start : start + size] for start in range(0, len(idx), size)]
+    if lockstep is not None and lockstep.enabled:
+        count = torch.tensor([len(batches)], device=lockstep.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        batches += [[] for _ in range(int(count) - len(batches))]
+    return batches
+
+
 def broadcast_object(obj: Any, ctx: DistContext) -> Any:
     """Rank 0's ``obj`` on every rank."""
     if not ctx.enabled:

@@ -37,6 +37,14 @@ from grpo_core.trainer.checkpoint import (
     set_rng_state,
 )
 from grpo_core.trainer.distributed import DistContext, barrier, gather_objects, init_distributed
+from grpo_core.trainer.fsdp import (
+    ReplicaBackend,
+    gather_model_state,
+    gather_optimizer_state,
+    is_sharded,
+    load_optimizer_state,
+    shard_model,
+)
 from grpo_core.trainer.metrics import MetricsWriter, completion_metrics, reward_metrics
 from grpo_core.trainer.optim import build_optimizer, build_scheduler
 from grpo_core.trainer.prompts import PromptStream
@@ -143,20 +151,29 @@ def train_grpo(
 
     seed_everything(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    loaded = load_latest_checkpoint(output_dir, lambda p: _load_model(p, ctx.device)) if resume else None
-    model = loaded.model if loaded else _load_model(model_path, ctx.device)
+    fsdp = config.distributed_strategy == "fsdp"
+    load_device = torch.device("cpu") if fsdp else ctx.device  # fully_shard moves each shard to ctx.device
+    loaded = load_latest_checkpoint(output_dir, lambda p: _load_model(p, load_device)) if resume else None
+    model = loaded.model if loaded else _load_model(model_path, load_device)
     model.train()
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if fsdp:
+        model = shard_model(model, ctx, bf16=config.bf16)
     ref_model = None
     if config.beta > 0.0:  # the reference model exists only when the KL term does
-        ref_model = _load_model(model_path, ctx.device).eval().requires_grad_(False)
+        ref_model = _load_model(model_path, load_device).eval().requires_grad_(False)
+        if fsdp:
+            ref_model = shard_model(ref_model, ctx, bf16=config.bf16)
     num_updates = (config.steps_per_generation or 1) * config.num_iterations
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config, config.max_steps * num_updates)
     state: dict[str, Any] = {"step": 0, "stream_position": 0, "optimizer_steps": 0, "log_history": []}
     if loaded:
-        optimizer.load_state_dict(loaded.optimizer)
+        if fsdp:
+            load_optimizer_state(optimizer, loaded.optimizer)
+        else:
+            optimizer.load_state_dict(loaded.optimizer)
         scheduler.load_state_dict(loaded.scheduler)
         set_rng_state(loaded.rng)
         state = loaded.trainer_state
@@ -166,10 +183,19 @@ def train_grpo(
         logger.info("resumed from %s at step %d", loaded.path, state["step"])
 
     kind = "auto" if config.use_vllm is None else ("vllm" if config.use_vllm else "hf")
-    backend = make_backend(
-        kind, str(loaded.path if loaded else model_path), model=model, tokenizer=tokenizer,
-        **_backend_opts(config, kind, ctx.device),
-    )
+    if kind == "auto":
+        kind = "vllm" if _vllm_available() else "hf"
+    start_path = loaded.path if loaded else model_path
+    if fsdp and kind == "hf":  # sample from a full replica: a sharded module decodes only in lockstep
+        replica = _load_model(start_path, ctx.device).eval().requires_grad_(False)
+        backend = ReplicaBackend(
+            make_backend("hf", str(start_path), model=replica, tokenizer=tokenizer, **_backend_opts(config, kind, ctx.device)),
+            replica,
+        )
+    else:
+        backend = make_backend(
+            kind, str(start_path), model=model, tokenizer=tokenizer, **_backend_opts(config, kind, ctx.device)
+        )
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stream = PromptStream(len(train_rows), config.seed)
     writer = MetricsWriter(output_dir, config.report_to, state["log_history"], state["step"]) if ctx.is_main else None
@@ -228,15 +254,20 @@ def train_grpo(
                             metrics["reward"], metrics["loss"], metrics["time/step"])
                 _call(callbacks, "on_step", step, config.max_steps, metrics)
             if step % config.save_steps == 0 or step == config.max_steps:
+                full_model, full_optim = None, None
+                if is_sharded(model):  # every rank joins the gathers; rank 0 writes
+                    full_model, full_optim = gather_model_state(model), gather_optimizer_state(optimizer, ctx)
                 if ctx.is_main:
                     path = save_checkpoint(
                         output_dir, step, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
                         trainer_state=state, config=config_json, save_total_limit=config.save_total_limit,
+                        model_state_dict=full_model, optimizer_state_dict=full_optim,
                     )
                     _call(callbacks, "on_checkpoint", step, path)
                 barrier(ctx)
+        full_model = gather_model_state(model) if is_sharded(model) else None
         if ctx.is_main:
-            save_final_model(model, tokenizer, output_dir / "final")
+            save_final_model(model, tokenizer, output_dir / "final", state_dict=full_model)
         barrier(ctx)
     finally:
         if writer is not None:
@@ -244,11 +275,11 @@ def train_grpo(
     return {"step": state["step"], **{k: v for k, v in metrics.items() if k != "step"}}
 
 
-def save_final_model(model: torch.nn.Module, tokenizer: Any, path: Path) -> None:
-    """``save_pretrained`` model and tokenizer into ``path``, replacing it atomically."""
+def save_final_model(model: torch.nn.Module, tokenizer: Any, path: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """``save_pretrained`` model (or ``state_dict``, gathered from shards) and tokenizer into ``path``, atomically."""
     tmp = path.with_name(f".tmp-{path.name}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
     if path.exists():
         shutil.rmtree(path)

@@ -19,12 +19,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.tensor import DTensor
 
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import Rollout
 from grpo_core.logprobs import compute_token_logps
 from grpo_core.loss import compute_policy_loss
-from grpo_core.trainer.distributed import DistContext, all_reduce_gradients, gather_objects, shard
+from grpo_core.trainer.distributed import DistContext, all_reduce_gradients, gather_objects, micro_batches, shard
+from grpo_core.trainer.fsdp import is_sharded
 
 
 @dataclass
@@ -91,19 +93,22 @@ def _autocast(config: GRPOConfig, device: torch.device) -> contextlib.AbstractCo
 
 @torch.no_grad()
 def compute_batch_logps(
-    model: torch.nn.Module, batch: TrainBatch, idx: list[int], config: GRPOConfig, device: torch.device
+    model: torch.nn.Module, batch: TrainBatch, idx: list[int], config: GRPOConfig, device: torch.device,
+    ctx: DistContext | None = None,
 ) -> torch.Tensor:
     """Log-probs ``[N, Tc]`` of rows ``idx`` under ``model`` (other rows 0), micro-batch by micro-batch."""
     out = torch.zeros(batch.completion_ids.shape)  # [N, Tc]
-    bs = config.per_device_train_batch_size
-    for start in range(0, len(idx), bs):
-        mb = idx[start : start + bs]
-        input_ids, attention_mask, t = _inputs(batch, mb, device)
+    lockstep = ctx if ctx is not None and is_sharded(model) else None
+    for mb in micro_batches(idx, config.per_device_train_batch_size, lockstep):
+        input_ids, attention_mask, t = _inputs(batch, mb or [0], device)  # [] = FSDP filler: run, discard
         with _autocast(config, device):
             logps, _ = compute_token_logps(
                 model, input_ids, attention_mask, t, temperature=config.temperature, chunk_size=config.logprob_chunk_size
             )
-        out[mb, :t] = logps.float().cpu()  # [b, T']
+        if mb:
+            out[mb, :t] = logps.float().cpu()  # [b, T']
+    if lockstep is not None:
+        model.reshard()  # FSDP: no backward follows to reshard the root (see trainer/fsdp.py)
     return out
 
 
@@ -128,30 +133,32 @@ def optimise(
         sums[key] = sums.get(key, 0.0) + value
 
     if config.num_iterations > 1 or num_chunks > 1:
-        batch.old_logps = compute_batch_logps(model, batch, local_idx, config, ctx.device)
+        batch.old_logps = compute_batch_logps(model, batch, local_idx, config, ctx.device, ctx)
         if batch.sampling_logps is not None:
             _add_sampling_diff(batch.old_logps, batch, local_idx, add, maxes)
     if config.beta > 0.0:
         assert ref_model is not None, "beta > 0 needs a reference model"
-        batch.ref_logps = compute_batch_logps(ref_model, batch, local_idx, config, ctx.device)
+        batch.ref_logps = compute_batch_logps(ref_model, batch, local_idx, config, ctx.device, ctx)
 
     params = [p for p in model.parameters() if p.requires_grad]
     bs = config.per_device_train_batch_size
+    sharded = is_sharded(model)
     for iteration in range(config.num_iterations):
         for chunk in chunks:
             num_sequences = len(chunk)
             num_tokens = max(1, int(batch.loss_mask[chunk].sum()))
             step_loss = 0.0
-            mine = shard(chunk, ctx)
-            for start in range(0, len(mine), bs):
-                mb = mine[start : start + bs]
-                input_ids, attention_mask, t = _inputs(batch, mb, ctx.device)
+            for mb in micro_batches(shard(chunk, ctx), bs, ctx if sharded else None):
+                input_ids, attention_mask, t = _inputs(batch, mb or chunk[:1], ctx.device)
                 first_pass = iteration == 0
                 with _autocast(config, ctx.device):
                     logps, entropy = compute_token_logps(
                         model, input_ids, attention_mask, t, temperature=config.temperature,
                         chunk_size=config.logprob_chunk_size, compute_entropy=first_pass,
                     )  # [b, T']
+                if not mb:  # FSDP filler: this rank has fewer sequences; join the collectives, add 0
+                    (logps.sum() * 0.0).backward()
+                    continue
                 loss_mask = batch.loss_mask[mb, :t].to(ctx.device)  # [b, T']
                 old = batch.old_logps[mb, :t].to(ctx.device) if batch.old_logps is not None else None
                 ref = batch.ref_logps[mb, :t].to(ctx.device) if batch.ref_logps is not None else None
@@ -176,10 +183,13 @@ def optimise(
                         full = torch.zeros(batch.completion_ids.shape)  # [N, Tc]
                         full[mb, :t] = logps.detach().float().cpu()
                         _add_sampling_diff(full, batch, mb, add, maxes)
-            all_reduce_gradients(model, ctx)
+            if not sharded:  # FSDP reduce-scatters (sums) gradients during backward
+                all_reduce_gradients(model, ctx)
             add("loss", step_loss)
             add("learning_rate", scheduler.get_last_lr()[0] / ctx.world_size)  # summed over ranks below
             grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+            if isinstance(grad_norm, DTensor):  # FSDP: the norm over all shards, replicated
+                grad_norm = grad_norm.full_tensor()
             add("grad_norm", float(grad_norm) / ctx.world_size)
             optimizer.step()
             scheduler.step()
