@@ -1,0 +1,105 @@
+"""FSDP2 (distributed_strategy="fsdp") on 2 CPU processes (gloo) trains like 1 unsharded process.
+
+The two-process run is this file under torchrun (it trains 2 steps, then resumes to step 4):
+
+    torchrun --standalone --nproc_per_node 2 tests/grpo_core/test_trainer_fsdp.py MODEL_DIR OUTPUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = [{"prompt": [{"role": "user", "content": f"{i}-{i % 3}="}], "answer": str(i - i % 3)} for i in range(10)]
+
+
+def digit_fraction(completions, **kwargs):
+    texts = [c[0]["content"] for c in completions]
+    return [sum(ch.isdigit() for ch in t) / max(1, len(t)) for t in texts]
+
+
+def config(max_steps: int, strategy: str):
+    from grpo_core.config import GRPOConfig
+
+    # 16 completions in 3 optimiser steps (6/5/5 sequences): with micro-batches of 2, a rank holding
+    # 3 sequences runs 2 micro-batches and its partner holding 2 runs 1, plus an FSDP filler.
+    # beta > 0 shards the reference model too; mu = 2 computes old log-probs (no-grad forwards).
+    return GRPOConfig(
+        use_vllm=False, max_steps=max_steps, generation_batch_size=16, num_generations=4, max_completion_length=8,
+        max_prompt_length=16, per_device_train_batch_size=2, learning_rate=5e-3, beta=0.04, loss_type="dapo",
+        steps_per_generation=3, num_iterations=2, save_steps=2, seed=3, report_to=["jsonl"], torch_num_threads=1,
+        distributed_strategy=strategy,
+    )
+
+
+def run(model_dir: str, output_dir: str, max_steps: int, strategy: str, resume: bool) -> None:
+    from grpo_core.trainer import train_grpo
+
+    train_grpo(config(max_steps, strategy), model_dir, ROWS, output_dir, reward_funcs=[digit_fraction], resume=resume)
+
+
+def _metrics(output_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _assert_same_curve(reference: list[dict], other: list[dict]) -> None:
+    for a, b in zip(reference, other, strict=True):
+        assert a["step"] == b["step"]
+        assert a["reward"] == b["reward"]  # same completions: the replica samples the same weights
+        assert abs(a["loss"] - b["loss"]) < 1e-5, (a["step"], a["loss"], b["loss"])
+        assert abs(a["kl"] - b["kl"]) < 1e-5, (a["step"], a["kl"], b["kl"])
+        assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-5 * max(1.0, a["grad_norm"])
+
+
+@pytest.mark.slow
+def test_fsdp_two_processes_match_one_and_resume_from_their_checkpoints(tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from grpo_core.tiny import build_tiny_model
+
+    torch.set_num_threads(1)
+    model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=2, num_heads=2)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         __file__, str(model_dir), str(tmp_path / "fsdp")],
+        env=env, capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run(str(model_dir), str(tmp_path / "one"), 4, "ddp", resume=False)
+
+    one, fsdp = _metrics(tmp_path / "one"), _metrics(tmp_path / "fsdp")
+    assert [m["step"] for m in fsdp] == [1, 2, 3, 4]  # 2 steps, then resumed from checkpoint-2: none twice
+    _assert_same_curve(one, fsdp)
+    assert len({m["loss"] for m in one}) > 1  # the curve moves, so agreement is not trivial
+
+    # Gathered checkpoints are ordinary save_pretrained folders with the 1-process file layout.
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "fsdp" / "final")
+    w1 = load_file(tmp_path / "one" / "final" / "model.safetensors")
+    for name, tensor in final.state_dict().items():
+        if name in w1:
+            torch.testing.assert_close(tensor, w1[name], atol=1e-4, rtol=0)
+    assert set(w1) == set(load_file(tmp_path / "fsdp" / "final" / "model.safetensors"))
+    optim = torch.load(tmp_path / "fsdp" / "checkpoint-4" / "optimizer.pt", weights_only=True)
+    shapes = sorted(tuple(s["exp_avg"].shape) for s in optim["state"].values())
+    assert shapes == sorted(tuple(p.shape) for p in final.parameters())  # full, unsharded moments
+
+    # An FSDP checkpoint resumes in a single unsharded process and continues the same curve.
+    (tmp_path / "mixed").mkdir()
+    shutil.copytree(tmp_path / "fsdp" / "checkpoint-2", tmp_path / "mixed" / "checkpoint-2")
+    run(str(model_dir), str(tmp_path / "mixed"), 4, "ddp", resume=True)
+    _assert_same_curve(one[2:], _metrics(tmp_path / "mixed")[-2:])
+
+
+if __name__ == "__main__":
+    run(sys.argv[1], sys.argv[2], 2, "fsdp", resume=False)
+    run(sys.argv[1], sys.argv[2], 4, "fsdp", resume=True)
