@@ -3,6 +3,7 @@
 The two-process run is this file under torchrun (it trains 2 steps, then resumes to step 4):
 
     torchrun --standalone --nproc_per_node 2 tests/grpo_core/test_trainer_fsdp.py MODEL_DIR OUTPUT_DIR
+    torchrun --standalone --nproc_per_node 2 tests/grpo_core/test_trainer_fsdp.py helpers   (fast checks)
 """
 
 from __future__ import annotations
@@ -100,6 +101,67 @@ def test_fsdp_two_processes_match_one_and_resume_from_their_checkpoints(tmp_path
     _assert_same_curve(one[2:], _metrics(tmp_path / "mixed")[-2:])
 
 
+def check_helpers() -> None:
+    """Under torchrun: sharded gradients equal the unsharded ones (tied and untied heads, with gradient
+    checkpointing), and the optimizer state survives gather -> load onto fresh shards unchanged."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_core.logprobs import compute_token_logps
+    from grpo_core.trainer.distributed import init_distributed
+    from grpo_core.trainer.fsdp import gather_model_state, gather_optimizer_state, load_optimizer_state, shard_model
+
+    torch.set_num_threads(1)
+    ctx = init_distributed()
+    for tied in (True, False):
+        torch.manual_seed(0)
+        cfg = Qwen2Config(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=tied)
+        full, model = Qwen2ForCausalLM(cfg), Qwen2ForCausalLM(cfg)
+        model.load_state_dict(full.state_dict())
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        shard_model(model, ctx)
+        ids = torch.randint(0, 40, (4, 9))  # [4, 9], 2 rows per rank
+        mask = torch.ones_like(ids)
+        logps, _ = compute_token_logps(full, ids, mask, 5, chunk_size=3)  # [4, 5]
+        logps.sum().backward()
+        mine = slice(2 * ctx.rank, 2 * ctx.rank + 2)
+        for _ in range(2):  # two micro-batches accumulate: the sharded grads hold twice this rank's share
+            local, _ = compute_token_logps(model, ids[mine], mask[mine], 5, chunk_size=3)  # [2, 5]
+            local.sum().backward()
+        for (name, p), q in zip(model.named_parameters(), full.parameters(), strict=True):
+            torch.testing.assert_close(p.grad.full_tensor(), 2 * q.grad, atol=1e-5, rtol=1e-5, msg=name)
+
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        optimizer.step()
+        saved = gather_optimizer_state(optimizer, ctx)
+        weights = gather_model_state(model)
+        if ctx.is_main:
+            assert weights.keys() == full.state_dict().keys()
+            assert [tuple(s["exp_avg"].shape) for s in saved["state"].values()] == [tuple(q.shape) for q in full.parameters()]
+        saved = [saved]
+        torch.distributed.broadcast_object_list(saved, src=0)
+        fresh = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        load_optimizer_state(fresh, saved[0])
+        for p in model.parameters():
+            for key in ("exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(fresh.state[p][key].to_local(), optimizer.state[p][key].to_local())
+    if ctx.is_main:
+        print("helpers ok")
+
+
+def test_fsdp_gradients_and_optimizer_state_round_trip(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__, "helpers"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "helpers ok" in proc.stdout
+
+
 if __name__ == "__main__":
-    run(sys.argv[1], sys.argv[2], 2, "fsdp", resume=False)
-    run(sys.argv[1], sys.argv[2], 4, "fsdp", resume=True)
+    if sys.argv[1] == "helpers":
+        check_helpers()
+    else:
+        run(sys.argv[1], sys.argv[2], 2, "fsdp", resume=False)
+        run(sys.argv[1], sys.argv[2], 4, "fsdp", resume=True)
