@@ -13,9 +13,10 @@ Each (model, trainer, backend) runs in a fresh child process (so its peak RSS, `
 configurations are interleaved (round r runs ours/TRL in alternating order) so load changes on the shared
 machine hit both alike. A child runs ``--steps`` steps; its first step (warm-up: lazy init, vLLM graph
 capture) is excluded. Reported: median seconds and CPU-seconds (user+sys, all threads) per step, the split
-generate/reward/train, peak RSS, and the achieved GFLOP/s of the training passes (policy forward+backward
-6*P*tokens, reference forward 2*P*tokens, TRL's vLLM path adds an old-log-prob forward 2*P*tokens) against
-a measured fp32 matmul peak at the same thread count.
+generate/reward/train, peak RSS, and the achieved GFLOP rate of the training passes (policy forward+backward
+6*P*tokens, reference forward 2*P*tokens, TRL's vLLM path adds an old-log-prob forward 2*P*tokens) per
+CPU-second of the step's training share (step CPU minus sampling+scoring CPU) against the CPU-time rate of a
+big fp32 matmul at the same thread count (both per CPU-second, so other processes' load cancels out).
 
 Comparisons: same backend (ours with transformers sampling vs TRL use_vllm=False), best backend (ours with
 colocated vLLM vs TRL's best that runs here), and peak RSS with the same backend. Speedups are ratios of
@@ -90,12 +91,26 @@ def run_ours(spec: dict[str, Any], clock: StepClock) -> dict[str, Any]:
         use_vllm=spec["backend"] == "vllm", reward_funcs=["chain_accuracy"],
     )
 
+    import grpo_core.trainer.loop as loop
+
+    rollout_cpu = [0.0]
+    generate_groups = loop.generate_groups
+
+    def timed_generate_groups(*args, **kwargs):  # CPU-seconds of sampling + scoring, for the train share
+        start = cpu_seconds()
+        out = generate_groups(*args, **kwargs)
+        rollout_cpu[0] += cpu_seconds() - start
+        return out
+
+    loop.generate_groups = timed_generate_groups
+
     class Recorder:
         def on_step(self, step: int, max_steps: int, metrics: dict[str, float]) -> None:
             tokens = metrics["tokens_per_second"] * metrics["time/step"]  # prompt + completion tokens of the step
             clock.tick({"generate": metrics["time/generate"], "reward": metrics["time/reward"],
-                        "train": metrics["time/train"], "tokens": tokens,
+                        "train": metrics["time/train"], "tokens": tokens, "rollout_cpu": rollout_cpu[0],
                         "completion_tokens": metrics["completions/mean_length"] * NUM_PROMPTS * NUM_GENERATIONS})
+            rollout_cpu[0] = 0.0
 
     with tempfile.TemporaryDirectory() as out:
         clock.last = (time.perf_counter(), cpu_seconds())
@@ -113,22 +128,24 @@ def run_trl(spec: dict[str, Any], clock: StepClock) -> dict[str, Any]:
     from grpo_core.synthetic import chain_accuracy
 
     use_vllm = spec["backend"] == "vllm"
-    phases = {"generate": 0.0, "reward": 0.0, "tokens": 0.0, "completion_tokens": 0.0}
+    phases = {"generate": 0.0, "reward": 0.0, "tokens": 0.0, "completion_tokens": 0.0, "rollout_cpu": 0.0}
 
     class TimedGRPOTrainer(GRPOTrainer):
         def _generate(self, prompts):  # tokenise, sample, decode
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), cpu_seconds()
             out = super()._generate(prompts)
             phases["generate"] += time.perf_counter() - start
+            phases["rollout_cpu"] += cpu_seconds() - start_cpu
             prompt_ids, completion_ids = out[0], out[1]
             phases["completion_tokens"] += sum(len(c) for c in completion_ids)
             phases["tokens"] += sum(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids))
             return out
 
         def _calculate_rewards(self, *args, **kwargs):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), cpu_seconds()
             out = super()._calculate_rewards(*args, **kwargs)
             phases["reward"] += time.perf_counter() - start
+            phases["rollout_cpu"] += cpu_seconds() - start_cpu
             return out
 
     class Recorder(TrainerCallback):
@@ -173,8 +190,9 @@ def run_child(spec: dict[str, Any]) -> None:
                                   "threads": torch.get_num_threads(), **extra}), flush=True)
 
 
-def measure_matmul_peak(threads: int, n: int = 1024, repeats: int = 5) -> float:
-    """Best fp32 GFLOP/s of an ``n x n`` matmul at ``threads`` threads."""
+def measure_matmul_peak(threads: int, n: int = 1024, repeats: int = 10) -> float:
+    """Best fp32 GFLOP per CPU-second of an ``n x n`` matmul at ``threads`` threads (CPU time, not wall: on
+    a shared machine wall time counts other processes' turns)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -182,9 +200,9 @@ def measure_matmul_peak(threads: int, n: int = 1024, repeats: int = 5) -> float:
     torch.mm(a, b)
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.process_time() - start)
     return 2 * n**3 / best / 1e9
 
 
@@ -229,11 +247,15 @@ def summarise(results: list[dict[str, Any]], params: int, peak_gflops: float) ->
     old_pass = any(r.get("old_logp_pass") for r in results)
     train_flops = [(6 + 2 + (2 if old_pass else 0)) * params * s["tokens"] for s in steps]  # policy fwd+bwd, ref, old
     gen_flops = [2 * params * s["completion_tokens"] for s in steps]  # ~one forward per sampled token
-    train_gflops = statistics.median(f / s["train"] / 1e9 for f, s in zip(train_flops, steps))
+    # Per CPU-second of the training share of the step (step CPU minus sampling and scoring CPU), and per wall second.
+    train_gflops = statistics.median(f / (s["cpu"] - s["rollout_cpu"]) / 1e9 for f, s in zip(train_flops, steps))
+    train_gflops_wall = statistics.median(f / s["train"] / 1e9 for f, s in zip(train_flops, steps))
     return {
         "s_per_step": med("wall"), "cpu_s_per_step": med("cpu"), "generate_s": med("generate"),
         "reward_s": med("reward"), "train_s": med("train"), "tokens_per_step": med("tokens"),
-        "train_gflops": train_gflops, "train_frac_of_matmul_peak": train_gflops / peak_gflops,
+        "train_cpu_s": statistics.median(s["cpu"] - s["rollout_cpu"] for s in steps),
+        "rollout_cpu_s": med("rollout_cpu"), "train_gflops": train_gflops, "train_gflops_wall": train_gflops_wall,
+        "train_frac_of_matmul_peak": train_gflops / peak_gflops,
         "generate_gflops": statistics.median(f / s["generate"] / 1e9 for f, s in zip(gen_flops, steps)),
         "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in results if "steps" in r),
         "steps_measured": len(steps),
@@ -260,7 +282,7 @@ def main() -> None:
     peak = measure_matmul_peak(args.threads)
     load = os.getloadavg()
     print(f"threads={args.threads} steps/child={args.steps} rounds={args.rounds} load avg {load[0]:.1f} "
-          f"{load[1]:.1f} {load[2]:.1f} (cores {os.cpu_count()}); fp32 matmul peak {peak:.1f} GFLOP/s", flush=True)
+          f"{load[1]:.1f} {load[2]:.1f} (cores {os.cpu_count()}); fp32 matmul peak {peak:.1f} GFLOP per CPU-s", flush=True)
     root = Path(tempfile.mkdtemp(prefix="grpo_vs_trl_"))
     models = {k: v for k, v in build_models(root).items() if k in args.models.split(",")}
     runs = ["ours_hf", "trl_hf"] + (["ours_vllm"] if vllm_available() else [])
@@ -311,8 +333,10 @@ def main() -> None:
         print(f"\n{model}: {info['params'] / 1e6:.2f}M params, hidden {info['hidden_size']}")
         for run, v in summary.items():
             print(f"  {run:<9} {v['s_per_step']:.2f} s/step  {v['cpu_s_per_step']:.2f} cpu-s/step  "
-                  f"(generate {v['generate_s']:.2f}, reward {v['reward_s']:.3f}, train {v['train_s']:.2f})  "
-                  f"train {v['train_gflops']:.1f} GFLOP/s = {100 * v['train_frac_of_matmul_peak']:.0f}% of matmul peak, "
+                  f"(wall: generate {v['generate_s']:.2f}, reward {v['reward_s']:.3f}, train {v['train_s']:.2f}; "
+                  f"cpu: rollout {v['rollout_cpu_s']:.2f}, train {v['train_cpu_s']:.2f})\n            "
+                  f"training passes {v['train_gflops']:.1f} GFLOP per CPU-s = {100 * v['train_frac_of_matmul_peak']:.0f}% "
+                  f"of matmul peak ({v['train_gflops_wall']:.1f} per wall s), "
                   f"generate {v['generate_gflops']:.2f} GFLOP/s, peak RSS {v['peak_rss_mib']:.0f} MiB")
         for key in ("same_backend_speedup", "same_backend_cpu_speedup", "best_backend_speedup",
                     "best_backend_cpu_speedup", "peak_rss_ratio"):
