@@ -151,7 +151,9 @@ def train_grpo(
 
     seed_everything(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    fsdp = config.distributed_strategy == "fsdp"
+    fsdp = config.distributed_strategy == "fsdp" and ctx.enabled  # one process: nothing to shard over
+    if config.distributed_strategy == "fsdp" and not fsdp:
+        logger.info("distributed_strategy='fsdp' in a single process: training unsharded")
     load_device = torch.device("cpu") if fsdp else ctx.device  # fully_shard moves each shard to ctx.device
     loaded = load_latest_checkpoint(output_dir, lambda p: _load_model(p, load_device)) if resume else None
     model = loaded.model if loaded else _load_model(model_path, load_device)
