@@ -3,7 +3,8 @@
 Work split: a step's prompts are sharded over ranks whole (a group never straddles two ranks), each
 rank generates and scores its groups, and ``gather_objects`` gives every rank the whole step's
 rollouts, so advantages, dynamic sampling and metrics are computed identically everywhere. Training
-then shards the sequences again; gradients are summed with ``all_reduce_gradients``.
+then shards the sequences again; gradients are summed with ``all_reduce_gradients`` (or, with
+``distributed_strategy='fsdp'``, reduce-scattered by FSDP2: see ``trainer/fsdp.py``).
 
 Departure from the usual DDP wrapper: ``grpo_core.logprobs.compute_token_logps`` runs the decoder and
 the (chunked) LM head as separate calls, which a ``DistributedDataParallel`` wrapper never sees, so the
