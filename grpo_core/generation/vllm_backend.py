@@ -106,6 +106,8 @@ class VLLMBackend:
             engine_opts["enable_chunked_prefill"] = False
 
         _prepare_vllm_env(model_path)
+        # Shutting the engine down destroys the default process group: keep one the trainer made (torchrun).
+        keep_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         with _preserve_process_state():
             from vllm import LLM
 
@@ -115,8 +117,6 @@ class VLLMBackend:
                 self.llm = LLM(**engine_opts)
             self.start_seconds = time.perf_counter() - start  # engine only, without `import vllm`
         _drop_import_traceback()
-        # Shutting the engine down destroys the default process group; keep the trainer's (torchrun) one.
-        keep_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         self._finalizer = weakref.finalize(self, _shutdown_engine, self.llm.llm_engine.engine_core, keep_group)
 
     def generate(
