@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from flows.deploy import ROOT, deploy, ensure_pool, pool_template
+from flows.deploy import ROOT, ensure_pool, pool_template
 from grpo_core.config import STAGES, load_config
 
 pytestmark = [pytest.mark.work_pools, pytest.mark.slow]
@@ -101,7 +101,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         wait_for(lambda: healthy(api) or procs[0].poll() is not None, 180, "the Prefect server")
         assert procs[0].poll() is None, logs["server"].read_text()[-3000:]
         with temporary_settings(updates={PREFECT_API_URL: api}):
-            names = deploy()  # creates the cpu and gpu process pools, registers infra/prefect.yaml
+            # `r1 deploy`: creates the cpu and gpu process pools, registers infra/prefect.yaml
+            proc = subprocess.run([sys.executable, "-m", "flows.cli", "deploy"], cwd=ROOT, capture_output=True,
+                                  text=True, timeout=300)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            names = [line for line in proc.stdout.splitlines() if "/" in line and " " not in line]
             for name, pool in (("cpu-worker", "cpu"), ("gpu-worker", "gpu")):
                 start(name, "worker", "start", "--pool", pool, "--name", name, "--type", "process")
             wait_for(lambda: all("started" in logs[w].read_text() for w in ("cpu-worker", "gpu-worker")), 120,
