@@ -148,9 +148,10 @@ def run_training(spec: dict[str, Any], *, isolation: str, on_event: Emit) -> dic
     env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
     follower = _EventFollower(Path(spec["events_path"]), on_event)
     follower.start()
+    # Only the GRPO trainer is distributed; SFT copies on several ranks would write the same folder.
+    nproc = resolve_nproc_per_node(None) if spec["kind"] == "grpo" else 1
     try:
-        launch("tasks._worker", [str(spec_path)], nproc_per_node=resolve_nproc_per_node(None), logger=logger(),
-               env=env, cwd=root)
+        launch("tasks._worker", [str(spec_path)], nproc_per_node=nproc, logger=logger(), env=env, cwd=root)
     except StageProcessFailed as e:
         if e.child_traceback is None:
             raise WorkerCrashed(f"{spec['stage']} worker process died: {e}") from None
