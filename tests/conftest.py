@@ -20,17 +20,54 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def s3_server():
-    """A moto S3 server on 127.0.0.1 (as s3fs's own tests use); yields its endpoint URL."""
-    import logging
+    """A moto S3 server on 127.0.0.1 (as s3fs's own tests use); yields its endpoint URL.
 
-    from moto.server import ThreadedMotoServer
+    It runs as a child process, not a thread: moto's in-process server imports flask, whose module-level
+    proxies make vLLM's kernel scan (``vllm.triton_utils.dispatcher``) fail in the same process.
+    """
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
 
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one log line per S3 request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/moto-api/", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"moto server did not start on {url}")
+            time.sleep(0.2)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def moto_auth(s3_server):
+    """``moto_auth(n)``: the moto server checks credentials after n more requests (its reset-auth API);
+    checking is switched off again after the test."""
+    import urllib.request
+
+    def set_auth(free_requests: int) -> None:
+        body = str(free_requests).encode()  # moto reads the body as one number
+        req = urllib.request.Request(f"{s3_server}/moto-api/reset-auth", data=body, method="POST",
+                                     headers={"Content-Type": "text/plain"})
+        urllib.request.urlopen(req, timeout=10).read()
+
+    yield set_auth
+    set_auth(10**9)
 
 
 @pytest.fixture

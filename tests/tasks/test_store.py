@@ -107,10 +107,8 @@ def test_unreachable_s3_endpoint_fails_fast_naming_it(monkeypatch):
     assert "supersecret" not in msg and "\n" not in msg
 
 
-def test_unauthorised_s3_fails_with_access_denied(s3_env, monkeypatch):
-    import moto.settings
-
-    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # moto checks credentials from now on
+def test_unauthorised_s3_fails_with_access_denied(s3_env, moto_auth):
+    moto_auth(0)  # moto checks credentials from now on
     with pytest.raises(StoreError, match="access denied by S3 endpoint") as err:
         Store(s3_env)
     assert "testing-secret-never-logged" not in str(err.value)
