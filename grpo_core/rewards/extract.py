@@ -69,7 +69,13 @@ def find_last_answer_tag(text: str) -> str | None:
 
 
 def find_last_boxed(text: str) -> str | None:
-    """Content of the last balanced ``\\boxed{...}`` or ``\\fbox{...}``; unclosed boxes are skipped.
+    """Content of the last balanced ``\\boxed{...}`` or ``\\fbox{...}``; unclosed boxes are skipped."""
+    span = find_last_boxed_span(text)
+    return None if span is None else text[span[0] : span[1]].strip()
+
+
+def find_last_boxed_span(text: str) -> tuple[int, int] | None:
+    """``(start, end)`` of the last balanced box's content (``text[end]`` is its closing ``}``).
 
     One forward scan pairs every ``{`` with its ``}`` through a stack (escaped ``\\{`` / ``\\}`` are
     literal braces), so nesting 5,000 deep or 500 unclosed boxes still cost one pass over the text.
@@ -81,7 +87,7 @@ def find_last_boxed(text: str) -> str | None:
     for start in reversed(starts):
         end = closing.get(start - 1)
         if end is not None:
-            return text[start:end].strip()
+            return start, end
     return None
 
 

@@ -18,9 +18,8 @@ import re
 from typing import Any
 
 from grpo_core.rewards.base import completion_text, register_reward
-from grpo_core.rewards.extract import MAX_TAIL_CHARS, _match_braces, to_safe_text
+from grpo_core.rewards.extract import MAX_TAIL_CHARS, find_last_boxed_span, to_safe_text
 
-_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _AFTER_BOX = re.compile(r"(?:[\s.,;:!$]|\\[\])])*")  # one token per step: no backtracking blow-up
 
 
@@ -50,15 +49,11 @@ def has_think_answer_format(completion: str, prefilled_think: bool = False) -> b
 
 
 def _ends_with_box(text: str) -> bool:
-    starts = [m.end() for m in _BOX_OPEN.finditer(text)]
-    if not starts:
+    span = find_last_boxed_span(text)
+    if span is None:
         return False
-    pairs = _match_braces(text)
-    for start in reversed(starts):
-        close = pairs.get(start - 1)
-        if close is not None:
-            return bool(text[start:close].strip()) and _AFTER_BOX.fullmatch(text, close + 1) is not None
-    return False
+    start, close = span
+    return bool(text[start:close].strip()) and _AFTER_BOX.fullmatch(text, close + 1) is not None
 
 
 def _prompt_prefills_think(prompt: Any) -> bool:
