@@ -96,6 +96,9 @@ class GRPOConfig(OptimConfig):
 
     # --- memory ---
     logprob_chunk_size: int = Field(1024, gt=0, description="rows of logits turned into log-probs at once")
+    share_prompt_forward: bool = Field(
+        True, description="run each prompt once per micro-batch for its G completions (training and reference passes)"
+    )
     distributed_strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="under torchrun: ddp = replicated weights + gradient all-reduce; fsdp = FSDP2 "
         "sharded weights, gradients and optimizer state (models that do not fit replicated)",

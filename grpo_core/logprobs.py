@@ -35,7 +35,8 @@ def selective_log_softmax(logits: Tensor, index: Tensor, chunk_size: int = 1024)
 def _chunk_logps(
     hidden: Tensor, targets: Tensor, lm_head: nn.Module, temperature: float, compute_entropy: bool
 ) -> tuple[Tensor, Tensor]:
-    logits = lm_head(hidden).float()  # [n, V], the only vocabulary-sized tensors live here
+    logits = lm_head(hidden)  # [n, V], the only vocabulary-sized tensors live here
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16/fp16 -> fp32, fp64 stays
     if temperature != 1.0:
         logits.div_(temperature)  # in place: a second [n, V] copy would double the chunk's peak
     lse = torch.logsumexp(logits, dim=-1)  # [n]
@@ -62,11 +63,62 @@ def compute_token_logps(
     Logits are divided by ``temperature`` (the sampling temperature, as TRL) before the softmax. Left or
     right padding is fine: ``attention_mask`` goes to the model, padded positions get meaningless values to mask.
     """
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, L, H]
     # Off-by-one: the hidden state at position t predicts token t+1, so the T completion tokens
-    # input_ids[:, L-T:] are scored by positions L-T-1 .. L-2 (the last position predicts beyond the input).
-    hidden = hidden[:, -logits_to_keep - 1 : -1, :]  # [B, T, H]
-    targets = input_ids[:, -logits_to_keep:]  # [B, T]
+    # input_ids[:, L-T:] are scored by positions L-T-1 .. L-2. The last token predicts beyond the input: it is
+    # not fed at all (one position less of transformer work).
+    body = model.get_decoder()(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1])
+    hidden = body.last_hidden_state[:, -logits_to_keep:, :]  # [B, T, H]
+    return _score(model, hidden, input_ids[:, -logits_to_keep:], temperature, chunk_size, compute_entropy)
+
+
+def compute_completion_logps(
+    model: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    prompt_index: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    compute_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``compute_token_logps`` for completions that share prompts: each prompt runs through the model once.
+
+    ``prompt_ids``/``prompt_mask`` ``[P, Lp]`` (left-padded) are the distinct prompts, ``prompt_index [B]`` names
+    the prompt of each completion row of ``completion_ids``/``completion_mask`` ``[B, T]`` (right-padded). GRPO's
+    G completions of one prompt would otherwise run the same prompt positions G times, forward and backward;
+    here the prompts' keys/values (with their autograd history) are gathered per row and the completions attend
+    to them as a cache, so gradients from all G rows flow back into one prompt pass. Same values as
+    ``compute_token_logps`` on ``cat([prompt, completion])`` (the same positions and masks), up to float rounding.
+    Needs a model that takes ``past_key_values`` in training mode (not with gradient checkpointing).
+    """
+    from transformers import DynamicCache
+
+    decoder = model.get_decoder()
+    cache = DynamicCache(config=model.config)
+    prompt_out = decoder(input_ids=prompt_ids, attention_mask=prompt_mask, past_key_values=cache, use_cache=True)
+    for layer in cache.layers:  # [P, h, Lp, d] -> [B, h, Lp, d], differentiable
+        layer.keys, layer.values = layer.keys.index_select(0, prompt_index), layer.values.index_select(0, prompt_index)
+    first = prompt_out.last_hidden_state[:, -1:, :].index_select(0, prompt_index)  # [B, 1, H] predicts token 0
+    lp, t = prompt_ids.shape[1], completion_ids.shape[1]
+    if t > 1:
+        mask = torch.cat([prompt_mask.index_select(0, prompt_index), completion_mask[:, :-1]], 1)  # [B, Lp+T-1]
+        positions = torch.arange(lp, lp + t - 1, device=completion_ids.device).expand(completion_ids.shape[0], -1)
+        rest = decoder(
+            input_ids=completion_ids[:, :-1], attention_mask=mask, position_ids=positions,
+            past_key_values=cache, use_cache=True,
+        ).last_hidden_state  # [B, T-1, H]
+        hidden = torch.cat([first, rest], 1)  # [B, T, H]
+    else:
+        hidden = first
+    return _score(model, hidden, completion_ids, temperature, chunk_size, compute_entropy)
+
+
+def _score(
+    model: nn.Module, hidden: Tensor, targets: Tensor, temperature: float, chunk_size: int, compute_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropies) ``[B, T]`` of ``targets [B, T]`` from the hidden states ``[B, T, H]`` predicting them."""
     B, T, H = hidden.shape
     flat_hidden, flat_targets = hidden.reshape(B * T, H), targets.reshape(B * T)  # [B*T, H], [B*T]
     lm_head = model.get_output_embeddings()  # the tied embedding module when tie_word_embeddings

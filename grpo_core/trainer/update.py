@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor
 
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import Rollout
-from grpo_core.logprobs import compute_token_logps
+from grpo_core.logprobs import compute_completion_logps, compute_token_logps
 from grpo_core.loss import compute_policy_loss
 from grpo_core.trainer.distributed import DistContext, all_reduce_gradients, gather_objects, micro_batches, shard
 from grpo_core.trainer.fsdp import is_sharded
@@ -75,14 +75,40 @@ def build_train_batch(
     return TrainBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, loss_mask, advantages, sampling_logps)
 
 
-def _inputs(batch: TrainBatch, idx: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """``input_ids``/``attention_mask`` ``[b, Lp'+T']`` of rows ``idx`` trimmed to their own padding, and ``T'``."""
+def _token_logps(
+    model: torch.nn.Module, batch: TrainBatch, idx: list[int], config: GRPOConfig, device: torch.device,
+    compute_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """Log-probs (and entropies) ``[b, T']`` of rows ``idx``, trimmed to their own padding, and ``T'``.
+
+    Rows that share a prompt (a GRPO group) run it once (``compute_completion_logps``) unless
+    ``share_prompt_forward`` is off, gradient checkpointing is on (no cache in training) or the model is
+    FSDP-sharded (one forward per backward keeps its hooks simple).
+    """
     prompt_mask = batch.prompt_mask[idx]  # [b, Lp]
     first = int(prompt_mask.any(0).float().argmax()) if prompt_mask.any() else prompt_mask.shape[1]
     t = max(1, int(batch.completion_mask[idx].sum(1).max()))
-    input_ids = torch.cat([batch.prompt_ids[idx, first:], batch.completion_ids[idx, :t]], 1)  # [b, Lp'+T']
-    attention_mask = torch.cat([prompt_mask[:, first:], batch.completion_mask[idx, :t]], 1)  # [b, Lp'+T']
-    return input_ids.to(device), attention_mask.to(device), t
+    prompt_ids, prompt_mask = batch.prompt_ids[idx, first:], prompt_mask[:, first:]  # [b, Lp']
+    completion_ids, completion_mask = batch.completion_ids[idx, :t], batch.completion_mask[idx, :t]  # [b, T']
+    kwargs = dict(temperature=config.temperature, chunk_size=config.logprob_chunk_size, compute_entropy=compute_entropy)
+    shared = None
+    if config.share_prompt_forward and prompt_ids.shape[1] and not config.gradient_checkpointing and not is_sharded(model):
+        shared = torch.unique(torch.cat([prompt_ids, prompt_mask], 1), dim=0, return_inverse=True)
+        if len(shared[0]) == len(idx):  # nothing to share
+            shared = None
+    with _autocast(config, device):
+        if shared is None:
+            input_ids = torch.cat([prompt_ids, completion_ids], 1).to(device)  # [b, Lp'+T']
+            attention_mask = torch.cat([prompt_mask, completion_mask], 1).to(device)  # [b, Lp'+T']
+            logps, entropy = compute_token_logps(model, input_ids, attention_mask, t, **kwargs)
+        else:
+            unique, inverse = shared  # [P, 2 Lp'], [b]
+            lp = prompt_ids.shape[1]
+            logps, entropy = compute_completion_logps(
+                model, unique[:, :lp].to(device), unique[:, lp:].to(device), inverse.to(device),
+                completion_ids.to(device), completion_mask.to(device), **kwargs,
+            )
+    return logps, entropy, t
 
 
 def _autocast(config: GRPOConfig, device: torch.device) -> contextlib.AbstractContextManager:
@@ -100,11 +126,7 @@ def compute_batch_logps(
     out = torch.zeros(batch.completion_ids.shape)  # [N, Tc]
     lockstep = ctx if ctx is not None and is_sharded(model) else None
     for mb in micro_batches(idx, config.per_device_train_batch_size, lockstep):
-        input_ids, attention_mask, t = _inputs(batch, mb or [0], device)  # [] = FSDP filler: run, discard
-        with _autocast(config, device):
-            logps, _ = compute_token_logps(
-                model, input_ids, attention_mask, t, temperature=config.temperature, chunk_size=config.logprob_chunk_size
-            )
+        logps, _, t = _token_logps(model, batch, mb or [0], config, device)  # [] = FSDP filler: run, discard
         if mb:
             out[mb, :t] = logps.float().cpu()  # [b, T']
     if lockstep is not None:
@@ -149,13 +171,8 @@ def optimise(
             num_tokens = max(1, int(batch.loss_mask[chunk].sum()))
             step_loss = 0.0
             for mb in micro_batches(shard(chunk, ctx), bs, ctx if sharded else None):
-                input_ids, attention_mask, t = _inputs(batch, mb or chunk[:1], ctx.device)
                 first_pass = iteration == 0
-                with _autocast(config, ctx.device):
-                    logps, entropy = compute_token_logps(
-                        model, input_ids, attention_mask, t, temperature=config.temperature,
-                        chunk_size=config.logprob_chunk_size, compute_entropy=first_pass,
-                    )  # [b, T']
+                logps, entropy, t = _token_logps(model, batch, mb or chunk[:1], config, ctx.device, first_pass)  # [b, T']
                 if not mb:  # FSDP filler: this rank has fewer sequences; join the collectives, add 0
                     (logps.sum() * 0.0).backward()
                     continue

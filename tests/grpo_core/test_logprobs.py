@@ -107,3 +107,43 @@ def test_selective_log_softmax_bf16_and_shapes():
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
     # a bf16 log_softmax would be off by up to ~0.03 here; fp32 per chunk is not
     assert (logits.log_softmax(-1).gather(-1, index[..., None]).squeeze(-1).float() - expected).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("completion_len", [1, 6])
+def test_shared_prompt_pass_matches_one_pass_per_row(kind, completion_len):
+    """Completions of shared prompts (groups of uneven size, left-padded prompts, right-padded completions):
+    one prompt pass gathered per row gives the per-row pass's log-probs, entropies and gradients."""
+    from grpo_core.logprobs import compute_completion_logps
+
+    model = tiny_model(kind, tied=True)
+    gen = torch.Generator().manual_seed(3)
+    prompts = torch.randint(0, V, (3, 7), generator=gen)  # [P, Lp]
+    prompt_mask = torch.ones_like(prompts)
+    prompt_mask[0, :3] = 0  # a shorter prompt, left-padded
+    prompt_mask[2, :1] = 0
+    index = torch.tensor([0, 0, 0, 1, 2, 2, 2, 2, 0])  # groups of 4, 1, 4 (one row out of order)
+    T = completion_len
+    completions = torch.randint(0, V, (len(index), T), generator=gen)  # [B, T]
+    completion_mask = torch.ones_like(completions)
+    if T > 1:
+        completion_mask[1, 2:] = 0  # ended early: right padding
+        completion_mask[5, 4:] = 0
+    weights = torch.randn(len(index), T, generator=gen) * completion_mask
+
+    input_ids = torch.cat([prompts[index], completions], 1)  # [B, Lp+T]
+    attention_mask = torch.cat([prompt_mask[index], completion_mask], 1)
+    ref_logps, ref_entropy = compute_token_logps(model, input_ids, attention_mask, T, temperature=0.7, compute_entropy=True)
+    ((ref_logps * weights).sum() + (ref_entropy * completion_mask).sum()).backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+
+    logps, entropy = compute_completion_logps(
+        model, prompts, prompt_mask, index, completions, completion_mask, temperature=0.7, compute_entropy=True
+    )
+    ((logps * weights).sum() + (entropy * completion_mask).sum()).backward()
+    keep = completion_mask.bool()
+    torch.testing.assert_close(logps[keep], ref_logps[keep], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy[keep], ref_entropy[keep], atol=1e-5, rtol=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[name], atol=1e-5, rtol=1e-4, msg=name)

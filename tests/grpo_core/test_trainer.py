@@ -90,6 +90,25 @@ def test_gradient_checkpointing_changes_memory_not_math(tmp_path, tiny_path):
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
 
 
+def test_shared_prompt_forward_changes_speed_not_math(tmp_path, tiny_path):
+    """Each prompt run once for its G completions (policy, old and reference passes) == one pass per sequence,
+    with micro-batches that split groups (5 of 16) and mu = 2 (old log-probs)."""
+    runs = []
+    for flag in (True, False):
+        config = small_config(max_steps=2, share_prompt_forward=flag, beta=0.04, num_iterations=2,
+                              per_device_train_batch_size=5)
+        train_grpo(config, tiny_path, ROWS, tmp_path / str(flag), reward_funcs=[digit_fraction], resume=False)
+        runs.append((load_file(tmp_path / str(flag) / "final" / "model.safetensors"), read_metrics(tmp_path / str(flag))))
+    (w_shared, m_shared), (w_plain, m_plain) = runs
+    for a, b in zip(m_shared, m_plain):
+        assert a["reward"] == b["reward"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+        assert a["kl"] == pytest.approx(b["kl"], abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+    for name in w_plain:
+        torch.testing.assert_close(w_shared[name], w_plain[name], atol=1e-4, rtol=0)
+
+
 def test_metrics_and_off_policy_iterations(tmp_path, tiny_path):
     config = small_config(max_steps=2, num_iterations=2, steps_per_generation=2, beta=0.04, temperature=0.9,
                           lr_scheduler_type="cosine", warmup_steps=1, report_to=["jsonl", "tensorboard"])
