@@ -6,7 +6,10 @@ log-softmax of the same size: for a Qwen vocabulary (V = 151,936) and 4 x 1024 t
 each. Here the transformer body runs once to give hidden states ``[B, L, H]``; ``lm_head`` is applied to
 ``chunk_size`` rows at a time, each chunk's logits become fp32 log-probs via ``logsumexp`` + ``gather``
 and are dropped before the next chunk. With autograd on, each chunk runs under
-``torch.utils.checkpoint`` so backward recomputes one chunk's logits at a time instead of keeping them all.
+``torch.utils.checkpoint`` so backward recomputes one chunk's logits at a time instead of keeping them all
+(``checkpoint_logits``; by default only when all the step's logits would exceed ``CHECKPOINT_MIN_LOGITS``
+elements: a small vocabulary gains nothing from the recompute). Entropies are a metric (no loss term
+uses them): computed without autograd.
 
 Supports causal LMs whose logits are ``lm_head(decoder(...).last_hidden_state)`` (Llama, Qwen2, Mistral,
 ...; tied embeddings included, since ``get_output_embeddings()`` is the tied module). Models with logit
@@ -18,6 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
+
+CHECKPOINT_MIN_LOGITS = 2**22  # [B*T, V] elements (16 MiB in fp32) under which logits are simply kept for backward
 
 
 def selective_log_softmax(logits: Tensor, index: Tensor, chunk_size: int = 1024) -> Tensor:
@@ -43,8 +48,10 @@ def _chunk_logps(
     logps = logits.gather(-1, targets[:, None]).squeeze(-1) - lse  # [n]
     if not compute_entropy:
         return logps, logps.new_zeros(())
-    # H = -sum p log p = lse - sum p z, with p = softmax(z)
-    entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # [n]
+    with torch.no_grad():  # a metric: no loss term uses it, so autograd keeps nothing for it
+        z = logits.detach()
+        # H = -sum p log p = lse - sum p z, with p = softmax(z)
+        entropy = lse.detach() - (torch.softmax(z, dim=-1) * z).sum(-1)  # [n]
     return logps, entropy
 
 
@@ -57,6 +64,7 @@ def compute_token_logps(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     compute_entropy: bool = False,
+    checkpoint_logits: bool | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs ``[B, T]`` (fp32) of the last ``T = logits_to_keep`` tokens of ``input_ids [B, L]``, and their entropies.
 
@@ -68,7 +76,9 @@ def compute_token_logps(
     # not fed at all (one position less of transformer work).
     body = model.get_decoder()(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1])
     hidden = body.last_hidden_state[:, -logits_to_keep:, :]  # [B, T, H]
-    return _score(model, hidden, input_ids[:, -logits_to_keep:], temperature, chunk_size, compute_entropy)
+    return _score(
+        model, hidden, input_ids[:, -logits_to_keep:], temperature, chunk_size, compute_entropy, checkpoint_logits
+    )
 
 
 def compute_completion_logps(
@@ -82,6 +92,7 @@ def compute_completion_logps(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     compute_entropy: bool = False,
+    checkpoint_logits: bool | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """``compute_token_logps`` for completions that share prompts: each prompt runs through the model once.
 
@@ -112,11 +123,12 @@ def compute_completion_logps(
         hidden = torch.cat([first, rest], 1)  # [B, T, H]
     else:
         hidden = first
-    return _score(model, hidden, completion_ids, temperature, chunk_size, compute_entropy)
+    return _score(model, hidden, completion_ids, temperature, chunk_size, compute_entropy, checkpoint_logits)
 
 
 def _score(
-    model: nn.Module, hidden: Tensor, targets: Tensor, temperature: float, chunk_size: int, compute_entropy: bool
+    model: nn.Module, hidden: Tensor, targets: Tensor, temperature: float, chunk_size: int, compute_entropy: bool,
+    checkpoint_logits: bool | None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) ``[B, T]`` of ``targets [B, T]`` from the hidden states ``[B, T, H]`` predicting them."""
     B, T, H = hidden.shape
@@ -126,11 +138,13 @@ def _score(
     needs_grad = torch.is_grad_enabled() and (
         flat_hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters())
     )
+    if checkpoint_logits is None:  # only where keeping every chunk's logits for backward would cost real memory
+        checkpoint_logits = B * T * _vocab_size(lm_head) > CHECKPOINT_MIN_LOGITS
     logps, entropies = [], []
     for start in range(0, B * T, chunk_size):
         rows = slice(start, start + chunk_size)
         args = (flat_hidden[rows], flat_targets[rows], lm_head, temperature, compute_entropy)
-        if needs_grad:
+        if needs_grad and checkpoint_logits:
             # backward recomputes this chunk's logits instead of storing [n, V] activations for every chunk
             chunk_logps, chunk_entropy = checkpoint(_chunk_logps, *args, use_reentrant=False)
         else:
@@ -140,3 +154,7 @@ def _score(
     per_token_logps = torch.cat(logps).view(B, T)  # [B, T]
     entropy = torch.cat(entropies).view(B, T) if compute_entropy else None  # [B, T]
     return per_token_logps, entropy
+
+
+def _vocab_size(lm_head: nn.Module) -> int:
+    return getattr(lm_head, "out_features", None) or getattr(lm_head, "num_embeddings", None) or lm_head.weight.shape[0]

@@ -2,8 +2,8 @@
 
 The fallback backend where vLLM is absent. Prompts are left-padded and prefilled once each; the
 cache is then repeated ``n`` times (``batch_repeat_interleave``) so the G completions of a prompt
-share one prefill. Rows that emit EOS leave the batch (``batch_select_indices``), so a step costs
-the live rows only.
+share one prefill. Rows that emit EOS leave the batch (``batch_select_indices``) once they are a
+quarter of it, so a step costs the live rows (plus a few finished ones) only.
 
 Seeds: each completion owns a ``torch.Generator`` seeded with its seed and draws its
 ``max_tokens`` uniforms up front; a token is picked by inverse CDF over the filtered distribution
@@ -134,6 +134,7 @@ class HFBackend:
             ).to(device)  # [N, max_tokens]
         eos = torch.tensor(self.eos_token_ids, device=device)
         active = torch.arange(num, device=device)  # row -> completion index
+        finished = torch.zeros(num, dtype=torch.bool, device=device)  # rows kept in the batch after their EOS
         tokens: list[list[int]] = [[] for _ in range(num)]
         logps: list[list[float]] = [[] for _ in range(num)]
         for t in range(max_tokens):
@@ -147,17 +148,20 @@ class HFBackend:
                 target = uniforms[active, t : t + 1] * cdf[:, -1:]  # [A, 1]
                 tok = torch.searchsorted(cdf, target, right=True)[:, 0].clamp(max=cdf.shape[-1] - 1)  # [A]
             tok_logp = logp_all.gather(-1, tok[:, None])[:, 0]  # [A]
-            done = torch.isin(tok, eos)  # [A]
-            for row, (c, tk, lp) in enumerate(zip(active.tolist(), tok.tolist(), tok_logp.tolist())):
-                tokens[c].append(tk)
-                logps[c].append(lp)
-            keep = ~done
-            if t == max_tokens - 1 or not bool(keep.any()):
+            for c, tk, lp, gone in zip(active.tolist(), tok.tolist(), tok_logp.tolist(), finished.tolist()):
+                if not gone:
+                    tokens[c].append(tk)
+                    logps[c].append(lp)
+            finished = finished | torch.isin(tok, eos)
+            if t == max_tokens - 1 or bool(finished.all()):
                 break
-            if not bool(keep.all()):  # finished rows leave the batch and the cache
-                idx = keep.nonzero()[:, 0]
+            # Finished rows leave the batch and the cache once they are a quarter of it: compacting copies
+            # the whole cache, a finished row costs one row of compute per token until then.
+            if 4 * int(finished.sum()) >= len(active):
+                idx = (~finished).nonzero()[:, 0]
                 cache.batch_select_indices(idx)
-                attention_mask, next_pos, tok, active = attention_mask[idx], next_pos[idx], tok[idx], active[idx]
+                attention_mask, next_pos, tok = attention_mask[idx], next_pos[idx], tok[idx]
+                active, finished = active[idx], finished[idx]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], -1)  # [A, L+t+1]
             out = self.model(
                 input_ids=tok[:, None],

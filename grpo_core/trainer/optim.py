@@ -18,11 +18,15 @@ def build_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # One fused kernel over all tensors (transformers' default "adamw_torch_fused") where every parameter is a
+    # plain CPU/CUDA tensor; FSDP's DTensor shards take the default implementation.
+    fused = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in decay + no_decay)
     return torch.optim.AdamW(
         [g for g in groups if g["params"]],
         lr=config.learning_rate,
         betas=(config.adam_beta1, config.adam_beta2),
         eps=config.adam_epsilon,
+        fused=fused or None,
     )
 
 

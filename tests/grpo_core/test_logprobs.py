@@ -46,25 +46,28 @@ def batch(left_pad: bool):
 
 @pytest.mark.parametrize("kind, tied", [("llama", True), ("llama", False), ("qwen2", True), ("qwen2", False)])
 @pytest.mark.parametrize("chunk_size", [4, 15, 1000])  # 15 = B*T; 4 does not divide it
-def test_values_entropy_and_gradients_match_naive(kind, tied, chunk_size):
+@pytest.mark.parametrize("checkpoint_logits", [True, None])  # None: small vocabulary, so logits kept
+def test_values_entropy_and_gradients_match_naive(kind, tied, chunk_size, checkpoint_logits):
     model = tiny_model(kind, tied)
     input_ids, attention_mask = batch(left_pad=True)
     T, temperature = 5, 0.7
     weights = torch.randn(3, T, generator=torch.Generator().manual_seed(2))
 
     ref_logps, ref_entropy = naive_logps(model, input_ids, attention_mask, T, temperature)
-    ((ref_logps * weights).sum() + ref_entropy.sum()).backward()
+    (ref_logps * weights).sum().backward()
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
 
     logps, entropy = compute_token_logps(
-        model, input_ids, attention_mask, T, temperature=temperature, chunk_size=chunk_size, compute_entropy=True
+        model, input_ids, attention_mask, T, temperature=temperature, chunk_size=chunk_size, compute_entropy=True,
+        checkpoint_logits=checkpoint_logits,
     )
     assert logps.shape == entropy.shape == (3, T) and logps.dtype == torch.float32
     torch.testing.assert_close(logps, ref_logps, atol=1e-5, rtol=0)
     torch.testing.assert_close(entropy, ref_entropy, atol=1e-5, rtol=0)
     assert ref_logps.std() > 0.5  # the check is not trivially about near-uniform distributions
-    ((logps * weights).sum() + entropy.sum()).backward()
+    assert not entropy.requires_grad  # a metric, outside autograd
+    (logps * weights).sum().backward()
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, ref_grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
@@ -90,7 +93,9 @@ def test_no_vocabulary_sized_tensor_is_saved_for_backward():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logps, _ = compute_token_logps(model, input_ids, attention_mask, 5, chunk_size=4, compute_entropy=True)
+        logps, _ = compute_token_logps(
+            model, input_ids, attention_mask, 5, chunk_size=4, compute_entropy=True, checkpoint_logits=True
+        )
     assert saved_shapes  # the transformer body did save activations through the hook
     assert not [s for s in saved_shapes if s and s[-1] == V and len(s) >= 2], saved_shapes
     logps.sum().backward()  # and backward still works through the recomputation
@@ -134,14 +139,14 @@ def test_shared_prompt_pass_matches_one_pass_per_row(kind, completion_len):
     input_ids = torch.cat([prompts[index], completions], 1)  # [B, Lp+T]
     attention_mask = torch.cat([prompt_mask[index], completion_mask], 1)
     ref_logps, ref_entropy = compute_token_logps(model, input_ids, attention_mask, T, temperature=0.7, compute_entropy=True)
-    ((ref_logps * weights).sum() + (ref_entropy * completion_mask).sum()).backward()
+    (ref_logps * weights).sum().backward()
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
 
     logps, entropy = compute_completion_logps(
         model, prompts, prompt_mask, index, completions, completion_mask, temperature=0.7, compute_entropy=True
     )
-    ((logps * weights).sum() + (entropy * completion_mask).sum()).backward()
+    (logps * weights).sum().backward()
     keep = completion_mask.bool()
     torch.testing.assert_close(logps[keep], ref_logps[keep], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropy[keep], ref_entropy[keep], atol=1e-5, rtol=1e-5)
