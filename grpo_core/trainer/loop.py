@@ -82,11 +82,16 @@ def _load_model(path: Path | str, device: torch.device) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
 
 
-def _backend_opts(config: GRPOConfig, kind: str, device: torch.device) -> dict[str, Any]:
+def _backend_opts(config: GRPOConfig, kind: str, device: torch.device, model_config: Any) -> dict[str, Any]:
     if kind == "hf" or (kind == "auto" and not _vllm_available()):
         return {"autocast_dtype": torch.bfloat16 if config.bf16 and device.type == "cuda" else None}
+    max_model_len = config.max_prompt_length + config.max_completion_length
+    positions = getattr(model_config, "max_position_embeddings", None)
+    if positions and max_model_len > positions:  # vLLM refuses a longer context than the model has positions for
+        logger.info("vLLM max_model_len %d capped at the model's max_position_embeddings %d", max_model_len, positions)
+        max_model_len = positions
     return {
-        "max_model_len": config.max_prompt_length + config.max_completion_length,
+        "max_model_len": max_model_len,
         "gpu_memory_utilization": config.vllm_gpu_memory_utilization,
         "tensor_parallel_size": config.vllm_tensor_parallel_size,
         "kv_cache_memory_bytes": config.vllm_kv_cache_memory_bytes,
@@ -188,16 +193,12 @@ def train_grpo(
     if kind == "auto":
         kind = "vllm" if _vllm_available() else "hf"
     start_path = loaded.path if loaded else model_path
+    opts = _backend_opts(config, kind, ctx.device, model.config)
     if fsdp and kind == "hf":  # sample from a full replica: a sharded module decodes only in lockstep
         replica = _load_model(start_path, ctx.device).eval().requires_grad_(False)
-        backend = ReplicaBackend(
-            make_backend("hf", str(start_path), model=replica, tokenizer=tokenizer, **_backend_opts(config, kind, ctx.device)),
-            replica,
-        )
+        backend = ReplicaBackend(make_backend("hf", str(start_path), model=replica, tokenizer=tokenizer, **opts), replica)
     else:
-        backend = make_backend(
-            kind, str(start_path), model=model, tokenizer=tokenizer, **_backend_opts(config, kind, ctx.device)
-        )
+        backend = make_backend(kind, str(start_path), model=model, tokenizer=tokenizer, **opts)
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stream = PromptStream(len(train_rows), config.seed)
     writer = MetricsWriter(output_dir, config.report_to, state["log_history"], state["step"]) if ctx.is_main else None

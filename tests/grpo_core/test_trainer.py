@@ -251,3 +251,16 @@ def test_mask_truncated_completions_removes_them_from_the_loss():
     assert batch.completion_ids.tolist() == [[7, 2, 0], [7, 7, 7]]
     assert batch.completion_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
     assert batch.loss_mask.tolist() == [[1, 1, 0], [0, 0, 0]]
+
+
+def test_vllm_context_is_capped_at_the_model_positions():
+    """max_prompt_length + max_completion_length past the model's positions: vLLM would refuse to start."""
+    from types import SimpleNamespace
+
+    from grpo_core.trainer.loop import _backend_opts
+
+    config = small_config(max_prompt_length=256, max_completion_length=32)
+    opts = _backend_opts(config, "vllm", torch.device("cpu"), SimpleNamespace(max_position_embeddings=256))
+    assert opts["max_model_len"] == 256
+    opts = _backend_opts(config, "vllm", torch.device("cpu"), SimpleNamespace(max_position_embeddings=4096))
+    assert opts["max_model_len"] == 288
