@@ -46,15 +46,16 @@ def rejection_sample(config: PipelineConfig | dict[str, Any], run: str, store: s
 def _sample(ctx: StageContext, model_path: str, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict]:
     """Sample with the same backend kind the GRPO stage used (vLLM for real runs, transformers for tiny)."""
     import torch
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from grpo_core.generation import make_backend
     from grpo_core.rejection import rejection_sample_with_config
-    from grpo_core.trainer.loop import _backend_opts
+    from grpo_core.trainer.loop import backend_options
 
     grpo = ctx.config.grpo_train
     kind = "auto" if grpo.use_vllm is None else ("vllm" if grpo.use_vllm else "hf")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    backend = make_backend(kind, model_path, tokenizer=tokenizer, **_backend_opts(grpo, kind, device))
+    opts = backend_options(grpo, kind, device, AutoConfig.from_pretrained(model_path))
+    backend = make_backend(kind, model_path, tokenizer=tokenizer, **opts)
     return rejection_sample_with_config(ctx.config.rejection_sample, backend, tokenizer, rows)

@@ -82,7 +82,9 @@ def _load_model(path: Path | str, device: torch.device) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
 
 
-def _backend_opts(config: GRPOConfig, kind: str, device: torch.device, model_config: Any) -> dict[str, Any]:
+def backend_options(config: GRPOConfig, kind: str, device: torch.device, model_config: Any = None) -> dict[str, Any]:
+    """``make_backend`` keyword arguments for ``kind`` from the GRPO config (``model_config``: the policy's
+    transformers config, whose ``max_position_embeddings`` caps vLLM's context)."""
     if kind == "hf" or (kind == "auto" and not _vllm_available()):
         return {"autocast_dtype": torch.bfloat16 if config.bf16 and device.type == "cuda" else None}
     max_model_len = config.max_prompt_length + config.max_completion_length
@@ -193,7 +195,7 @@ def train_grpo(
     if kind == "auto":
         kind = "vllm" if _vllm_available() else "hf"
     start_path = loaded.path if loaded else model_path
-    opts = _backend_opts(config, kind, ctx.device, model.config)
+    opts = backend_options(config, kind, ctx.device, model.config)
     if fsdp and kind == "hf":  # sample from a full replica: a sharded module decodes only in lockstep
         replica = _load_model(start_path, ctx.device).eval().requires_grad_(False)
         backend = ReplicaBackend(make_backend("hf", str(start_path), model=replica, tokenizer=tokenizer, **opts), replica)
