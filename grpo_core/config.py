@@ -81,8 +81,8 @@ class GRPOConfig(OptimConfig):
     # --- rewards ---
     reward_funcs: list[str] = ["math_accuracy", "format"]
     reward_weights: list[float] | None = None
-    reward_timeout: float = Field(5.0, gt=0, description="seconds allowed per reward check before it scores 0")
-    reward_num_workers: int = Field(2, ge=1)
+    reward_timeout: float = Field(3.0, gt=0, description="seconds allowed per math answer check before it scores 0")
+    reward_num_workers: int = Field(2, ge=1, description="math answer-check worker processes")
 
     # --- DAPO dynamic sampling ---
     dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal and refill the batch")
@@ -126,10 +126,6 @@ class GRPOConfig(OptimConfig):
     @property
     def prompts_per_step(self) -> int:
         return self.generation_batch_size // self.num_generations
-
-    @property
-    def clip_eps_high(self) -> float:
-        return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
 
 # --- data, evaluation and rejection sampling (grpo_core/data.py, evaluation.py, rejection.py) ---

@@ -139,7 +139,7 @@ def _score(
         flat_hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters())
     )
     if checkpoint_logits is None:  # only where keeping every chunk's logits for backward would cost real memory
-        checkpoint_logits = B * T * _vocab_size(lm_head) > CHECKPOINT_MIN_LOGITS
+        checkpoint_logits = B * T * lm_head.weight.shape[0] > CHECKPOINT_MIN_LOGITS  # weight [V, H]
     logps, entropies = [], []
     for start in range(0, B * T, chunk_size):
         rows = slice(start, start + chunk_size)
@@ -155,6 +155,3 @@ def _score(
     entropy = torch.cat(entropies).view(B, T) if compute_entropy else None  # [B, T]
     return per_token_logps, entropy
 
-
-def _vocab_size(lm_head: nn.Module) -> int:
-    return getattr(lm_head, "out_features", None) or getattr(lm_head, "num_embeddings", None) or lm_head.weight.shape[0]

@@ -63,6 +63,26 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def backend_kind(use_vllm: bool | None) -> Literal["hf", "vllm"]:
+    """``use_vllm`` as configured (None: vLLM where importable) -> the backend that will run."""
+    if use_vllm is None:
+        return "vllm" if vllm_available() else "hf"
+    return "vllm" if use_vllm else "hf"
+
+
+def merge_eos_ids(generation_eos: Any, tokenizer: Any, where: str) -> list[int]:
+    """The generation config's EOS id(s), then the tokenizer's, without repeats; ``where`` names the model
+    in the error when there is none."""
+    ids: list[int] = []
+    for value in (generation_eos, getattr(tokenizer, "eos_token_id", None)):
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is not None and int(v) not in ids:
+                ids.append(int(v))
+    if not ids:
+        raise ValueError(f"no EOS token id for {where}: set tokenizer.eos_token_id or generation_config.eos_token_id")
+    return ids
+
+
 def make_backend(
     kind: Literal["auto", "hf", "vllm"],
     model_path: str,
@@ -77,7 +97,7 @@ def make_backend(
     to that backend's constructor.
     """
     if kind == "auto":
-        kind = "vllm" if vllm_available() else "hf"
+        kind = backend_kind(None)
     if kind == "hf":
         from grpo_core.generation.hf import HFBackend
 
@@ -102,4 +122,4 @@ def make_backend(
     raise ValueError(f"unknown generation backend {kind!r}; use 'auto', 'hf' or 'vllm'")
 
 
-__all__ = ["GenerationBackend", "Rollout", "make_backend", "vllm_available"]
+__all__ = ["GenerationBackend", "Rollout", "backend_kind", "make_backend", "vllm_available"]

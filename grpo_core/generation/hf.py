@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from grpo_core.generation import Rollout, resolve_seeds
+from grpo_core.generation import Rollout, merge_eos_ids, resolve_seeds
 
 
 class HFBackend:
@@ -59,7 +59,6 @@ class HFBackend:
         seeds: list[int] | None = None,
         greedy: bool = False,
     ) -> list[Rollout]:
-        num = len(prompt_ids) * n
         seeds = resolve_seeds(seeds, len(prompt_ids), n)
         if not prompt_ids:
             return []
@@ -246,12 +245,5 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
-    ids: list[int] = []
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in (gen_eos, getattr(tokenizer, "eos_token_id", None)):
-        for v in value if isinstance(value, (list, tuple)) else [value]:
-            if v is not None and v not in ids:
-                ids.append(int(v))
-    if not ids:
-        raise ValueError("no EOS token id: set tokenizer.eos_token_id or model.generation_config.eos_token_id")
-    return ids
+    return merge_eos_ids(gen_eos, tokenizer, type(model).__name__)

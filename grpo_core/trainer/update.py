@@ -157,7 +157,7 @@ def optimise(
     if config.num_iterations > 1 or num_chunks > 1:
         batch.old_logps = compute_batch_logps(model, batch, local_idx, config, ctx.device, ctx)
         if batch.sampling_logps is not None:
-            _add_sampling_diff(batch.old_logps, batch, local_idx, add, maxes)
+            _add_sampling_diff(batch.old_logps[local_idx], batch, local_idx, add, maxes)
     if config.beta > 0.0:
         assert ref_model is not None, "beta > 0 needs a reference model"
         batch.ref_logps = compute_batch_logps(ref_model, batch, local_idx, config, ctx.device, ctx)
@@ -197,9 +197,7 @@ def optimise(
                     add("entropy", float((entropy.detach().float() * comp_mask).sum()))
                     add("entropy_tokens", float(comp_mask.sum()))
                     if batch.old_logps is None and batch.sampling_logps is not None:
-                        full = torch.zeros(batch.completion_ids.shape)  # [N, Tc]
-                        full[mb, :t] = logps.detach().float().cpu()
-                        _add_sampling_diff(full, batch, mb, add, maxes)
+                        _add_sampling_diff(logps.detach().float().cpu(), batch, mb, add, maxes)
             if not sharded:  # FSDP reduce-scatters (sums) gradients during backward
                 all_reduce_gradients(model, ctx)
             add("loss", step_loss)
@@ -215,8 +213,10 @@ def optimise(
 
 
 def _add_sampling_diff(trainer_logps: torch.Tensor, batch: TrainBatch, idx: list[int], add: Any, maxes: dict[str, float]) -> None:
-    mask = batch.completion_mask[idx].bool()  # [b, Tc]
-    diff = (trainer_logps[idx] - batch.sampling_logps[idx]).abs()[mask]  # [tokens]
+    """Accumulate |trainer - sampler| log-prob gaps of rows ``idx``; ``trainer_logps`` ``[b, T']`` holds those rows."""
+    t = trainer_logps.shape[1]
+    mask = batch.completion_mask[idx, :t].bool()  # [b, T']
+    diff = (trainer_logps - batch.sampling_logps[idx, :t]).abs()[mask]  # [tokens]
     if diff.numel():
         add("diff_sum", float(diff.sum()))
         add("diff_tokens", float(diff.numel()))

@@ -12,7 +12,7 @@ generation round on one 64-sequence micro-batch, fp32, no gradient checkpointing
 and gradient_checkpointing=True are switched off: both only cost time on a CPU), no saving, no reporting,
 and the same torch thread count (``--threads``, also OMP_NUM_THREADS).
 
-Each (workload, model, trainer, backend) runs in a fresh child process (so its peak RSS, ``VmHWM``, is its own); the
+Each (workload, model, trainer, backend) runs in a fresh child process (so its peak RSS, ``ru_maxrss``, is its own); the
 configurations are interleaved (round r runs ours/TRL in alternating order) so load changes on the shared
 machine hit both alike. A child runs ``--steps`` steps; its first step (warm-up: lazy init, vLLM graph
 capture) is excluded. Reported: median seconds and CPU-seconds (user+sys, all threads) per step, the split
@@ -48,14 +48,6 @@ NUM_PROMPTS, NUM_GENERATIONS, MAX_COMPLETION_LENGTH = 8, 8, 32
 BETA, LEARNING_RATE, SEED = 0.04, 5e-5, 0
 MODELS = {"base": {"hidden_size": 128, "num_heads": 4}, "wide": {"hidden_size": 512, "num_heads": 8}}
 RUNS = ("ours_hf", "trl_hf", "ours_vllm", "trl_vllm")
-
-
-def read_status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
 
 
 def cpu_seconds() -> float:
@@ -207,7 +199,8 @@ def run_child(spec: dict[str, Any]) -> None:
     torch.set_num_threads(spec["threads"])
     clock = StepClock()
     extra = (run_ours if spec["trainer"] == "ours" else run_trl)(spec, clock)
-    print("RESULT " + json.dumps({"steps": clock.steps, "peak_rss_mib": read_status_kib("VmHWM") / 1024,
+    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print("RESULT " + json.dumps({"steps": clock.steps, "peak_rss_mib": peak_rss_mib,
                                   "threads": torch.get_num_threads(), **extra}), flush=True)
 
 

@@ -206,7 +206,7 @@ def test_score_rollouts_follows_the_trl_contract():
 
     rows = [{"prompt": "q1", "answer": "a1", "task": "t"}, {"prompt": "q2", "answer": "a2", "task": "t"}]
     rollouts = [Rollout([1], [i, 2], [0.0, 0.0], False, f"c{i}") for i in range(4)]
-    scores, _ = score_rollouts([reward], ["r"], rows, rollouts, num_generations=2, max_completion_length=8)
+    scores = score_rollouts([reward], ["r"], rows, rollouts, num_generations=2, max_completion_length=8)
     assert seen["prompts"] == ["q1", "q1", "q2", "q2"] and seen["answer"] == ["a1", "a1", "a2", "a2"]
     assert seen["ids"][3] == [3, 2] and seen["max_len"] == 8 and seen["extra"] == {"task": ["t"] * 4}
     assert scores[:, 0].tolist()[0] == 1.0 and math.isnan(scores[1, 0]) and math.isnan(scores[3, 0])
@@ -264,3 +264,15 @@ def test_vllm_context_is_capped_at_the_model_positions():
     assert opts["max_model_len"] == 256
     opts = backend_options(config, "vllm", torch.device("cpu"), SimpleNamespace(max_position_embeddings=4096))
     assert opts["max_model_len"] == 288
+
+
+def test_reward_settings_reach_the_math_verifier(tmp_path, tiny_path):
+    from grpo_core.rewards.math import DEFAULT_NUM_WORKERS, DEFAULT_TIMEOUT_S, configure
+
+    try:
+        config = small_config(max_steps=1, reward_timeout=1.5, reward_num_workers=1)
+        train_grpo(config, tiny_path, ROWS, tmp_path / "run", reward_funcs=[digit_fraction], resume=False)
+        settings = configure()
+        assert settings["timeout"] == 1.5 and settings["num_workers"] == 1
+    finally:
+        configure(timeout=DEFAULT_TIMEOUT_S, num_workers=DEFAULT_NUM_WORKERS)
