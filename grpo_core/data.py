@@ -192,8 +192,12 @@ def to_messages(value: Any, *, template: str | None = None) -> list[dict[str, st
     raise ValueError(f"must be a string or a list of chat messages, got {type(value).__name__}")
 
 
-def normalize_record(record: dict[str, Any], location: str, src: DatasetSource, index: int) -> dict[str, Any]:
-    """One raw record -> a schema row, or a DataError naming location and field."""
+def normalize_record(record: dict[str, Any], location: str, src: DatasetSource, index: int,
+                     label: str | None = None) -> dict[str, Any]:
+    """One raw record -> a schema row, or a DataError naming location and field; ``label`` is
+    ``_source_label(src)``, computed here when not given."""
+    if label is None:
+        label = _source_label(src)
     fmap = src.field_map
     row: dict[str, Any] = {}
     for key in ("prompt", "answer"):
@@ -214,9 +218,9 @@ def normalize_record(record: dict[str, Any], location: str, src: DatasetSource, 
             raise DataError(f"{location}: field {key!r} (column {column!r}) {e}; "
                             f"value starts {str(record[column])[:60]!r}") from None
     id_column = fmap.get("id", "id")
-    row["id"] = str(record[id_column]) if record.get(id_column) not in (None, "") else f"{_source_label(src)}-{index:06d}"
+    row["id"] = str(record[id_column]) if record.get(id_column) not in (None, "") else f"{label}-{index:06d}"
     row["task"] = str(record.get(fmap["task"])) if "task" in fmap and record.get(fmap["task"]) else src.task
-    row["source"] = _source_label(src)
+    row["source"] = label
     for col in src.keep_columns:
         if col not in record:
             raise DataError(f"{location}: keep_columns names {col!r}, which the row lacks; columns present: {sorted(record)}")
@@ -234,12 +238,13 @@ def load_prompt_rows(src: DatasetSource, *, on_error: OnError = "raise") -> tupl
     records = read_records(src.path, split=src.split, name=src.name, on_error=on_error, stats=stats)
     stats.rows_read = stats.rows_skipped  # malformed lines were read and skipped already
     rows = []
+    label = _source_label(src)
     for i, (loc, rec) in enumerate(records):
         if src.max_rows is not None and len(rows) >= src.max_rows:
             break
         stats.rows_read += 1
         try:
-            rows.append(normalize_record(rec, loc, src, i))
+            rows.append(normalize_record(rec, loc, src, i, label))
         except DataError as e:
             _fail(str(e), on_error, stats)
     stats.rows_kept = len(rows)

@@ -32,7 +32,7 @@ import torch
 from grpo_core.config import EvalConfig
 from grpo_core.generation import GenerationBackend, Rollout, make_backend
 from grpo_core.rewards import get_reward_funcs
-from grpo_core.sft import encode_prompt
+from grpo_core.trainer.prompts import encode_prompt
 
 REASONING_FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
 DIRECT_ANSWER = re.compile(r"^\s*<think>\s*</think>")

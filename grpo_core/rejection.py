@@ -22,7 +22,7 @@ from grpo_core.config import RejectionSamplingConfig
 from grpo_core.evaluation import _generate, completion_length, has_reasoning_format, sample_seed
 from grpo_core.generation import GenerationBackend
 from grpo_core.rewards import REWARD_FUNCS, get_reward_funcs
-from grpo_core.sft import encode_prompt
+from grpo_core.trainer.prompts import encode_prompt
 
 REJECT_REASONS = ("incorrect", "truncated", "format", "too_long", "language", "duplicate", "over_limit")
 
@@ -68,11 +68,12 @@ def rejection_sample(
     seeds = [sample_seed(seed, str(r.get("id", i)), j) for i, r in enumerate(rows) for j in range(n)]
     rollouts = _generate(backend, prompt_ids, n=n, max_tokens=max_new_tokens, greedy=False,
                          batch=max(1, batch_size // n), temperature=temperature, top_p=top_p, seeds=seeds)
-    scores = fn([r.text for r in rollouts], prompts=[row["prompt"] for row in rows for _ in range(n)],
+    prompts = [row["prompt"] for row in rows for _ in range(n)]
+    scores = fn([r.text for r in rollouts], prompts=prompts,
                 completion_ids=[r.completion_ids for r in rollouts], max_completion_length=max_new_tokens,
                 **_columns(rows, n))
     correct = [s is not None and s >= reward_threshold - 1e-9 for s in scores]
-    lang = (lang_fn([r.text for r in rollouts], prompts=[row["prompt"] for row in rows for _ in range(n)])
+    lang = (lang_fn([r.text for r in rollouts], prompts=prompts)
             if lang_fn is not None else [None] * len(rollouts))
 
     rejected: Counter[str] = Counter()

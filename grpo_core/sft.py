@@ -25,23 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
 from grpo_core.config import SFTConfig
+from grpo_core.trainer.prompts import PromptStream, encode_prompt
 
 IGNORE_INDEX = -100
-
-
-def encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:
-    """Prompt token ids: chat messages through the chat template with the generation prompt, a plain
-    string as is (no special tokens added)."""
-    if isinstance(prompt, str):
-        text = prompt
-    else:
-        text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def encode_sft_row(tokenizer: Any, row: dict[str, Any], max_length: int, completion_only_loss: bool = True
@@ -68,29 +58,16 @@ def collate(examples: list[tuple[list[int], list[int]]], pad_token_id: int) -> d
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def completion_token_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
-    """Summed cross-entropy over label tokens and their count (the caller divides by the step's total)."""
+def completion_token_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Summed cross-entropy over label tokens (the caller divides by the step's total label count)."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, L, V]
     # position t predicts token t+1: drop the last logit and the first label
     shift_logits = logits[:, :-1].float()  # [B, L-1, V]
     shift_labels = batch["labels"][:, 1:]  # [B, L-1]
-    loss_sum = torch.nn.functional.cross_entropy(
+    return torch.nn.functional.cross_entropy(
         shift_logits.reshape(-1, shift_logits.shape[-1]), shift_labels.reshape(-1),
         ignore_index=IGNORE_INDEX, reduction="sum",
     )
-    return loss_sum, int((shift_labels != IGNORE_INDEX).sum())
-
-
-def batch_rows(num_rows: int, seed: int, start: int, count: int) -> list[int]:
-    """Row indices at stream positions ``start .. start+count-1`` (a fresh seeded shuffle per epoch)."""
-    perms: dict[int, np.ndarray] = {}
-    out = []
-    for p in range(start, start + count):
-        epoch, i = divmod(p, num_rows)
-        if epoch not in perms:
-            perms[epoch] = np.random.default_rng([seed, epoch]).permutation(num_rows)
-        out.append(int(perms[epoch][i]))
-    return out
 
 
 def resolve_max_steps(config: SFTConfig, num_rows: int) -> int:
@@ -147,8 +124,9 @@ def train_sft(config: SFTConfig, model_path: str | Path, rows: list[dict[str, An
 
     start_time, window, last_loss = time.time(), [], float("nan")
     writer = _tensorboard_writer(output_dir) if "tensorboard" in config.report_to else None
+    stream = PromptStream(len(encoded), config.seed)
     while step < max_steps:
-        indices = batch_rows(len(encoded), config.seed, step * per_step, per_step)
+        indices = stream.rows_at(step * per_step, per_step)
         micro = [indices[i: i + config.per_device_train_batch_size]
                  for i in range(0, per_step, config.per_device_train_batch_size)]
         batches = [collate([encoded[i] for i in m], pad_id) for m in micro]
@@ -157,7 +135,7 @@ def train_sft(config: SFTConfig, model_path: str | Path, rows: list[dict[str, An
         for b in batches:
             b = {k: v.to(device) for k, v in b.items()}
             with autocast:
-                loss_sum, _ = completion_token_loss(model, b)
+                loss_sum = completion_token_loss(model, b)
             loss = loss_sum / max(total_tokens, 1)  # token-weighted mean over the whole step
             loss.backward()
             loss_total += float(loss.detach())

@@ -166,11 +166,3 @@ def chain_accuracy(completions: list[Any], answer: list[Any] | None = None, **kw
 def chain_format(completions: list[Any], **kwargs: Any) -> list[float | None]:
     """1.0 for exactly ``<think>...</think><answer>N</answer>`` (any N), else 0.0."""
     return [1.0 if parse_chain_completion(completion_text(c)) else 0.0 for c in completions]
-
-
-def is_direct_answer(text: str) -> bool:
-    """True when the completion answers without working (an empty ``<think></think>``)."""
-    parsed = parse_chain_completion(text)
-    if parsed is not None:
-        return parsed[0].strip() == ""
-    return text.lstrip().startswith("<think></think>")

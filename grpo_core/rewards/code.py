@@ -420,7 +420,7 @@ def make_code_execution(*, limits: SandboxLimits = SandboxLimits(), sandbox: str
             tests = kwargs.get("input_output")
         if tests is None:
             return [None] * len(completions)
-        mode = resolve_mode(kwargs.get("sandbox") if isinstance(kwargs.get("sandbox"), str) else sandbox)
+        mode = resolve_mode(sandbox)
         check_sandbox(mode, python)
         programs, cases = [], []
         for completion, raw in zip(completions, tests):

@@ -67,6 +67,6 @@ def format_reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
     scores: list[float | None] = []
     for completion, prompt in zip(completions, prompts, strict=True):
         raw = completion_text(completion)
-        text = to_safe_text(raw, max_chars=len(raw) if isinstance(raw, str) else MAX_TAIL_CHARS)
+        text = to_safe_text(raw, max_chars=len(raw))
         scores.append(1.0 if has_think_answer_format(text, _prompt_prefills_think(prompt)) else 0.0)
     return scores

@@ -259,14 +259,13 @@ def verify_texts(
 def math_accuracy(completions: list[Any], answer: Sequence[Any] | None = None, **kwargs: Any) -> list[float | None]:
     """TRL reward: 1.0 if the completion's final answer equals ``answer`` (dataset column), else 0.0.
 
-    Optional kwargs: ``reward_timeout`` (s per check), ``reward_num_workers``.
+    The verifier's deadline and worker count come from ``configure`` (the trainer sets them from
+    ``GRPOConfig.reward_timeout`` / ``reward_num_workers``).
     """
     if answer is None:
         raise ValueError("math_accuracy needs the ground truth as the dataset column 'answer'")
     if len(answer) != len(completions):
         raise ValueError(f"{len(completions)} completions but {len(answer)} answers")
-    if kwargs.get("reward_timeout") is not None or kwargs.get("reward_num_workers") is not None:
-        configure(timeout=kwargs.get("reward_timeout"), num_workers=kwargs.get("reward_num_workers"))
     preds = [extract_answer(completion_text(c)) for c in completions]
     golds = [None if a is None else normalize_gold(a) for a in answer]
     return score_answers(preds, golds)

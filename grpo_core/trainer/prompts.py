@@ -16,7 +16,7 @@ import numpy as np
 class PromptStream:
     def __init__(self, num_rows: int, seed: int) -> None:
         if num_rows <= 0:
-            raise ValueError("train_rows is empty: GRPO needs at least one prompt")
+            raise ValueError("no rows to stream")
         self.num_rows = num_rows
         self.seed = seed
         self._perms: dict[int, np.ndarray] = {}
@@ -40,9 +40,12 @@ def is_conversational(prompt: Any) -> bool:
     return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
 
 
-def encode_prompt(tokenizer: Any, prompt: Any, max_prompt_length: int) -> list[int]:
-    """Token ids of a prompt: chat messages through the chat template (with the generation prompt),
-    plain text as is (no special tokens added, as TRL); left-truncated to ``max_prompt_length``."""
+def encode_prompt(tokenizer: Any, prompt: Any, max_prompt_length: int | None = None) -> list[int]:
+    """Token ids of a prompt: chat messages (a list or tuple) through the chat template (with the
+    generation prompt), plain text as is (no special tokens added, as TRL); left-truncated to
+    ``max_prompt_length`` (None: not truncated)."""
+    if isinstance(prompt, tuple):
+        prompt = list(prompt)
     if is_conversational(prompt):
         text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
     elif isinstance(prompt, str):
@@ -50,4 +53,6 @@ def encode_prompt(tokenizer: Any, prompt: Any, max_prompt_length: int) -> list[i
     else:
         raise TypeError(f"a prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if max_prompt_length is None:
+        return ids
     return ids[-max_prompt_length:]  # keep the end: the question and the generation prompt

@@ -56,7 +56,7 @@ def test_metrics_by_hand(tiny):
                ["<think></think><answer>24</answer>", "<think>2*3=6;6*4=24</think><answer>24</answer>"],
                ["<think></think><answer>7</answer>", "<think></think><answer>8</answer>"]]
     backend = ScriptedBackend(tok, greedy, sampled)
-    from grpo_core.sft import encode_prompt
+    from grpo_core.trainer.prompts import encode_prompt
     backend.prompts = [encode_prompt(tok, r["prompt"]) for r in rows]
     m = evaluate(tiny, tok, rows, num_samples=2, backend=backend, forced_reasoning=False, batch_size=2,
                  return_rows=True)

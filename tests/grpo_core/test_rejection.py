@@ -9,9 +9,9 @@ from transformers import AutoTokenizer
 from grpo_core.config import RejectionSamplingConfig
 from grpo_core.generation import Rollout, make_backend
 from grpo_core.rejection import rejection_sample, rejection_sample_with_config
-from grpo_core.sft import encode_prompt
 from grpo_core.synthetic import make_chain_rows
 from grpo_core.tiny import build_tiny_model
+from grpo_core.trainer.prompts import encode_prompt
 
 torch.set_num_threads(1)
 

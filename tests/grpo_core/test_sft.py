@@ -10,9 +10,10 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from grpo_core.config import SFTConfig
-from grpo_core.sft import IGNORE_INDEX, batch_rows, collate, encode_sft_row, list_checkpoints, train_sft
+from grpo_core.sft import IGNORE_INDEX, collate, encode_sft_row, list_checkpoints, train_sft
 from grpo_core.synthetic import make_chain_rows, make_cold_start_rows
 from grpo_core.tiny import build_tiny_model
+from grpo_core.trainer.prompts import PromptStream
 
 torch.set_num_threads(1)
 
@@ -51,11 +52,11 @@ def test_labels_mask_the_prompt(tiny, rows):
 
 
 def test_data_order_is_a_seeded_shuffle_per_epoch():
-    first = batch_rows(10, seed=1, start=0, count=10)
+    first = PromptStream(10, seed=1).rows_at(0, 10)
     assert sorted(first) == list(range(10))
-    assert batch_rows(10, seed=1, start=3, count=4) == first[3:7]
-    assert sorted(batch_rows(10, seed=1, start=10, count=10)) == list(range(10))
-    assert batch_rows(10, seed=2, start=0, count=10) != first
+    assert PromptStream(10, seed=1).rows_at(3, 4) == first[3:7]
+    assert sorted(PromptStream(10, seed=1).rows_at(10, 10)) == list(range(10))
+    assert PromptStream(10, seed=2).rows_at(0, 10) != first
 
 
 def test_tiny_model_overfits(tiny, rows, tmp_path):

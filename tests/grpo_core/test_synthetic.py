@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from grpo_core.evaluation import is_direct
 from grpo_core.rewards import get_reward_funcs
 from grpo_core.synthetic import (
     chain_accuracy,
@@ -13,7 +14,6 @@ from grpo_core.synthetic import (
     chain_steps,
     evaluate_chain,
     format_solution,
-    is_direct_answer,
     make_chain_rows,
     make_chain_splits,
     make_cold_start_rows,
@@ -62,11 +62,11 @@ def test_cold_start_direct_fraction_and_correctness():
     rows = make_chain_rows(400, seed=2)
     sft = make_cold_start_rows(rows, direct_fraction=0.5, seed=2)
     assert sft == make_cold_start_rows(rows, direct_fraction=0.5, seed=2)
-    direct = [is_direct_answer(s["completion"]) for s in sft]
+    direct = [is_direct(s["completion"]) for s in sft]
     assert 0.4 < sum(direct) / len(direct) < 0.6
     assert chain_accuracy([s["completion"] for s in sft], answer=[r["answer"] for r in rows]) == [1.0] * 400
-    assert not any(is_direct_answer(s["completion"]) for s in make_cold_start_rows(rows, direct_fraction=0.0))
-    assert all(is_direct_answer(s["completion"]) for s in make_cold_start_rows(rows, direct_fraction=1.0))
+    assert not any(is_direct(s["completion"]) for s in make_cold_start_rows(rows, direct_fraction=0.0))
+    assert all(is_direct(s["completion"]) for s in make_cold_start_rows(rows, direct_fraction=1.0))
     with pytest.raises(ValueError):
         make_cold_start_rows(rows, direct_fraction=1.5)
 
