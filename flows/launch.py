@@ -10,9 +10,6 @@ failure is reported as the root cause.
 How many processes: ``resolve_nproc_per_node(configured)`` takes the config's value when set, else the
 work pool's job variable (``R1_NPROC_PER_NODE``, set by infra/work-pools/*.json from ``gpu_count`` or
 ``nproc_per_node``), else 1. On GPUs torchrun ranks use NCCL; on CPU, gloo (grpo_core.trainer.distributed).
-
-The GRPO stage's entry is this module itself:
-    python -m flows.launch grpo SPEC.json       (written by ``train_grpo_in_processes``; not run by hand)
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
-import importlib
 import json
 import logging
 import os
@@ -178,83 +174,3 @@ def _failure(module: str, returncode: int, error_dir: Path, tail: list[str],
     logger.error("%s", message)
     return StageProcessFailed(message, returncode=returncode, rank=None, child_traceback=None)
 
-
-# --- the GRPO stage as a child entry point --------------------------------------------------------------
-
-
-def train_grpo_in_processes(
-    config: Any,
-    model_path: str | os.PathLike[str],
-    train_rows: list[dict[str, Any]],
-    output_dir: str | os.PathLike[str],
-    *,
-    nproc_per_node: int,
-    resume: bool = True,
-    imports: Sequence[str] = (),
-    callbacks_factory: str | None = None,
-    callbacks_kwargs: Mapping[str, Any] | None = None,
-    logger: logging.Logger | logging.LoggerAdapter | None = None,
-    env: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """``grpo_core.trainer.train_grpo`` in ``nproc_per_node`` processes (torchrun when > 1); returns rank 0's metrics.
-
-    Callbacks cannot cross a process boundary, so a task passes ``callbacks_factory`` ("module:function",
-    called with ``callbacks_kwargs`` in every rank; typically only rank 0 uploads checkpoints) instead.
-    ``imports`` are modules imported in every rank first, e.g. ones that register extra reward functions.
-    """
-    with tempfile.TemporaryDirectory(prefix="r1-grpo-spec-") as tmp:
-        spec_path, rows_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "rows.jsonl", Path(tmp) / "result.json"
-        with rows_path.open("w") as f:
-            for row in train_rows:
-                f.write(json.dumps(row) + "\n")
-        spec = {
-            "config": config.model_dump(mode="json"),
-            "model_path": str(model_path),
-            "rows_path": str(rows_path),
-            "output_dir": str(output_dir),
-            "resume": resume,
-            "imports": list(imports),
-            "callbacks_factory": callbacks_factory,
-            "callbacks_kwargs": dict(callbacks_kwargs or {}),
-            "result_path": str(result_path),
-        }
-        spec_path.write_text(json.dumps(spec))
-        launch("flows.launch", ["grpo", str(spec_path)], nproc_per_node=nproc_per_node, logger=logger, env=env)
-        return json.loads(result_path.read_text())
-
-
-def _import_object(ref: str) -> Any:
-    module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-@record_failure
-def _grpo_main(spec_path: str) -> None:
-    from grpo_core.config import GRPOConfig
-    from grpo_core.trainer import train_grpo
-
-    spec = json.loads(Path(spec_path).read_text())
-    for module in spec["imports"]:
-        importlib.import_module(module)
-    config = GRPOConfig.model_validate(spec["config"])
-    with open(spec["rows_path"]) as f:
-        rows = [json.loads(line) for line in f]
-    callbacks = None
-    if spec["callbacks_factory"]:
-        callbacks = _import_object(spec["callbacks_factory"])(**spec["callbacks_kwargs"])
-    metrics = train_grpo(config, spec["model_path"], rows, spec["output_dir"], resume=spec["resume"],
-                         callbacks=callbacks)
-    if int(os.environ.get("RANK", "0")) == 0:
-        Path(spec["result_path"]).write_text(json.dumps(metrics, default=float))
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    entries = {"grpo": _grpo_main}
-    if len(argv) != 2 or argv[0] not in entries:
-        raise SystemExit(f"usage: python -m flows.launch {{{','.join(entries)}}} SPEC.json")
-    entries[argv[0]](argv[1])
-
-
-if __name__ == "__main__":
-    main()

@@ -23,7 +23,7 @@ from tasks._common import artifact_key, in_prefect_run
 from tasks._training import read_history
 from tasks.store import StageRef, Store
 
-MODEL_STAGES = ("cold_start_sft", "grpo_train", "sft_consolidate", "final_rl")
+MODEL_STAGES = ("cold_start_sft", "grpo_train", "sft_consolidate", "final_rl")  # evaluated after they commit
 GRPO_STAGES = ("grpo_train", "final_rl")
 REPORT_DIR = "_report"
 # Which logged/eval keys mean what; the first one present wins.
@@ -46,15 +46,23 @@ class Report:
     plots: dict[str, str]
 
 
-def stage_status(store: Store, run: str) -> dict[str, Any]:
-    """``{"run", "stages": {stage: {"state", "uri", "metrics"}}}`` (state: completed | incomplete | pending)."""
+def latest_refs(store: Store, run: str) -> dict[str, StageRef | None]:
+    """Every stage's newest committed output (None where there is none)."""
+    return {stage: store.latest(run, stage) for stage in STAGES}
+
+
+def stage_status(store: Store, run: str, refs: dict[str, StageRef | None] | None = None) -> dict[str, Any]:
+    """``{"run", "stages": {stage: {"state", "uri", "metrics"}}}`` (state: completed | incomplete | pending).
+
+    ``refs``: the stages' newest committed outputs when the caller has already read them (``latest_refs``)."""
+    refs = latest_refs(store, run) if refs is None else refs
     stages: dict[str, Any] = {}
     for stage in STAGES:
-        ref = store.latest(run, stage)
-        pending = store.uncommitted(run, stage)
+        ref = refs[stage]
         if ref is not None:
             stages[stage] = {"state": "completed", "uri": ref.uri, "metrics": ref.metrics}
         else:
+            pending = store.uncommitted(run, stage)
             stages[stage] = {"state": "incomplete" if pending else "pending", "uri": None, "metrics": {}}
     return {"run": run, "stages": stages}
 
@@ -66,12 +74,13 @@ def _first(metrics: dict[str, Any], keys: tuple[str, ...]) -> float | None:
     return None
 
 
-def emergence_rows(store: Store, run: str, curve_points: int = 5) -> tuple[list[dict[str, Any]], dict[str, list]]:
+def emergence_rows(store: Store, run: str, curve_points: int = 5, refs: dict[str, StageRef | None] | None = None
+                   ) -> tuple[list[dict[str, Any]], dict[str, list]]:
     """Table rows (held-out evals and GRPO curve points) and the GRPO histories used for the plots."""
     rows: list[dict[str, Any]] = []
     histories: dict[str, list[dict[str, Any]]] = {}
     for stage in MODEL_STAGES:
-        ref = store.latest(run, stage)
+        ref = store.latest(run, stage) if refs is None else refs[stage]
         if ref is None:
             continue
         if stage in GRPO_STAGES:
@@ -144,8 +153,9 @@ def plot_histories(histories: dict[str, list[dict[str, Any]]], out_dir: Path) ->
 
 def write_report(store: Store, run: str) -> Report:
     """Build the table and plots from the committed stages, save them to the store, publish an artifact."""
-    rows, histories = emergence_rows(store, run)
-    status = stage_status(store, run)
+    refs = latest_refs(store, run)  # read once, for the table and the stage list
+    rows, histories = emergence_rows(store, run, refs=refs)
+    status = stage_status(store, run, refs)
     base = store.path(run, REPORT_DIR)
     with tempfile.TemporaryDirectory(prefix="r1-report-") as tmp:
         plots = plot_histories(histories, Path(tmp))
@@ -182,6 +192,3 @@ def _publish(run: str, markdown: str) -> None:
     except Exception:  # noqa: BLE001 - the files in the store are the report; the artifact is a view
         pass
 
-
-def stage_refs(store: Store, run: str) -> dict[str, StageRef]:
-    return {s: ref for s in STAGES if (ref := store.latest(run, s)) is not None}

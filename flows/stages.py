@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from prefect import flow
 
+from flows.report import MODEL_STAGES
 from grpo_core.config import STAGES, PipelineConfig
 from tasks._common import StageFailed, cached, stage_task
 from tasks.cold_start_sft import cold_start_sft
@@ -33,7 +34,6 @@ TASKS: dict[str, Any] = {
     "sft_consolidate": sft_consolidate,
     "final_rl": final_rl,
 }
-MODEL_STAGES = ("cold_start_sft", "grpo_train", "sft_consolidate", "final_rl")
 RUN_CONFIG = "config.json"
 
 
@@ -80,7 +80,7 @@ def run_stage(stage: str, run: str, config: PipelineConfig | dict[str, Any] | No
     task = TASKS[stage].with_options(retries=cfg.run.retries, retry_delay_seconds=cfg.run.retry_delay_seconds)
     ref = call_task(task, cfg, run, st.url, refs, force)
     if stage in MODEL_STAGES:
-        data = refs.get("prepare_data") or committed(st, run, "prepare_data")
+        data = refs["prepare_data"]  # every model stage reads prepare_data (``upstream``)
         ref = call_task(evaluate.with_options(retries=cfg.run.retries), cfg, run, st.url, ref, data, force)
     return ref.to_dict()
 

@@ -30,7 +30,7 @@ def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOC
     out = ctx.work / "train" / "out"
     spec = {"kind": kind, "config": cfg, "model_path": str(model_path), "rows_path": str(rows_path),
             "output_dir": str(out), "store": ctx.store.url, "run": ctx.run, "stage": ctx.stage, "key": fp,
-            "keep": ctx.config.run.keep_checkpoints, "torch_num_threads": cfg.get("torch_num_threads")}
+            "keep": ctx.config.run.keep_checkpoints}
     progress = Progress(ctx.run, ctx.stage)
 
     def on_event(event: dict[str, Any]) -> None:
@@ -43,8 +43,7 @@ def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOC
 
     result = run_training(spec, isolation=ctx.config.run.isolation, on_event=on_event)
     final = Path(result["metrics"].get("final_path") or out / "final")
-    writer = ctx.begin()
-    try:
+    with ctx.begin() as writer:
         writer.put_dir(final, "model")
         writer.put_file(out.parent / "metrics.jsonl", "metrics.jsonl")
         metrics = {k: v for k, v in result["metrics"].items() if k != "final_path"}
@@ -52,9 +51,6 @@ def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOC
         ref = commit_stage(ctx, writer, fp=fp, section=section, parents=parents, metrics=metrics,
                            extra={"training": {"kind": kind, "resumed_from_step": result["resumed_from"],
                                                "steps_logged": len(result["steps"])}})
-    except BaseException:
-        writer.abort()
-        raise
     ctx.store.remove(ctx.store.checkpoint_dir(ctx.run, ctx.stage, fp))
     return ref
 

@@ -87,12 +87,9 @@ def fetch_checkpoint(spec: dict[str, Any], emit: Emit) -> int:
 def execute(spec: dict[str, Any], emit: Emit) -> dict[str, Any]:
     """Train from ``model_path`` or the newest checkpoint in ``output_dir``; write ``metrics.jsonl``."""
     from grpo_core.config import GRPOConfig, SFTConfig
+    from grpo_core.data import read_parquet
     from tasks.store import Store
 
-    if spec.get("torch_num_threads"):
-        import torch
-
-        torch.set_num_threads(int(spec["torch_num_threads"]))
     out = Path(spec["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
     resumed_from = max((int(p.name.split("-")[1]) for p in out.glob("checkpoint-*") if (p / HISTORY).exists()),
@@ -102,7 +99,7 @@ def execute(spec: dict[str, Any], emit: Emit) -> dict[str, Any]:
     store = Store(spec["store"], check=False)
     callbacks = [StoreCheckpoints(store, spec["run"], spec["stage"], spec["key"], int(spec.get("keep", 2)),
                                   emit, history)]
-    rows = _read_rows(Path(spec["rows_path"]))
+    rows = read_parquet(Path(spec["rows_path"]))
     if spec["kind"] == "grpo":
         from grpo_core.trainer import train_grpo
 
@@ -120,12 +117,6 @@ def execute(spec: dict[str, Any], emit: Emit) -> dict[str, Any]:
 
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
-
-
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    from grpo_core.data import read_parquet
-
-    return read_parquet(path)
 
 
 def run_training(spec: dict[str, Any], *, isolation: str, on_event: Emit) -> dict[str, Any]:

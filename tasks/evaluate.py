@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_core.config import PipelineConfig
+from grpo_core.data import read_parquet
 from tasks._common import StageContext, cached, fingerprint, logger, publish_metrics, stage_task, write_jsonl
 from tasks.store import StageRef, sha256_file
 
@@ -29,7 +30,7 @@ def evaluate(config: PipelineConfig | dict[str, Any], run: str, store: str | Non
             return cached(ref, "already evaluated with this config")
         from grpo_core.evaluation import evaluate_with_config
 
-        rows = _read(ctx.fetch(data, "eval.parquet"))
+        rows = read_parquet(ctx.fetch(data, "eval.parquet"))
         result = evaluate_with_config(cfg, str(ctx.fetch(ref, "model")), rows, return_rows=True)
         per_row = result.pop("rows")
         metrics = {k: float(v) for k, v in result.items() if isinstance(v, (int, float))}
@@ -44,9 +45,3 @@ def evaluate(config: PipelineConfig | dict[str, Any], run: str, store: str | Non
         return new_ref
     finally:
         ctx.cleanup()
-
-
-def _read(path: Any) -> list[dict[str, Any]]:
-    from grpo_core.data import read_parquet
-
-    return read_parquet(path)

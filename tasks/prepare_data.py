@@ -36,15 +36,11 @@ def prepare_data(config: PipelineConfig | dict[str, Any], run: str, store: str |
             from grpo_core.tiny import build_tiny_model
 
             build_tiny_model(out / "base_model", **cfg.model.tiny.model_dump())
-        writer = ctx.begin()
-        try:
+        with ctx.begin() as writer:
             writer.put_dir(out)
             metrics = {"data/num_train": len(data.train), "data/num_eval": len(data.eval),
                        "data/num_cold_start": len(data.cold_start)}
             return commit_stage(ctx, writer, fp=fp, section=cfg.data, parents={}, metrics=metrics,
                                 extra={"data_stats": data.stats})
-        except BaseException:
-            writer.abort()
-            raise
     finally:
         ctx.cleanup()

@@ -32,13 +32,9 @@ def rejection_sample(config: PipelineConfig | dict[str, Any], run: str, store: s
         out = ctx.work / "out"
         write_parquet(kept, out / "samples.parquet")
         write_parquet(stats.pop("per_prompt"), out / "pass_rates.parquet")
-        writer = ctx.begin()
-        try:
+        with ctx.begin() as writer:
             writer.put_dir(out)
             return commit_stage(ctx, writer, fp=fp, section=section, parents=parents, metrics=stats)
-        except BaseException:
-            writer.abort()
-            raise
     finally:
         ctx.cleanup()
 
@@ -48,12 +44,12 @@ def _sample(ctx: StageContext, model_path: str, rows: list[dict[str, Any]]) -> t
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
-    from grpo_core.generation import make_backend
+    from grpo_core.generation import backend_kind, make_backend
     from grpo_core.rejection import rejection_sample_with_config
     from grpo_core.trainer.loop import backend_options
 
     grpo = ctx.config.grpo_train
-    kind = "auto" if grpo.use_vllm is None else ("vllm" if grpo.use_vllm else "hf")
+    kind = backend_kind(grpo.use_vllm)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     opts = backend_options(grpo, kind, device, AutoConfig.from_pretrained(model_path))

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import secrets
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -161,16 +160,13 @@ class Store:
         return self.fs._strip_protocol(uri)
 
     # ---- transfers ----------------------------------------------------------------------------------
-    def put_dir(self, local_dir: Path, dest: str, *, skip_prefixes: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
-        """Upload every file under ``local_dir`` to ``dest`` (except relative paths starting with one of
-        ``skip_prefixes``); returns {relative path: {sha256, size}}."""
+    def put_dir(self, local_dir: Path, dest: str) -> dict[str, dict[str, Any]]:
+        """Upload every file under ``local_dir`` to ``dest``; returns {relative path: {sha256, size}}."""
         local_dir = Path(local_dir)
         files: dict[str, dict[str, Any]] = {}
         for p in sorted(local_dir.rglob("*")):
             if p.is_file():
                 rel = p.relative_to(local_dir).as_posix()
-                if rel.startswith(skip_prefixes) if skip_prefixes else False:
-                    continue
                 files[rel] = {"sha256": sha256_file(p), "size": p.stat().st_size}
                 self.put_file(p, f"{dest}/{rel}")
         return files
@@ -266,22 +262,25 @@ class Store:
 
     def manifests(self, run: str, stage: str) -> list[dict[str, Any]]:
         """Manifests of the committed outputs of ``stage``, oldest first. Uncommitted versions are skipped."""
-        out = []
-        for version in sorted(self._ls(self.path(run, stage))):
-            if version.startswith(("_", ".")):
-                continue
-            try:
-                out.append(self.read_json(self.path(run, stage, version, MANIFEST)))
-            except FileNotFoundError:
-                continue
-        return out
+        return list(self._committed(run, stage))
 
     def latest(self, run: str, stage: str, fingerprint: str | None = None) -> StageRef | None:
-        """The newest committed output of ``stage`` (with that fingerprint, if given)."""
-        for m in reversed(self.manifests(run, stage)):
+        """The newest committed output of ``stage`` (with that fingerprint, if given); manifests are read
+        newest first, only until one matches."""
+        for m in self._committed(run, stage, newest_first=True):
             if fingerprint is None or m.get("fingerprint") == fingerprint:
                 return ref_from_manifest(m)
         return None
+
+    def _committed(self, run: str, stage: str, newest_first: bool = False) -> Iterator[dict[str, Any]]:
+        """Manifests of committed versions, read one at a time (a version without one is uncommitted)."""
+        for version in sorted(self._ls(self.path(run, stage)), reverse=newest_first):
+            if version.startswith(("_", ".")):
+                continue
+            try:
+                yield self.read_json(self.path(run, stage, version, MANIFEST))
+            except FileNotFoundError:
+                continue
 
     def manifest(self, ref: StageRef) -> dict[str, Any]:
         return self.read_json(f"{ref.uri}/{MANIFEST}")
@@ -354,9 +353,9 @@ class StageWriter:
         self.uri = store.uri(self.path)
         self.files: dict[str, dict[str, Any]] = {}
 
-    def put_dir(self, local_dir: Path, name: str = "", *, skip_prefixes: tuple[str, ...] = ()) -> str:
+    def put_dir(self, local_dir: Path, name: str = "") -> str:
         dest = f"{self.path}/{name}" if name else self.path
-        for rel, info in self.store.put_dir(local_dir, dest, skip_prefixes=skip_prefixes).items():
+        for rel, info in self.store.put_dir(local_dir, dest).items():
             self.files[f"{name}/{rel}" if name else rel] = info
         return self.store.uri(dest)
 
@@ -379,6 +378,15 @@ class StageWriter:
 
     def abort(self) -> None:
         self.store.remove(self.path)
+
+    def __enter__(self) -> "StageWriter":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        """Leaving the block by an exception (any, KeyboardInterrupt included) aborts; the exception goes on.
+        A normal exit does nothing: the block commits explicitly."""
+        if exc_type is not None:
+            self.abort()
 
 
 def package_versions() -> dict[str, str]:
@@ -408,14 +416,3 @@ def git_revision() -> str | None:
         return None
     return (rev + ("+dirty" if dirty else "")) if rev else None
 
-
-def local_workdir(base: Path, *parts: str) -> Path:
-    """A fresh local scratch folder (emptied if it exists)."""
-    p = Path(base, *parts)
-    shutil.rmtree(p, ignore_errors=True)
-    p.mkdir(parents=True)
-    return p
-
-
-def iter_files(local_dir: Path) -> Iterator[Path]:
-    yield from (p for p in sorted(Path(local_dir).rglob("*")) if p.is_file())
