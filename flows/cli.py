@@ -21,15 +21,12 @@ from typing import Any, Optional
 
 import typer
 
-# Before Prefect is imported: no analytics (machines without internet) and a generous ephemeral
-# server start-up on busy laptops. Users' own settings win.
+# Before Prefect is imported: no analytics (machines without internet), a generous ephemeral server
+# start-up on busy laptops, and the trainers' progress lines (logger ``grpo_core``) in the Prefect log of
+# stages that run inline. Users' own settings win.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml"
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="The DeepSeek-R1 recipe as a Prefect pipeline.")
+os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "grpo_core")
 
 
 def _fail(message: str) -> None:
@@ -38,10 +35,10 @@ def _fail(message: str) -> None:
 
 
 def _config(path: Optional[Path]) -> Any:
-    from grpo_core.config import ConfigError, load_config
+    from tasks.config import ConfigError, load_config
 
     try:
-        return load_config(path or DEFAULT_CONFIG)
+        return load_config(path)
     except ConfigError as e:
         _fail(str(e))
 
@@ -64,7 +61,6 @@ def _run_flow(fn: Any, **params: Any) -> Any:
     _fail(f"{type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else str(state.message))
 
 
-@app.command()
 def run(
     config: Optional[Path] = typer.Option(None, "-c", "--config", help="pipeline YAML (default: configs/tiny-cpu.yaml)"),
     run_name: Optional[str] = typer.Option(None, "--run", help="run name (default: a new timestamped one)"),
@@ -74,47 +70,41 @@ def run(
     dispatch: str = typer.Option("inline", "--dispatch", help="inline (subflows here) or deployments"),
 ) -> None:
     """Run the whole R1 pipeline (stages whose committed output matches are reused)."""
-    from grpo_core.config import STAGES
-
     cfg = _config(config)
     st = _store(store)
     selected = [s.strip() for s in stages.split(",")] if stages else None
     for name in [*(selected or []), *([from_stage] if from_stage else [])]:
-        if name not in STAGES:
-            _fail(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
+        _stage_entry(name)
     from flows.r1_pipeline import new_run_name, r1_pipeline
+    from tasks.common import quiet_progress_bars
 
+    quiet_progress_bars()
     name = run_name or new_run_name()
     typer.echo(f"run {name} -> {st.url}/{name}")
-    result = _run_flow(r1_pipeline, config=cfg.model_dump(mode="json"), run_name=name, stages=selected,
-                       from_stage=from_stage, store=st.url, dispatch=dispatch)
+    result = _run_flow(r1_pipeline, config=cfg, run_name=name, stages=selected, from_stage=from_stage,
+                       store=st.url, dispatch=dispatch)
     _print_status(st, name)
     typer.echo(f"report: {result['report']}")
 
 
-@app.command()
 def stage(
-    name: str = typer.Argument(..., help="prepare_data | cold_start_sft | grpo_train | rejection_sample | "
-                                         "sft_consolidate | final_rl"),
+    name: str = typer.Argument(..., help="a stage name (listed above)"),
     run_name: str = typer.Option(..., "--run", help="the run whose committed upstream outputs this stage reads"),
     config: Optional[Path] = typer.Option(None, "-c", "--config", help="default: the config the run started with"),
     store: Optional[str] = typer.Option(None, "--store"),
 ) -> None:
     """Run (or rerun) one stage of an existing run; upstream outputs come from the store."""
-    from grpo_core.config import STAGES
-
-    if name not in STAGES:
-        _fail(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
+    _stage_entry(name)
     cfg = _config(config) if config else None
     st = _store(store)
-    from flows.stages import STAGE_FLOWS
+    from flows.stages import stage_flow
+    from tasks.common import quiet_progress_bars
 
-    ref = _run_flow(STAGE_FLOWS[name], run=run_name, config=cfg.model_dump(mode="json") if cfg else None,
-                    store=st.url, force=True)
+    quiet_progress_bars()
+    ref = _run_flow(stage_flow(name), run=run_name, config=cfg, store=st.url, force=True)
     typer.echo(f"{name}: committed {ref['uri']}")
 
 
-@app.command()
 def status(
     run_name: str = typer.Argument(..., metavar="NAME"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object: {run, stages: {stage: {state, uri, metrics}}}"),
@@ -130,7 +120,6 @@ def status(
         _print_status(st, run_name)
 
 
-@app.command()
 def report(run_name: str = typer.Argument(..., metavar="NAME"), store: Optional[str] = typer.Option(None, "--store")) -> None:
     """Rebuild the run's report (emergence table + plots) in the store and print it."""
     st = _store(store)
@@ -161,9 +150,32 @@ def _short(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-from flows.deploy import deploy_command  # noqa: E402  `r1 deploy`: work pools + deployments (infra/prefect.yaml)
+def _stage_entry(name: str) -> Any:
+    from tasks.stages import UnknownStage, get_stage
 
-app.command("deploy")(deploy_command)
+    try:
+        return get_stage(name)
+    except UnknownStage as e:
+        _fail(str(e))
+
+
+def build_app() -> typer.Typer:
+    """The ``r1`` command; its help lists the stage table as it is when built."""
+    from flows.deploy import deploy_command
+    from tasks.stages import all_stages
+
+    stages = "\n\n".join(f"{s.name}: {s.description}" for s in all_stages())
+    cli = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                      help=f"The DeepSeek-R1 recipe as a Prefect pipeline. Stages, in order:\n\n{stages}")
+    cli.command()(run)
+    cli.command(help=f"{stage.__doc__}\n\nStages:\n\n{stages}")(stage)
+    cli.command()(status)
+    cli.command()(report)
+    cli.command("deploy")(deploy_command)  # work pools + deployments rendered from the stage table
+    return cli
+
+
+app = build_app()
 
 
 def main() -> None:  # python -m flows.cli

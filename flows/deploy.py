@@ -1,13 +1,16 @@
-"""``r1 deploy``: create the work pools if missing, then register the deployments of infra/prefect.yaml.
+"""``r1 deploy``: create the work pools if missing, then register the deployments rendered from the stage table.
 
     r1 deploy                                        # pools `cpu` and `gpu`, both process pools
     r1 deploy --gpu-pool a100 --gpu-pool-type kubernetes
+    python -m flows.deploy                           # rewrite infra/prefect.yaml from the stage table
 
-Needs a Prefect server (``PREFECT_API_URL``); deployments in the ephemeral mode would vanish with it.
-Registration wraps ``prefect --no-prompt deploy --all`` run from the repository root, so the deployments
-are exactly what the committed ``infra/prefect.yaml`` says; other pool names are substituted into a
-temporary copy of it. Pools are created from ``infra/work-pools/*.json``; an existing pool is never
-changed (its template may have been edited in the UI on purpose).
+The deployments are the pipeline flow plus one per stage of ``tasks/stages.py`` (on the stage's pool), so
+a new table entry is deployed with no other edit. ``infra/prefect.yaml`` is this rendering, committed for
+users who run ``prefect deploy`` themselves; a test keeps it equal to the table. Needs a Prefect server
+(``PREFECT_API_URL``); deployments in the ephemeral mode would vanish with it. Registration wraps
+``prefect --no-prompt deploy`` run from the repository root over a rendered temporary file. Pools are
+created from ``infra/work-pools/*.json``; an existing pool is never changed (its template may have been
+edited in the UI on purpose).
 
 ``enter_project_dir`` is the deployments' pull step (see infra/prefect.yaml).
 """
@@ -69,23 +72,81 @@ def ensure_pool(name: str, pool_type: PoolType, *, description: str = "") -> boo
     return False
 
 
-def render_prefect_file(pools: dict[str, str], source: Path = PREFECT_FILE) -> dict[str, Any]:
-    """infra/prefect.yaml with the `cpu`/`gpu` pool names replaced by ``pools`` (anchors expanded)."""
-    spec = yaml.safe_load(source.read_text())
-    for deployment in spec["deployments"]:
-        pool = dict(deployment["work_pool"])  # anchored mappings are shared objects: copy before editing
-        pool["name"] = pools[pool["name"]]
-        deployment["work_pool"] = pool
-    return spec
+PREFECT_HEADER = """\
+# GENERATED from the stage table (tasks/stages.py) by `python -m flows.deploy`; edit the table, not this file.
+# Deployments of the R1 pipeline and of each stage flow, on two work pools: `cpu` (data preparation and the
+# pipeline's orchestrating flow) and `gpu` (training, sampling, evaluation).
+#   r1 deploy                                   # creates the pools if missing, then registers all of these
+#   prefect --no-prompt deploy --all --prefect-file infra/prefect.yaml    # the same, pools must exist
+# Run from the repository root: entrypoints are relative to it.
+#   prefect deployment run 'r1-pipeline/cpu'                  # the embedded default (configs/tiny-cpu.yaml)
+#   prefect deployment run 'r1-pipeline/cpu' -p config_path=configs/qwen2.5-0.5b-gsm8k.yaml -p run_name=n1
+#   prefect deployment run 'grpo-train/gpu' -p run=n1         # one stage of an existing run
+# Stage flows read their upstream outputs from the store; only store references cross between runs.
+# No build or push: the code is already where the worker runs (a checkout with `pip install -e .`, or the
+# images from infra/docker/). The pull step enters $R1_PROJECT_DIR (the images set /opt/r1-pipeline), else
+# the folder the installed `flows` package lives in (a checkout). GPU stages: one run at a time per
+# deployment, further runs wait in the queue. The weekly schedule is created inactive.
+"""
+
+
+def prefect_spec(pools: dict[str, str] = DEFAULT_POOLS) -> dict[str, Any]:
+    """The prefect.yaml content for the current stage table, with work pools named ``pools``."""
+    from tasks.stages import all_stages
+
+    work_pools = {kind: {"name": pools[kind], "work_queue_name": "default", "job_variables": {}} for kind in ("cpu", "gpu")}
+    gpu_concurrency = {"limit": 1, "collision_strategy": "ENQUEUE"}
+    stage_parameters = {"store": None, "force": True}
+    weekly = [{"cron": "0 3 * * 1", "timezone": "UTC", "active": False}]
+    deployments: list[dict[str, Any]] = [{
+        "name": "cpu", "entrypoint": "flows/r1_pipeline.py:r1_pipeline",
+        "description": "The whole R1 recipe; each stage runs as its own deployment on its pool. No config_path: "
+                       "the embedded default, as `r1 run`.",
+        "tags": ["r1", "pipeline"], "parameters": {"dispatch": "deployments", "store": None, "config_path": None},
+        "work_pool": work_pools["cpu"], "schedules": weekly,
+    }]
+    for stage in all_stages():
+        d = {"name": stage.pool, "entrypoint": f"flows/stages.py:{stage.name}_flow", "description": stage.description,
+             "tags": ["r1", "stage", stage.pool], "parameters": stage_parameters, "work_pool": work_pools[stage.pool]}
+        if stage.pool == "gpu":
+            d["concurrency_limit"] = gpu_concurrency
+        deployments.append(d)
+    return {"name": "r1-pipeline", "prefect-version": "3.9.1", "build": None, "push": None,
+            "pull": [{"flows.deploy.enter_project_dir": {}}],
+            "definitions": {"work_pools": work_pools, "gpu_concurrency": gpu_concurrency,
+                            "stage_parameters": stage_parameters, "schedules": {"weekly": weekly}},
+            "deployments": deployments}
+
+
+def render_prefect_file(pools: dict[str, str] = DEFAULT_POOLS) -> str:
+    """``prefect_spec`` as YAML, shared pieces written once as anchors named after their definitions."""
+    spec = prefect_spec(pools)
+    defs = spec["definitions"]
+    names = {id(defs["work_pools"]["cpu"]): "cpu_pool", id(defs["work_pools"]["gpu"]): "gpu_pool",
+             id(defs["gpu_concurrency"]): "gpu_concurrency", id(defs["stage_parameters"]): "stage_parameters",
+             id(defs["schedules"]["weekly"]): "weekly_inactive"}
+
+    class Dumper(yaml.SafeDumper):
+        def generate_anchor(self, node: Any) -> str:
+            obj = next((o for o, n in self.represented_objects.items() if n is node), None)
+            return names.get(obj, super().generate_anchor(node))  # keys of represented_objects are id()s
+
+        def ignore_aliases(self, data: Any) -> bool:
+            return id(data) not in names
+
+    return PREFECT_HEADER + yaml.dump(spec, Dumper=Dumper, sort_keys=False, width=120)
+
+
+def write_prefect_file(path: Path = PREFECT_FILE) -> Path:
+    path.write_text(render_prefect_file())
+    return path
 
 
 def register_deployments(pools: dict[str, str] = DEFAULT_POOLS, *, names: list[str] | None = None) -> None:
-    """``prefect --no-prompt deploy --all`` (or ``--name`` each of ``names``) over infra/prefect.yaml."""
+    """``prefect --no-prompt deploy --all`` (or ``--name`` each of ``names``) over the rendered deployments."""
     with tempfile.TemporaryDirectory(prefix="r1-deploy-") as tmp:
-        prefect_file = PREFECT_FILE
-        if pools != DEFAULT_POOLS:
-            prefect_file = Path(tmp) / "prefect.yaml"
-            prefect_file.write_text(yaml.safe_dump(render_prefect_file(pools), sort_keys=False))
+        prefect_file = Path(tmp) / "prefect.yaml"
+        prefect_file.write_text(render_prefect_file(pools))
         selection = [arg for name in names for arg in ("--name", name)] if names else ["--all"]
         cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", *selection, "--prefect-file", str(prefect_file)]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -94,10 +155,10 @@ def register_deployments(pools: dict[str, str] = DEFAULT_POOLS, *, names: list[s
 
 
 def deployment_names() -> list[str]:
-    """``flow-name/deployment-name`` of every deployment on the server whose entrypoint is in prefect.yaml."""
+    """``flow-name/deployment-name`` of every deployment on the server whose entrypoint is one of ours."""
     from prefect.client.orchestration import get_client
 
-    ours = {d["entrypoint"] for d in yaml.safe_load(PREFECT_FILE.read_text())["deployments"]}
+    ours = {d["entrypoint"] for d in prefect_spec()["deployments"]}
     with get_client(sync_client=True) as client:
         flows = {f.id: f.name for f in client.read_flows()}
         return sorted(f"{flows[d.flow_id]}/{d.name}" for d in client.read_deployments() if d.entrypoint in ours)
@@ -125,7 +186,7 @@ def deploy_command(
     gpu_pool_type: Annotated[str, typer.Option(help="process (one machine) or kubernetes")] = "process",
     name: Annotated[list[str] | None, typer.Option("--name", help="only these deployments (flow/deployment)")] = None,
 ) -> None:
-    """Create the work pools if missing and register the deployments of infra/prefect.yaml."""
+    """Create the work pools if missing and register the deployments (the pipeline and one per stage)."""
     if gpu_pool_type not in ("process", "kubernetes"):
         raise typer.BadParameter("--gpu-pool-type must be process or kubernetes")
     try:
@@ -136,3 +197,7 @@ def deploy_command(
     for full_name in registered:
         typer.echo(full_name)
     typer.echo(f"start workers: prefect worker start --pool {cpu_pool}   and   prefect worker start --pool {gpu_pool}")
+
+
+if __name__ == "__main__":  # python -m flows.deploy: rewrite infra/prefect.yaml from the stage table
+    typer.echo(f"wrote {write_prefect_file()}")

@@ -1,7 +1,7 @@
 """``dispatch="deployments"``: run one stage flow as a deployment run on its work pool and wait for it.
 
-The stage's deployment is the one infra/prefect.yaml registers for ``flows/stages.py:<stage>_flow``
-(``prepare-data/cpu``, ``grpo-train/gpu``, ...). Only the config and store references travel as
+The stage's deployment is the one ``r1 deploy`` registers for ``flows/stages.py:<stage>_flow`` on the
+stage's pool (``prepare-data/cpu``, ``grpo-train/gpu``, ...: flow name / pool kind, from the stage table). Only the config and store references travel as
 parameters; the child commits its output to the store, and the parent collects that committed reference
 from the store (the one place both can read: the child may run on another machine, and Prefect results
 are not persisted by default). A child that ends in any state but Completed raises ``StageRunFailed``
@@ -17,12 +17,9 @@ not apply to Crashed runs (PrefectHQ/prefect#10211). Recover with either
 from __future__ import annotations
 
 import os
-from functools import lru_cache
 from typing import Any
 
-import yaml
-
-from flows.deploy import PREFECT_FILE
+from tasks.stages import all_stages
 from tasks.store import StageRef, Store
 
 
@@ -30,16 +27,9 @@ class StageRunFailed(RuntimeError):
     """A stage's deployment run ended Failed, Crashed or Cancelled."""
 
 
-@lru_cache(maxsize=1)
 def stage_deployments() -> dict[str, str]:
-    """stage -> ``flow-name/deployment-name`` as registered from infra/prefect.yaml."""
-    out = {}
-    for d in yaml.safe_load(PREFECT_FILE.read_text())["deployments"]:
-        path, _, func = d["entrypoint"].partition(":")
-        if path == "flows/stages.py" and func.endswith("_flow"):
-            stage = func.removesuffix("_flow")
-            out[stage] = f"{stage.replace('_', '-')}/{d['name']}"
-    return out
+    """stage -> ``flow-name/deployment-name`` as ``r1 deploy`` registers them (flows/deploy.py)."""
+    return {s.name: f"{s.flow_name}/{s.pool}" for s in all_stages()}
 
 
 def run_stage_deployment(stage: str, parameters: dict[str, Any], *, timeout: float | None = None) -> StageRef:

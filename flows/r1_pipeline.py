@@ -1,7 +1,9 @@
-"""The DeepSeek-R1 recipe as one Prefect flow: six stages, each returning the reference the next consumes.
+"""The DeepSeek-R1 recipe as one Prefect flow: the stage table's stages in order, each handed the
+references of the stages it reads.
 
     r1 run                                   (embedded default: tiny model, built-in task, CPU)
     r1 run -c configs/qwen2.5-0.5b-gsm8k.yaml --run gsm8k-1 --store s3://bucket/r1
+    prefect deployment run 'r1-pipeline/cpu' -p config_path=configs/qwen2.5-0.5b-gsm8k.yaml -p run_name=x
 
 A stage whose committed output already matches its config fingerprint and inputs is reused (the task
 ends ``Cached``). ``from_stage`` reruns that stage and every later one, reusing the committed outputs
@@ -20,8 +22,9 @@ from typing import Any, Literal
 from prefect import flow
 
 from flows.report import write_report
-from flows.stages import RUN_CONFIG, STAGE_FLOWS, call_task, reuse
-from grpo_core.config import STAGES, PipelineConfig
+from flows.stages import RUN_CONFIG, call_task, reuse, stage_flow
+from tasks.config import PipelineConfig, load_config
+from tasks.stages import Stage, all_stages, get_stage, stage_names
 from tasks.store import StageRef, Store
 
 Dispatch = Literal["inline", "deployments"]
@@ -33,7 +36,7 @@ def new_run_name() -> str:
 
 @dataclass
 class Dispatcher:
-    """Runs, or reuses, one stage; ``stage(name, **inputs)`` is what each line of the pipeline calls."""
+    """Runs, or reuses, one stage at a time in table order, handing each the refs of its upstream stages."""
 
     config: PipelineConfig
     run: str
@@ -47,50 +50,54 @@ class Dispatcher:
     def plan(cls, config: PipelineConfig, run: str, store: str, stages: list[str] | None, from_stage: str | None,
              dispatch: Dispatch) -> "Dispatcher":
         for name in [*(stages or []), *([from_stage] if from_stage else [])]:
-            if name not in STAGES:
-                raise ValueError(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
-        selected = list(stages or STAGES)
+            get_stage(name)  # UnknownStage lists the stages
+        order = stage_names()
+        selected = list(stages or order)
         forced: list[str] = []
         if from_stage:
-            selected = [s for s in selected if STAGES.index(s) >= STAGES.index(from_stage)]
+            selected = [s for s in selected if order.index(s) >= order.index(from_stage)]
             forced = list(selected)
         return cls(config, run, store, selected, forced, dispatch)
 
-    def __call__(self, stage: str, **inputs: StageRef) -> StageRef:
-        if stage not in self.selected:
-            ref = call_task(reuse.with_options(name=f"reuse-{stage}"), self.run, stage, self.store)
+    def __call__(self, stage: Stage) -> StageRef:
+        if stage.name not in self.selected:
+            ref = call_task(reuse.with_options(name=f"reuse-{stage.name}"), self.run, stage.name, self.store)
         else:
-            ref = self.run_stage(stage, inputs)
-        self.refs[stage] = ref
+            ref = self.run_stage(stage, {name: self.refs[name] for name in stage.inputs(self.config)})
+        self.refs[stage.name] = ref
         return ref
 
-    def run_stage(self, stage: str, inputs: dict[str, StageRef]) -> StageRef:
-        params = {"run": self.run, "config": self.config.model_dump(mode="json"), "store": self.store,
-                  "inputs": {k: v.to_dict() for k, v in inputs.items()}, "force": stage in self.forced}
+    def run_stage(self, stage: Stage, inputs: dict[str, StageRef]) -> StageRef:
+        params = {"run": self.run, "config": self.config, "store": self.store,
+                  "inputs": {k: v.to_dict() for k, v in inputs.items()}, "force": stage.name in self.forced}
         if self.dispatch == "inline":
-            return StageRef.from_dict(STAGE_FLOWS[stage](**params))
-        from flows.dispatch import run_stage_deployment  # the stage's deployment on its pool (infra/prefect.yaml)
+            return StageRef.from_dict(stage_flow(stage.name)(**params))
+        from flows.dispatch import run_stage_deployment  # the stage's deployment on its pool
 
-        return run_stage_deployment(stage, params)
+        return run_stage_deployment(stage.name, {**params, "config": self.config.model_dump(mode="json")})
+
+
+def pipeline_config(config: PipelineConfig | None, config_path: str | None) -> PipelineConfig:
+    """``config`` when given (parsed once by the caller), else the YAML at ``config_path``, else the embedded
+    default: with neither, the pipeline deployment runs exactly what ``r1 run`` runs."""
+    return config if config is not None else load_config(config_path)
 
 
 @flow(name="r1-pipeline", flow_run_name="{run_name}", log_prints=True)
-def r1_pipeline(config: dict[str, Any] | None = None, run_name: str | None = None, stages: list[str] | None = None,
-                from_stage: str | None = None, store: str | None = None, dispatch: Dispatch = "inline") -> dict[str, Any]:
-    """Run the R1 recipe; returns ``{"run", "store", "stages": {stage: ref}, "report": uri}``."""
-    cfg = PipelineConfig.model_validate(config or {})
+def r1_pipeline(config_path: str | None = None, run_name: str | None = None, stages: list[str] | None = None,
+                from_stage: str | None = None, store: str | None = None, dispatch: Dispatch = "inline",
+                config: PipelineConfig | None = None) -> dict[str, Any]:
+    """Run the R1 recipe on ``config`` (already parsed), else the YAML file at ``config_path``, else the
+    embedded default (``configs/tiny-cpu.yaml``, what ``r1 run`` uses); returns
+    ``{"run", "store", "stages": {stage: ref}, "report": uri}``."""
+    cfg = pipeline_config(config, config_path)
     run = run_name or new_run_name()
     st = Store(store)
     st.write_run_file(run, RUN_CONFIG, {"config": cfg.model_dump(mode="json")})
     stage = Dispatcher.plan(cfg, run, st.url, stages, from_stage, dispatch)
 
-    data = stage("prepare_data")
-    sft = stage("cold_start_sft", prepare_data=data)
-    rl = stage("grpo_train", prepare_data=data, cold_start_sft=sft)
-    samples = stage("rejection_sample", prepare_data=data, grpo_train=rl)
-    consolidated = stage("sft_consolidate", prepare_data=data, rejection_sample=samples, cold_start_sft=sft,
-                         grpo_train=rl)
-    stage("final_rl", prepare_data=data, sft_consolidate=consolidated)
+    for entry in all_stages():  # prepare_data, cold_start_sft, grpo_train, rejection_sample, sft_consolidate, final_rl
+        stage(entry)
 
     report = write_report(st, run)
     return {"run": run, "store": st.url, "stages": {k: v.to_dict() for k, v in stage.refs.items()},

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_core.config import STAGES
-from tasks._common import artifact_key, in_prefect_run
-from tasks._training import read_history
+from tasks.common import artifact_key, in_prefect_run
+from tasks.evaluate import output_name as eval_output
+from tasks.stages import all_stages
 from tasks.store import StageRef, Store
+from tasks.training import read_history
 
-MODEL_STAGES = ("cold_start_sft", "grpo_train", "sft_consolidate", "final_rl")  # evaluated after they commit
-GRPO_STAGES = ("grpo_train", "final_rl")
 REPORT_DIR = "_report"
 # Which logged/eval keys mean what; the first one present wins.
 ACCURACY_KEYS = ("rewards/chain_accuracy/mean", "rewards/math_accuracy/mean", "reward")
@@ -48,19 +47,30 @@ class Report:
 
 def latest_refs(store: Store, run: str) -> dict[str, StageRef | None]:
     """Every stage's newest committed output (None where there is none)."""
-    return {stage: store.latest(run, stage) for stage in STAGES}
+    return {s.name: store.latest(run, s.name) for s in all_stages()}
+
+
+def evaluation_of(store: Store, ref: StageRef) -> StageRef | None:
+    """The newest committed evaluation whose parent is exactly the model output ``ref``."""
+    return store.latest(ref.run, eval_output(ref.stage),
+                        where=lambda m: (m.get("parents") or {}).get("model", {}).get("version") == ref.version)
 
 
 def stage_status(store: Store, run: str, refs: dict[str, StageRef | None] | None = None) -> dict[str, Any]:
-    """``{"run", "stages": {stage: {"state", "uri", "metrics"}}}`` (state: completed | incomplete | pending).
+    """``{"run", "stages": {stage: {"state", "uri", "metrics"}}}`` (state: completed | incomplete | pending);
+    a model stage's metrics include its evaluation's (``eval/...``) and ``eval_uri``.
 
     ``refs``: the stages' newest committed outputs when the caller has already read them (``latest_refs``)."""
     refs = latest_refs(store, run) if refs is None else refs
     stages: dict[str, Any] = {}
-    for stage in STAGES:
-        ref = refs[stage]
+    for entry in all_stages():
+        stage, ref = entry.name, refs[entry.name]
         if ref is not None:
-            stages[stage] = {"state": "completed", "uri": ref.uri, "metrics": ref.metrics}
+            stages[stage] = {"state": "completed", "uri": ref.uri, "metrics": dict(ref.metrics)}
+            evaluation = evaluation_of(store, ref) if entry.makes_model else None
+            if evaluation is not None:
+                stages[stage]["metrics"].update(evaluation.metrics)
+                stages[stage]["eval_uri"] = evaluation.uri
         else:
             pending = store.uncommitted(run, stage)
             stages[stage] = {"state": "incomplete" if pending else "pending", "uri": None, "metrics": {}}
@@ -76,14 +86,15 @@ def _first(metrics: dict[str, Any], keys: tuple[str, ...]) -> float | None:
 
 def emergence_rows(store: Store, run: str, curve_points: int = 5, refs: dict[str, StageRef | None] | None = None
                    ) -> tuple[list[dict[str, Any]], dict[str, list]]:
-    """Table rows (held-out evals and GRPO curve points) and the GRPO histories used for the plots."""
+    """Table rows (held-out evals and RL curve points) and the RL stages' histories used for the plots."""
     rows: list[dict[str, Any]] = []
     histories: dict[str, list[dict[str, Any]]] = {}
-    for stage in MODEL_STAGES:
-        ref = store.latest(run, stage) if refs is None else refs[stage]
+    for entry in all_stages():
+        stage = entry.name
+        ref = (store.latest(run, stage) if refs is None else refs[stage]) if entry.makes_model else None
         if ref is None:
             continue
-        if stage in GRPO_STAGES:
+        if entry.kind == "rl":
             hist = read_history(store, ref)
             histories[stage] = hist
             picks = sorted({hist[round(i * (len(hist) - 1) / max(1, curve_points - 1))]["step"]
@@ -92,8 +103,10 @@ def emergence_rows(store: Store, run: str, curve_points: int = 5, refs: dict[str
                 rows.append({"stage / step": f"{stage} step {h['step']} (train samples)",
                              "accuracy": _first(h, ACCURACY_KEYS), "mean length": _first(h, LENGTH_KEYS)})
         row = {"stage / step": f"{stage} (held-out)"}
+        evaluation = evaluation_of(store, ref)
         for column, keys in EVAL_COLUMNS.items():
-            row["accuracy" if column == "greedy accuracy" else column] = _first(ref.metrics, keys)
+            row["accuracy" if column == "greedy accuracy" else column] = (
+                _first(evaluation.metrics, keys) if evaluation is not None else None)
         rows.append(row)
     return rows, histories
 
@@ -119,7 +132,7 @@ def _markdown_table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot_histories(histories: dict[str, list[dict[str, Any]]], out_dir: Path) -> dict[str, Path]:
-    """reward.png, accuracy.png, length.png: the GRPO stages one after the other on a shared step axis."""
+    """reward.png, accuracy.png, length.png: the RL stages one after the other on a shared step axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,8 +144,7 @@ def plot_histories(histories: dict[str, list[dict[str, Any]]], out_dir: Path) ->
                               ("length", LENGTH_KEYS, "mean completion length (tokens)")):
         fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
         offset = 0
-        for stage in GRPO_STAGES:
-            hist = histories.get(stage) or []
+        for stage, hist in histories.items():
             points = [(offset + h["step"], _first(h, keys)) for h in hist]
             points = [(x, y) for x, y in points if y is not None]
             if points:

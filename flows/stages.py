@@ -1,49 +1,28 @@
-"""One Prefect flow per stage, so any stage can be run, rerun or deployed on its own.
+"""One Prefect flow per stage of the stage table, so any stage can be run, rerun or deployed on its own.
 
-    r1 stage grpo_train --run NAME        (the CLI; or call grpo_train_flow(run="NAME") from Python)
+    r1 stage grpo_train --run NAME        (the CLI; or stage_flow("grpo_train")(run="NAME") from Python)
 
 A stage flow reads its upstream inputs from the store (the newest committed output of each upstream
-stage) unless the caller passes them, runs the stage's task, then ``evaluate`` when the stage produced a
+stage) unless the caller passes them, runs the stage's task, then ``evaluate`` when the stage makes a
 model. It returns the stage's reference as a plain dict, so the same flow works as an inline subflow and
-as a deployment run (issue 5's ``dispatch="deployments"``), where only store references cross processes.
+as a deployment run, where only store references cross processes. The flows are made from the table
+(``tasks/stages.py``) on first use; ``flows/stages.py:<stage>_flow`` is each one's deployment entrypoint.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
-from prefect import flow
+from prefect import Flow, flow
 
-from flows.report import MODEL_STAGES
-from grpo_core.config import STAGES, PipelineConfig
-from tasks._common import StageFailed, cached, stage_task
-from tasks.cold_start_sft import cold_start_sft
+from tasks.common import StageFailed, cached, quiet_progress_bars, stage_task_options
+from tasks.config import PipelineConfig, load_config
 from tasks.evaluate import evaluate
-from tasks.final_rl import final_rl
-from tasks.grpo_train import grpo_train
-from tasks.prepare_data import prepare_data
-from tasks.rejection_sample import rejection_sample
-from tasks.sft_consolidate import sft_consolidate, upstream as consolidate_upstream
+from tasks.stages import get_stage, stage_names
 from tasks.store import StageRef, Store
 
-TASKS: dict[str, Any] = {
-    "prepare_data": prepare_data,
-    "cold_start_sft": cold_start_sft,
-    "grpo_train": grpo_train,
-    "rejection_sample": rejection_sample,
-    "sft_consolidate": sft_consolidate,
-    "final_rl": final_rl,
-}
 RUN_CONFIG = "config.json"
-
-
-def upstream(stage: str, config: PipelineConfig) -> list[str]:
-    """The stages whose committed outputs ``stage`` reads."""
-    if stage == "sft_consolidate":
-        return consolidate_upstream(config)
-    return {"prepare_data": [], "cold_start_sft": ["prepare_data"], "grpo_train": ["prepare_data", "cold_start_sft"],
-            "rejection_sample": ["prepare_data", "grpo_train"],
-            "final_rl": ["prepare_data", "sft_consolidate"]}[stage]
+_FLOWS: dict[str, Flow] = {}
 
 
 def committed(store: Store, run: str, stage: str) -> StageRef:
@@ -54,34 +33,39 @@ def committed(store: Store, run: str, stage: str) -> StageRef:
     return ref
 
 
-@stage_task("reuse")
+@stage_task_options("reuse")
 def reuse(run: str, stage: str, store: str) -> StageRef:
     """An upstream stage the caller chose not to run: its newest committed output, in a Cached state."""
     return cached(committed(Store(store), run, stage), "not selected to run; reusing the committed output")
 
 
-def resolve_config(config: PipelineConfig | dict[str, Any] | None, run: str, store: Store) -> PipelineConfig:
-    """The given config, else the one the run was started with (saved in the store)."""
+def resolve_config(config: PipelineConfig | None, config_path: str | None, run: str, store: Store) -> PipelineConfig:
+    """The given config, else the file at ``config_path``, else the one the run was started with (saved in
+    the store)."""
     if config is not None:
-        return config if isinstance(config, PipelineConfig) else PipelineConfig.model_validate(config)
+        return config
+    if config_path is not None:
+        return load_config(config_path)
     saved = store.read_run_file(run, RUN_CONFIG)
     if saved is None:
         raise StageFailed(f"run {run!r} has no saved config in {store.url}; pass a config (-c FILE)")
     return PipelineConfig.model_validate(saved["config"])
 
 
-def run_stage(stage: str, run: str, config: PipelineConfig | dict[str, Any] | None = None, store: str | None = None,
-              inputs: dict[str, Any] | None = None, force: bool = True) -> dict[str, Any]:
+def run_stage(stage: str, run: str, config: PipelineConfig | None = None, config_path: str | None = None,
+              store: str | None = None, inputs: dict[str, Any] | None = None, force: bool = True) -> dict[str, Any]:
     """The body of every stage flow: inputs from the caller or the store, the task, then evaluation."""
+    quiet_progress_bars()  # a deployment run's process: no transformers bars in the log
+    entry = get_stage(stage)
     st = Store(store)
-    cfg = resolve_config(config, run, st)
+    cfg = resolve_config(config, config_path, run, st)
     given = {k: v if isinstance(v, StageRef) else StageRef.from_dict(v) for k, v in (inputs or {}).items()}
-    refs = {name: given.get(name) or committed(st, run, name) for name in upstream(stage, cfg)}
-    task = TASKS[stage].with_options(retries=cfg.run.retries, retry_delay_seconds=cfg.run.retry_delay_seconds)
+    refs = {name: given.get(name) or committed(st, run, name) for name in entry.inputs(cfg)}
+    task = entry.task.with_options(retries=cfg.run.retries, retry_delay_seconds=cfg.run.retry_delay_seconds)
     ref = call_task(task, cfg, run, st.url, refs, force)
-    if stage in MODEL_STAGES:
-        data = refs["prepare_data"]  # every model stage reads prepare_data (``upstream``)
-        ref = call_task(evaluate.with_options(retries=cfg.run.retries), cfg, run, st.url, ref, data, force)
+    if entry.makes_model:
+        data = refs.get("prepare_data") or committed(st, run, "prepare_data")  # the held-out set
+        call_task(evaluate.with_options(retries=cfg.run.retries), cfg, run, st.url, ref, data, force)
     return ref.to_dict()
 
 
@@ -91,53 +75,24 @@ def call_task(task: Any, *args: Any) -> StageRef:
     return task(*args, return_state=True).result()
 
 
-def _flow(stage: str) -> Callable[..., Any]:
-    return flow(name=stage.replace("_", "-"), flow_run_name="{run}-" + stage.replace("_", "-"),
-                log_prints=True, validate_parameters=True)
+def stage_flow(stage: str) -> Flow:
+    """The flow of ``stage`` (named as the stage, dashes for underscores), made once."""
+    if stage not in _FLOWS:
+        entry = get_stage(stage)
+
+        def body(run: str, config: PipelineConfig | None = None, config_path: str | None = None,
+                 store: str | None = None, inputs: dict[str, dict[str, Any]] | None = None,
+                 force: bool = True) -> dict[str, Any]:
+            return run_stage(stage, run, config, config_path, store, inputs, force)
+
+        body.__name__ = f"{stage}_flow"
+        _FLOWS[stage] = flow(body, name=entry.flow_name, flow_run_name="{run}-" + entry.flow_name,
+                             description=entry.description, log_prints=True, validate_parameters=True)
+    return _FLOWS[stage]
 
 
-@_flow("prepare_data")
-def prepare_data_flow(run: str, config: dict[str, Any] | None = None, store: str | None = None,
-                      inputs: dict[str, dict[str, Any]] | None = None, force: bool = True) -> dict[str, Any]:
-    return run_stage("prepare_data", run, config, store, inputs, force)
-
-
-@_flow("cold_start_sft")
-def cold_start_sft_flow(run: str, config: dict[str, Any] | None = None, store: str | None = None,
-                        inputs: dict[str, dict[str, Any]] | None = None, force: bool = True) -> dict[str, Any]:
-    return run_stage("cold_start_sft", run, config, store, inputs, force)
-
-
-@_flow("grpo_train")
-def grpo_train_flow(run: str, config: dict[str, Any] | None = None, store: str | None = None,
-                    inputs: dict[str, dict[str, Any]] | None = None, force: bool = True) -> dict[str, Any]:
-    return run_stage("grpo_train", run, config, store, inputs, force)
-
-
-@_flow("rejection_sample")
-def rejection_sample_flow(run: str, config: dict[str, Any] | None = None, store: str | None = None,
-                          inputs: dict[str, dict[str, Any]] | None = None, force: bool = True) -> dict[str, Any]:
-    return run_stage("rejection_sample", run, config, store, inputs, force)
-
-
-@_flow("sft_consolidate")
-def sft_consolidate_flow(run: str, config: dict[str, Any] | None = None, store: str | None = None,
-                         inputs: dict[str, dict[str, Any]] | None = None, force: bool = True) -> dict[str, Any]:
-    return run_stage("sft_consolidate", run, config, store, inputs, force)
-
-
-@_flow("final_rl")
-def final_rl_flow(run: str, config: dict[str, Any] | None = None, store: str | None = None,
-                  inputs: dict[str, dict[str, Any]] | None = None, force: bool = True) -> dict[str, Any]:
-    return run_stage("final_rl", run, config, store, inputs, force)
-
-
-STAGE_FLOWS = {
-    "prepare_data": prepare_data_flow,
-    "cold_start_sft": cold_start_sft_flow,
-    "grpo_train": grpo_train_flow,
-    "rejection_sample": rejection_sample_flow,
-    "sft_consolidate": sft_consolidate_flow,
-    "final_rl": final_rl_flow,
-}
-assert tuple(STAGE_FLOWS) == STAGES
+def __getattr__(name: str) -> Flow:
+    """``flows.stages.grpo_train_flow`` and friends: the deployments' entrypoints."""
+    if name.endswith("_flow") and name.removesuffix("_flow") in stage_names():
+        return stage_flow(name.removesuffix("_flow"))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

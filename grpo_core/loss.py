@@ -1,6 +1,6 @@
 """The GRPO objective: group-relative advantages and the clipped surrogate with a k3 KL penalty.
 
-The seed's boxed loss (``../shared/seed/000_ffeb162238a979b6.txt``, section 4.2):
+The GRPO loss as DeepSeekMath (Shao et al. 2024, eq. 3) and DeepSeek-R1 (2025, sec. 2.2.1) state it:
 
     L(theta) = -E_q [ 1/G sum_i 1/|o_i| sum_t ( min(rho_it A_i, clip(rho_it, 1-eps, 1+eps) A_i) - beta D_KL^(i,t) ) ]
     rho_it   = pi_theta(o_it | q, o_i<t) / pi_old(o_it | q, o_i<t)

@@ -8,7 +8,7 @@ convention, no operator precedence), with every intermediate result kept in 0..9
 
 The cold-start SFT set leaves the reasoning out of a fraction of the examples (``<think></think>``
 straight before the answer, default half), so the SFT model has both a direct mode and a
-step-by-step mode and GRPO can discover that the steps pay (``notes/embedded-default.md``).
+step-by-step mode and GRPO can discover that the steps pay (measured in the README's emergence table).
 
 Rows follow the pipeline's normalised schema (``grpo_core.data``):
 ``{id, prompt: [{"role": "user", "content": ...}], answer: str, task: "chain", source: "builtin:chain"}``;

@@ -3,8 +3,8 @@
     python -c "from grpo_core.tiny import build_tiny_model; print(build_tiny_model('/tmp/tiny'))"
 
 The embedded default of the pipeline trains this model through the whole R1 recipe on a laptop CPU.
-It is a Llama (or Qwen2) config at hidden 128 x 4 layers x 4 heads (~0.9M parameters, the size
-``notes/embedded-default.md`` found to learn the "chain" task in minutes), saved with
+It is a Llama (or Qwen2) config at hidden 128 x 4 layers x 4 heads (~0.9M parameters, a size that
+learns the "chain" task in minutes on a laptop CPU), saved with
 ``save_pretrained`` so every stage loads it with ``AutoModelForCausalLM``/``AutoTokenizer`` like a real model.
 
 Tokenizer: one token per byte (a byte-level BPE with no merges, built with ``tokenizers``), plus the

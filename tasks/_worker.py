@@ -1,47 +1,43 @@
 """One training call (SFT or GRPO) whose checkpoints stream to the store; run in a child process or inline.
 
-    python -m tasks._worker SPEC.json      (launched by the training tasks through flows.launch; not by hand)
+    python -m tasks._worker SPEC.json      (launched by the training tasks through tasks.launch; not by hand)
 
 Why a child process: a crash (killed worker, out of memory, segfault) then ends the child, not the flow,
 and the task can retry it; the retry downloads the newest complete checkpoint from the store (not from
-local disk, which on another machine would not exist) and the trainer resumes from it. The step history
-travels inside each checkpoint (``r1_history.jsonl``), so the final ``metrics.jsonl`` holds every
-optimiser step exactly once even across a crash. ``flows.launch`` starts the child (``torchrun`` when
-the work pool asks for several processes; then only rank 0 uploads and reports). Progress events go
-through a small file the parent tails, since the child's stdout is the log.
+local disk, which on another machine would not exist) and the trainer resumes from it. The trainer owns
+the step history: each checkpoint carries it and ``output_dir/metrics.jsonl`` is rewritten from it on
+resume, so that file holds every optimiser step exactly once even across a crash. ``tasks.launch``
+starts the child (``torchrun`` when the work pool asks for several processes; then only rank 0 uploads
+and reports). Progress events go through a small file the parent tails, since the child's stdout is the
+log (the trainers' progress lines appear there).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable
 
-HISTORY = "r1_history.jsonl"
 Emit = Callable[[dict[str, Any]], None]
 
 
 class StoreCheckpoints:
-    """Trainer callbacks: record each step, upload each checkpoint (with the history so far) to the store."""
+    """Trainer callbacks: report each step, upload each checkpoint to the store."""
 
-    def __init__(self, store: Any, run: str, stage: str, key: str, keep: int, emit: Emit,
-                 history: dict[int, dict[str, Any]]) -> None:
+    def __init__(self, store: Any, run: str, stage: str, key: str, keep: int, emit: Emit) -> None:
         self.store, self.run, self.stage, self.key, self.keep, self.emit = store, run, stage, key, keep, emit
-        self.history = history
 
     def on_step(self, step: int, max_steps: int, metrics: dict[str, Any]) -> None:
-        self.history[int(step)] = {"step": int(step), **_plain(metrics)}
         self.emit({"event": "step", "step": int(step), "max_steps": int(max_steps), "metrics": _plain(metrics)})
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         if _rank() != 0:  # one upload per checkpoint under torchrun
             return
-        path = Path(path)
-        _write_history({s: m for s, m in self.history.items() if s <= step}, path / HISTORY)
-        uri = self.store.put_checkpoint(self.run, self.stage, self.key, int(step), path)
+        uri = self.store.put_checkpoint(self.run, self.stage, self.key, int(step), Path(path))
         self.store.prune_checkpoints(self.run, self.stage, self.key, self.keep)
         self.emit({"event": "checkpoint", "step": int(step), "uri": uri})
 
@@ -54,19 +50,6 @@ def _plain(metrics: dict[str, Any]) -> dict[str, Any]:
         if isinstance(v, (int, float, str, bool)) or v is None:
             out[k] = v
     return out
-
-
-def _write_history(history: dict[int, dict[str, Any]], path: Path) -> None:
-    with open(path, "w") as f:
-        for step in sorted(history):
-            f.write(json.dumps(history[step]) + "\n")
-
-
-def _read_history(path: Path) -> dict[int, dict[str, Any]]:
-    if not path.exists():
-        return {}
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {int(r["step"]): r for r in rows}
 
 
 def fetch_checkpoint(spec: dict[str, Any], emit: Emit) -> int:
@@ -85,20 +68,16 @@ def fetch_checkpoint(spec: dict[str, Any], emit: Emit) -> int:
 
 
 def execute(spec: dict[str, Any], emit: Emit) -> dict[str, Any]:
-    """Train from ``model_path`` or the newest checkpoint in ``output_dir``; write ``metrics.jsonl``."""
+    """Train from ``model_path`` or the newest checkpoint in ``output_dir`` (the trainer writes
+    ``output_dir/metrics.jsonl``)."""
     from grpo_core.config import GRPOConfig, SFTConfig
     from grpo_core.data import read_parquet
     from tasks.store import Store
 
     out = Path(spec["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
-    resumed_from = max((int(p.name.split("-")[1]) for p in out.glob("checkpoint-*") if (p / HISTORY).exists()),
-                       default=0)
-    history = ({s: m for s, m in _read_history(out / f"checkpoint-{resumed_from}" / HISTORY).items()
-                if s <= resumed_from} if resumed_from else {})
     store = Store(spec["store"], check=False)
-    callbacks = [StoreCheckpoints(store, spec["run"], spec["stage"], spec["key"], int(spec.get("keep", 2)),
-                                  emit, history)]
+    callbacks = [StoreCheckpoints(store, spec["run"], spec["stage"], spec["key"], int(spec.get("keep", 2)), emit)]
     rows = read_parquet(Path(spec["rows_path"]))
     if spec["kind"] == "grpo":
         from grpo_core.trainer import train_grpo
@@ -110,9 +89,7 @@ def execute(spec: dict[str, Any], emit: Emit) -> dict[str, Any]:
 
         metrics = train_sft(SFTConfig.model_validate(spec["config"]), spec["model_path"], rows, out,
                             resume=True, callbacks=callbacks)
-    if _rank() == 0:
-        _write_history(history, out.parent / "metrics.jsonl")
-    return {"metrics": _plain(metrics or {}), "resumed_from": resumed_from, "steps": sorted(history)}
+    return {"metrics": _plain(metrics or {}), "resumed_from": int(spec.get("resumed_from", 0))}
 
 
 def _rank() -> int:
@@ -120,13 +97,13 @@ def _rank() -> int:
 
 
 def run_training(spec: dict[str, Any], *, isolation: str, on_event: Emit) -> dict[str, Any]:
-    """Run ``execute`` inline, or in child processes through ``flows.launch`` (torchrun when the work pool
+    """Run ``execute`` inline, or in child processes through ``tasks.launch`` (torchrun when the work pool
     asks for several); a child that dies without a Python error raises ``WorkerCrashed`` (retried)."""
-    from flows.launch import StageProcessFailed, launch, resolve_nproc_per_node
-    from tasks._common import StageFailed, WorkerCrashed, logger
+    from tasks.launch import StageProcessFailed, launch, resolve_nproc_per_node
+    from tasks.common import StageFailed, WorkerCrashed, logger
     from tasks.store import TransientStoreError
 
-    fetch_checkpoint(spec, on_event)
+    spec = {**spec, "resumed_from": fetch_checkpoint(spec, on_event)}
     if isolation == "inline":
         return execute(spec, on_event)
     work = Path(spec["output_dir"]).parent
@@ -139,8 +116,7 @@ def run_training(spec: dict[str, Any], *, isolation: str, on_event: Emit) -> dic
     env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
     follower = _EventFollower(Path(spec["events_path"]), on_event)
     follower.start()
-    # Only the GRPO trainer is distributed; SFT copies on several ranks would write the same folder.
-    nproc = resolve_nproc_per_node(None) if spec["kind"] == "grpo" else 1
+    nproc = resolve_nproc_per_node(None)
     try:
         launch("tasks._worker", [str(spec_path)], nproc_per_node=nproc, logger=logger(), env=env, cwd=root)
     except StageProcessFailed as e:
@@ -182,7 +158,11 @@ class _EventFollower(threading.Thread):
 
 
 def _child_main(spec_path: str) -> None:
-    from flows.launch import record_failure
+    from tasks.common import quiet_progress_bars
+    from tasks.launch import record_failure
+
+    quiet_progress_bars()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)  # the trainers' progress lines
 
     @record_failure
     def run() -> None:

@@ -6,28 +6,13 @@ and ``metrics.jsonl`` (one line per logged step).
 
 from __future__ import annotations
 
-from typing import Any
-
-from grpo_core.config import PipelineConfig
-from tasks._common import StageContext, cached, fingerprint, stage_task
-from tasks._training import train_and_commit
+from tasks.common import StageContext, stage_task
 from tasks.store import StageRef
+from tasks.training import train_and_commit
 
-STAGE = "cold_start_sft"
 
-
-@stage_task(STAGE)
-def cold_start_sft(config: PipelineConfig | dict[str, Any], run: str, store: str | None = None,
-                   inputs: dict[str, StageRef] | None = None, force: bool = False) -> StageRef:
-    ctx = StageContext.open(config, run, store, STAGE)
-    try:
-        data = (inputs or {})["prepare_data"]
-        parents = {"prepare_data": data}
-        fp = fingerprint(STAGE, ctx.config.cold_start_sft, parents)
-        if (ref := ctx.reuse(fp, force)) is not None:
-            return cached(ref, "same config and inputs")
-        return train_and_commit(ctx, kind="sft", section=ctx.config.cold_start_sft,
-                                model_path=ctx.base_model(data), rows_path=ctx.fetch(data, "cold_start.parquet"),
-                                parents=parents, fp=fp)
-    finally:
-        ctx.cleanup()
+@stage_task("cold_start_sft")
+def cold_start_sft(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> StageRef:
+    data = parents["prepare_data"]
+    return train_and_commit(ctx, kind="sft", section=ctx.config.cold_start_sft, model_path=ctx.base_model(data),
+                            rows_path=ctx.fetch(data, "cold_start.parquet"), parents=parents, fp=fp)

@@ -7,28 +7,13 @@ Output: ``model/`` and ``metrics.jsonl`` (reward, accuracy, completion length pe
 
 from __future__ import annotations
 
-from typing import Any
-
-from grpo_core.config import PipelineConfig
-from tasks._common import StageContext, cached, fingerprint, stage_task
-from tasks._training import train_and_commit
+from tasks.common import StageContext, stage_task
 from tasks.store import StageRef
+from tasks.training import train_and_commit
 
-STAGE = "grpo_train"
 
-
-@stage_task(STAGE)
-def grpo_train(config: PipelineConfig | dict[str, Any], run: str, store: str | None = None,
-               inputs: dict[str, StageRef] | None = None, force: bool = False) -> StageRef:
-    ctx = StageContext.open(config, run, store, STAGE)
-    try:
-        data, sft = (inputs or {})["prepare_data"], (inputs or {})["cold_start_sft"]
-        parents = {"prepare_data": data, "cold_start_sft": sft}
-        fp = fingerprint(STAGE, ctx.config.grpo_train, parents)
-        if (ref := ctx.reuse(fp, force)) is not None:
-            return cached(ref, "same config and inputs")
-        return train_and_commit(ctx, kind="grpo", section=ctx.config.grpo_train,
-                                model_path=str(ctx.fetch(sft, "model")), rows_path=ctx.fetch(data, "train.parquet"),
-                                parents=parents, fp=fp)
-    finally:
-        ctx.cleanup()
+@stage_task("grpo_train")
+def grpo_train(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> StageRef:
+    return train_and_commit(ctx, kind="grpo", section=ctx.config.grpo_train,
+                            model_path=str(ctx.fetch(parents["cold_start_sft"], "model")),
+                            rows_path=ctx.fetch(parents["prepare_data"], "train.parquet"), parents=parents, fp=fp)

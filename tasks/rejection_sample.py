@@ -8,35 +8,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_core.config import PipelineConfig
 from grpo_core.data import read_parquet, write_parquet
-from tasks._common import StageContext, cached, commit_stage, fingerprint, stage_task
+from tasks.common import StageContext, commit_stage, stage_task
 from tasks.store import StageRef
 
-STAGE = "rejection_sample"
 
-
-@stage_task(STAGE)
-def rejection_sample(config: PipelineConfig | dict[str, Any], run: str, store: str | None = None,
-                     inputs: dict[str, StageRef] | None = None, force: bool = False) -> StageRef:
-    ctx = StageContext.open(config, run, store, STAGE)
-    try:
-        data, rl = (inputs or {})["prepare_data"], (inputs or {})["grpo_train"]
-        parents = {"prepare_data": data, "grpo_train": rl}
-        section = ctx.config.rejection_sample
-        fp = fingerprint(STAGE, section, parents)
-        if (ref := ctx.reuse(fp, force)) is not None:
-            return cached(ref, "same config and inputs")
-        rows = read_parquet(ctx.fetch(data, "train.parquet"))
-        kept, stats = _sample(ctx, str(ctx.fetch(rl, "model")), rows)
-        out = ctx.work / "out"
-        write_parquet(kept, out / "samples.parquet")
-        write_parquet(stats.pop("per_prompt"), out / "pass_rates.parquet")
-        with ctx.begin() as writer:
-            writer.put_dir(out)
-            return commit_stage(ctx, writer, fp=fp, section=section, parents=parents, metrics=stats)
-    finally:
-        ctx.cleanup()
+@stage_task("rejection_sample")
+def rejection_sample(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> StageRef:
+    rows = read_parquet(ctx.fetch(parents["prepare_data"], "train.parquet"))
+    kept, stats = _sample(ctx, str(ctx.fetch(parents["grpo_train"], "model")), rows)
+    out = ctx.work / "out"
+    write_parquet(kept, out / "samples.parquet")
+    write_parquet(stats.pop("per_prompt"), out / "pass_rates.parquet")
+    with ctx.begin() as writer:
+        writer.put_dir(out)
+        return commit_stage(ctx, writer, fp=fp, section=ctx.config.rejection_sample, parents=parents, metrics=stats)
 
 
 def _sample(ctx: StageContext, model_path: str, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict]:
@@ -44,9 +30,8 @@ def _sample(ctx: StageContext, model_path: str, rows: list[dict[str, Any]]) -> t
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
-    from grpo_core.generation import backend_kind, make_backend
+    from grpo_core.generation import backend_kind, backend_options, make_backend
     from grpo_core.rejection import rejection_sample_with_config
-    from grpo_core.trainer.loop import backend_options
 
     grpo = ctx.config.grpo_train
     kind = backend_kind(grpo.use_vllm)

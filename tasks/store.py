@@ -7,7 +7,8 @@ through s3fs. Endpoint and credentials come from the standard ``AWS_*`` variable
 Layout::
 
     {root}/{run}/{stage}/{version}/...             one output of a stage (version = UTC time + random)
-    {root}/{run}/{stage}/{version}/manifest.json   written LAST: its presence is the commit
+    {root}/{run}/{stage}/{version}/manifest.json   written LAST, once: its presence is the commit
+    {root}/{run}/evaluate/{stage}/{version}/...     an evaluation of a stage's model (its own output)
     {root}/{run}/{stage}/_checkpoints/{key}/checkpoint-{step}/...   trainer checkpoints; the
         marker file ``_COMPLETE`` is written last, so a half-uploaded checkpoint is never resumed from
 
@@ -26,7 +27,7 @@ import os
 import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import fsspec
 
@@ -260,15 +261,12 @@ class Store:
     def runs(self) -> list[str]:
         return sorted(n for n in self._ls(self.root) if not n.startswith((".", "_")))
 
-    def manifests(self, run: str, stage: str) -> list[dict[str, Any]]:
-        """Manifests of the committed outputs of ``stage``, oldest first. Uncommitted versions are skipped."""
-        return list(self._committed(run, stage))
-
-    def latest(self, run: str, stage: str, fingerprint: str | None = None) -> StageRef | None:
-        """The newest committed output of ``stage`` (with that fingerprint, if given); manifests are read
-        newest first, only until one matches."""
+    def latest(self, run: str, stage: str, fingerprint: str | None = None, *,
+               where: Callable[[dict[str, Any]], bool] | None = None) -> StageRef | None:
+        """The newest committed output of ``stage`` (with that fingerprint, and whose manifest satisfies
+        ``where``, if given); manifests are read newest first, only until one matches."""
         for m in self._committed(run, stage, newest_first=True):
-            if fingerprint is None or m.get("fingerprint") == fingerprint:
+            if (fingerprint is None or m.get("fingerprint") == fingerprint) and (where is None or where(m)):
                 return ref_from_manifest(m)
         return None
 
@@ -284,14 +282,6 @@ class Store:
 
     def manifest(self, ref: StageRef) -> dict[str, Any]:
         return self.read_json(f"{ref.uri}/{MANIFEST}")
-
-    def update_manifest(self, ref: StageRef, **sections: dict[str, Any]) -> StageRef:
-        """Merge extra sections (e.g. eval metrics and files) into a committed manifest; one atomic write."""
-        m = self.manifest(ref)
-        for key, value in sections.items():
-            m[key] = {**(m.get(key) or {}), **value}
-        self.write_json(f"{ref.uri}/{MANIFEST}", m)
-        return ref_from_manifest(m)
 
     # ---- the run's own files ----------------------------------------------------------------------------
     def write_run_file(self, run: str, name: str, obj: dict[str, Any]) -> str:

@@ -7,6 +7,12 @@ from pathlib import Path
 
 import pytest
 
+# What the README's test line needs on a fresh machine, set here rather than by whoever runs it: no hub
+# (no internet), no Prefect analytics, a generous Prefect start-up and quiet OpenMP spinning on 2 cores.
+for _name, _value in (("HF_HUB_OFFLINE", "1"), ("PREFECT_SERVER_ANALYTICS_ENABLED", "false"),
+                      ("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"), ("OMP_WAIT_POLICY", "PASSIVE")):
+    os.environ.setdefault(_name, _value)
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("R1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 

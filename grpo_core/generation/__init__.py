@@ -13,11 +13,13 @@ gives; the trainer logs their difference as ``sampling/logprob_diff_mean``/``max
 from __future__ import annotations
 
 import importlib.util
+import logging
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
 
+logger = logging.getLogger(__name__)
 
 @dataclass
 class Rollout:
@@ -83,6 +85,26 @@ def merge_eos_ids(generation_eos: Any, tokenizer: Any, where: str) -> list[int]:
     return ids
 
 
+def backend_options(config: Any, kind: str, device: torch.device, model_config: Any = None) -> dict[str, Any]:
+    """``make_backend`` keyword arguments for ``kind`` ("hf" or "vllm", see ``backend_kind``) from a
+    ``GRPOConfig`` (``model_config``: the policy's transformers config, whose ``max_position_embeddings``
+    caps vLLM's context). The trainer and rejection sampling both build their backend with this."""
+    if kind == "hf":
+        return {"autocast_dtype": torch.bfloat16 if config.bf16 and device.type == "cuda" else None}
+    max_model_len = config.max_prompt_length + config.max_completion_length
+    positions = getattr(model_config, "max_position_embeddings", None)
+    if positions and max_model_len > positions:  # vLLM refuses a longer context than the model has positions for
+        logger.info("vLLM max_model_len %d capped at the model's max_position_embeddings %d", max_model_len, positions)
+        max_model_len = positions
+    return {
+        "max_model_len": max_model_len,
+        "gpu_memory_utilization": config.vllm_gpu_memory_utilization,
+        "tensor_parallel_size": config.vllm_tensor_parallel_size,
+        "kv_cache_memory_bytes": config.vllm_kv_cache_memory_bytes,
+        "seed": config.seed,
+    }
+
+
 def make_backend(
     kind: Literal["auto", "hf", "vllm"],
     model_path: str,
@@ -122,4 +144,4 @@ def make_backend(
     raise ValueError(f"unknown generation backend {kind!r}; use 'auto', 'hf' or 'vllm'")
 
 
-__all__ = ["GenerationBackend", "Rollout", "backend_kind", "make_backend", "vllm_available"]
+__all__ = ["GenerationBackend", "Rollout", "backend_kind", "backend_options", "make_backend", "vllm_available"]

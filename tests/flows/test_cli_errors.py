@@ -6,7 +6,8 @@ import json
 
 from typer.testing import CliRunner
 
-from flows.cli import DEFAULT_CONFIG, app
+from flows.cli import app
+from tasks.config import DEFAULT_CONFIG
 from tasks.store import Store
 
 

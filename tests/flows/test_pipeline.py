@@ -22,12 +22,15 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.r1_pipeline import r1_pipeline
-from flows.stages import grpo_train_flow
-from grpo_core.config import STAGES, load_config
+from flows.report import evaluation_of
+from flows.stages import stage_flow
+from tasks.config import load_config
+from tasks.stages import stage_names
 from tasks.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "ci"
+STAGES = stage_names()
 MODEL_STAGES = ("cold_start_sft", "grpo_train", "sft_consolidate", "final_rl")
 
 
@@ -48,7 +51,7 @@ def s3_store(s3_server):
 
 @pytest.fixture(scope="module")
 def config():
-    return load_config(ROOT / "configs" / "ci-tiny.yaml").model_dump(mode="json")
+    return load_config(ROOT / "configs" / "ci-tiny.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,9 @@ def _task_runs(flow_run_id) -> list:
 
 
 def _versions(store: Store, stage: str) -> int:
-    return len(store.manifests(RUN, stage))
+    """Committed outputs of ``stage`` (version folders with a manifest)."""
+    store.fs.invalidate_cache()
+    return len(store.fs.glob(store._strip(store.path(RUN, stage, "*", "manifest.json"))))
 
 
 def test_pipeline_commits_and_evaluates_every_stage(first_run, s3_store):
@@ -83,9 +88,12 @@ def test_pipeline_commits_and_evaluates_every_stage(first_run, s3_store):
         assert manifest["uri"] == refs[stage]["uri"] and manifest["uri"].startswith(s3_store)
         for name, info in manifest["files"].items():  # every listed file exists with its size
             assert store.fs.size(store._strip(f"{manifest['uri']}/{name}")) == info["size"]
-        if stage in MODEL_STAGES:
-            assert 0.0 <= manifest["metrics"]["eval/accuracy"] <= 1.0
-            assert manifest["metrics"]["eval/mean_length"] > 0
+        if stage in MODEL_STAGES:  # evaluated: its own output, whose parent is the model
+            evaluation = store.manifest(evaluation_of(store, store.latest(RUN, stage)))
+            assert evaluation["parents"]["model"]["version"] == manifest["version"]
+            assert 0.0 <= evaluation["metrics"]["eval/accuracy"] <= 1.0
+            assert evaluation["metrics"]["eval/mean_length"] > 0
+            assert "eval/accuracy" not in manifest["metrics"]
     # parents are the exact upstream versions
     grpo = store.manifest(store.latest(RUN, "grpo_train"))
     assert grpo["parents"]["cold_start_sft"]["version"] == store.latest(RUN, "cold_start_sft").version
@@ -136,6 +144,28 @@ def test_report_prints_table_and_plots_open(first_run, s3_store, tmp_path):
             assert img.format == "PNG" and img.size[0] > 100
 
 
+def test_evaluate_writes_its_own_output_and_rewrites_no_manifest(first_run, s3_store, config):
+    """Committed manifests are written once: evaluating a model again adds an evaluation output whose parent
+    is that model, and every other manifest of the run stays byte-identical."""
+    from tasks.evaluate import evaluate, output_name
+
+    store = Store(s3_store)
+    store.fs.invalidate_cache()
+    pattern = store._strip(f"{s3_store}/{RUN}/**/manifest.json")
+    before = {p: store.fs.cat_file(p) for p in store.fs.glob(pattern)}
+    grpo = store.latest(RUN, "grpo_train")
+    evals_before = _versions(store, output_name("grpo_train"))
+    ref = evaluate.fn(config, RUN, s3_store, grpo, store.latest(RUN, "prepare_data"), force=True)
+    store.fs.invalidate_cache()
+    after = {p: store.fs.cat_file(p) for p in store.fs.glob(pattern)}
+    assert {p: after[p] for p in before} == before  # byte-identical
+    assert set(after) - set(before) == {store._strip(f"{ref.uri}/manifest.json")}
+    assert _versions(store, output_name("grpo_train")) == evals_before + 1
+    assert store.manifest(ref)["parents"]["model"]["version"] == grpo.version
+    assert evaluation_of(store, grpo).version == ref.version  # status and report read the newest evaluation
+    assert store.exists(f"{ref.uri}/results.jsonl")
+
+
 def test_stage_rerun_reuses_upstream(first_run, s3_store):
     from prefect import get_client
     from prefect.client.schemas.filters import FlowFilter
@@ -171,12 +201,12 @@ def test_from_stage_reruns_tail_and_reuses_head(first_run, s3_store, config):
 @pytest.mark.slow
 def test_killed_grpo_worker_resumes_from_store_checkpoint(first_run, s3_store, config):
     """SIGKILL the training process after its first stored checkpoint; the retry resumes from the store."""
-    cfg = json.loads(json.dumps(config))
-    cfg["grpo_train"].update(max_steps=24, save_steps=2)
-    cfg["run"].update(isolation="subprocess", retries=1, retry_delay_seconds=0)
+    cfg = config.model_copy(deep=True)
+    cfg.grpo_train.max_steps, cfg.grpo_train.save_steps = 24, 2
+    cfg.run.isolation, cfg.run.retries, cfg.run.retry_delay_seconds = "subprocess", 1, 0
     store = Store(s3_store)
     done: dict = {}
-    thread = threading.Thread(target=lambda: done.update(state=grpo_train_flow(run=RUN, config=cfg, store=s3_store,
+    thread = threading.Thread(target=lambda: done.update(state=stage_flow("grpo_train")(run=RUN, config=cfg, store=s3_store,
                                                                                 return_state=True)))
     thread.start()
     pattern = store._strip(f"{s3_store}/{RUN}/grpo_train/_checkpoints/*/checkpoint-*/_COMPLETE")

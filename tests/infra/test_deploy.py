@@ -1,4 +1,5 @@
-"""infra/prefect.yaml and flows.deploy/flows.dispatch without a server: what gets registered where."""
+"""The deployments (rendered from the stage table, committed as infra/prefect.yaml) and flows.deploy/
+flows.dispatch without a server: what gets registered where."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.deploy import DEFAULT_POOLS, PREFECT_FILE, ROOT, DeployError, enter_project_dir, render_prefect_file
+from flows.deploy import (DEFAULT_POOLS, PREFECT_FILE, ROOT, DeployError, enter_project_dir, prefect_spec,
+                          render_prefect_file)
 from flows.dispatch import stage_deployments
-from grpo_core.config import STAGES
+from tasks.stages import stage_names
 
+STAGES = stage_names()
 SPEC = yaml.safe_load(PREFECT_FILE.read_text())
 GPU_STAGES = {"cold_start_sft", "grpo_train", "rejection_sample", "sft_consolidate", "final_rl"}
 
@@ -49,15 +52,14 @@ def test_schedules_are_created_inactive() -> None:
 
 
 def test_renaming_pools_changes_only_the_pool_names() -> None:
-    rendered = render_prefect_file({"cpu": "laptop", "gpu": "a100"})
+    rendered = yaml.safe_load(render_prefect_file({"cpu": "laptop", "gpu": "a100"}))
     pools = {d["entrypoint"]: d["work_pool"]["name"] for d in rendered["deployments"]}
     assert pools["flows/stages.py:prepare_data_flow"] == "laptop"
     assert pools["flows/stages.py:grpo_train_flow"] == "a100"
-    original = render_prefect_file(DEFAULT_POOLS)
+    original = prefect_spec(DEFAULT_POOLS)
     for a, b in zip(rendered["deployments"], original["deployments"]):
         assert {k: v for k, v in a.items() if k != "work_pool"} == {k: v for k, v in b.items() if k != "work_pool"}
-    # the anchored pool mapping is shared by several deployments: renaming must not leak into the source
-    assert yaml.safe_load(PREFECT_FILE.read_text())["definitions"]["work_pools"]["gpu"]["name"] == "gpu"
+    assert rendered["definitions"]["work_pools"]["gpu"]["name"] == "a100"  # written once, as an anchor
 
 
 def test_pull_step_enters_the_project_from_a_checkout_or_an_image(tmp_path: Path,

@@ -1,4 +1,4 @@
-"""flows.launch: a stage's child processes (torchrun on CPU with gloo) stream their output into the task's
+"""tasks.launch: a stage's child processes (torchrun on CPU with gloo) stream their output into the task's
 logger, and a failure in one rank raises with that rank's own traceback."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from flows.launch import StageProcessFailed, build_command, launch, resolve_nproc_per_node
+from tasks.launch import StageProcessFailed, build_command, launch, resolve_nproc_per_node
 
 ROOT = Path(__file__).resolve().parents[2]
 
 ENTRY = '''
 import os, sys
 import torch.distributed as dist
-from flows.launch import record_failure
+from tasks.launch import record_failure
 
 def load_shard(rank):
     if rank == int(os.environ["FAIL_RANK"]):

@@ -42,7 +42,7 @@ def upstream(prefect: None, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     """prepare_data and cold_start_sft of configs/ci-tiny.yaml, committed to a local store."""
     from prefect import flow
 
-    from grpo_core.config import load_config
+    from tasks.config import load_config
     from tasks.cold_start_sft import cold_start_sft
     from tasks.prepare_data import prepare_data
 

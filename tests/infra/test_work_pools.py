@@ -21,14 +21,17 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import yaml
 
 from flows.deploy import ROOT, ensure_pool, pool_template
-from grpo_core.config import STAGES, load_config
+from tasks.config import load_config
+from tasks.stages import all_stages, stage_names
 
 pytestmark = [pytest.mark.work_pools, pytest.mark.slow]
 
 RUN = "wp-1"
-POOL_OF = {stage: "cpu" if stage == "prepare_data" else "gpu" for stage in STAGES}
+STAGES = stage_names()
+POOL_OF = {s.name: s.pool for s in all_stages()}
 
 
 def free_port() -> int:
@@ -148,9 +151,14 @@ def test_full_pipeline_dispatches_stages_to_their_pools(cluster: dict[str, Any])
     with get_client(sync_client=True) as client:
         assert client.read_work_pool("gpu-k8s").base_job_template == pool_template("kubernetes")
 
+    # `prefect deployment run 'r1-pipeline/cpu' -p config_path=... -p run_name=...`: the run uses that file
+    config_file = Path(cluster["store"]).parent / "tiny.yaml"
+    config_file.write_text(yaml.safe_dump(tiny_config()))
     pipeline = run_deployment("r1-pipeline/cpu", timeout=900, poll_interval=1,
-                              parameters={"config": tiny_config(), "run_name": RUN, "dispatch": "deployments"})
+                              parameters={"config_path": str(config_file), "run_name": RUN})
     assert pipeline.state.is_completed(), f"{pipeline.state.type}: {pipeline.state.message}"
+    saved = Store(cluster["store"]).read_run_file(RUN, "config.json")["config"]
+    assert saved == load_config(config_file).model_dump(mode="json")
     assert pipeline.labels["prefect.worker.name"] == "cpu-worker"
 
     runs = flow_runs_of_run(RUN)

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from grpo_core.config import ConfigError, PipelineConfig, load_config
+from tasks.config import ConfigError, PipelineConfig, load_config
 from grpo_core.data import DataError
 from tasks.prepare_data import prepare_data
 from tasks.store import Store

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prefect.states import Failed
 
-from tasks._common import StageFailed, WorkerCrashed, artifact_key, fingerprint, retry_on_crash
+from tasks.common import StageFailed, WorkerCrashed, artifact_key, fingerprint, retry_on_crash
 from tasks.store import StageRef, StoreError, TransientStoreError
 
 

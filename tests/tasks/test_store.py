@@ -86,14 +86,6 @@ def test_uncommitted_and_aborted_output_is_ignored(tmp_path):
     assert (tmp_path / "store" / "r" / "prepare_data" / second.version / MANIFEST).exists()
 
 
-def test_update_manifest_merges_sections(tmp_path):
-    store = Store(tmp_path / "store")
-    _, ref = _commit(store, _files(tmp_path / "a"))
-    new = store.update_manifest(ref, metrics={"eval/accuracy": 0.25}, eval={"fingerprint": "e"})
-    assert new.metrics == {"m": 0.5, "eval/accuracy": 0.25}
-    assert store.manifest(ref)["eval"] == {"fingerprint": "e"}
-
-
 def test_unreachable_s3_endpoint_fails_fast_naming_it(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")

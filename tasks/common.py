@@ -20,12 +20,15 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel
 
-from grpo_core.config import PipelineConfig
+from tasks.config import PipelineConfig
 from tasks.store import StageRef, StageWriter, Store, TransientStoreError
+
+
+Body = Callable[["StageContext", dict[str, StageRef], str], StageRef]
 
 
 class WorkerCrashed(RuntimeError):
@@ -48,14 +51,45 @@ def retry_on_crash(task: Any, task_run: Any, state: Any) -> bool:
     return isinstance(exc, RETRIABLE)
 
 
-def stage_task(name: str) -> Any:
-    """The Prefect task decorator every stage uses: retries only for crashes and storage errors, and no
+def stage_task(name: str, *, section: str | None = None, key_model: bool = False) -> Callable[[Body], Any]:
+    """Make ``body(ctx, parents, fp) -> StageRef`` stage ``name``'s Prefect task, with what every stage does
+    around its body: open the context, fingerprint the stage's config section (``section``, default the
+    stage's own; ``key_model`` adds the model section) and the exact parent outputs it reads, reuse a
+    committed output with that fingerprint unless forced, and remove the scratch folder at the end.
+
+    The task is called ``task(config, run, store, inputs, force)``; ``inputs`` maps each upstream stage
+    (the stage table's ``upstream``) to its committed ``StageRef``. Retries: crashes and storage errors only
+    (``retry_on_crash``). No Prefect result cache: the store's manifests are the cache (module docstring).
+    """
+    def wrap(body: Body) -> Any:
+        def run_stage_task(config: PipelineConfig, run: str, store: str | None = None,
+                           inputs: dict[str, StageRef] | None = None, force: bool = False) -> Any:
+            ctx = StageContext.open(config, run, store, name)
+            try:
+                parents = dict(inputs or {})
+                extra = {"model": config.model.model_dump(mode="json")} if key_model else None
+                fp = fingerprint(name, getattr(config, section or name), parents, extra)
+                if (ref := ctx.reuse(fp, force)) is not None:
+                    return cached(ref, "same config and inputs")
+                return body(ctx, parents, fp)
+            finally:
+                ctx.cleanup()
+
+        run_stage_task.__name__ = run_stage_task.__qualname__ = name
+        run_stage_task.__doc__ = body.__doc__
+        run_stage_task.__module__ = body.__module__
+        return stage_task_options(name)(run_stage_task)
+
+    return wrap
+
+
+def stage_task_options(name: str) -> Any:
+    """The Prefect task decorator of every stage task: retries for crashes and storage errors only, and no
     Prefect result cache (the store's manifests are the cache; see the module docstring)."""
     from prefect import task
     from prefect.cache_policies import NO_CACHE
 
-    return task(name=name, retries=2, retry_delay_seconds=2, retry_condition_fn=retry_on_crash,
-                cache_policy=NO_CACHE)
+    return task(name=name, retries=2, retry_delay_seconds=2, retry_condition_fn=retry_on_crash, cache_policy=NO_CACHE)
 
 
 def fingerprint(stage: str, section: BaseModel | dict[str, Any], parents: dict[str, StageRef],
@@ -74,6 +108,18 @@ def logger() -> logging.Logger | logging.LoggerAdapter:
         return get_run_logger()
     except Exception:  # noqa: BLE001 - outside a Prefect run (plain function call, worker process)
         return logging.getLogger("r1")
+
+
+def quiet_progress_bars() -> None:
+    """No transformers/hub progress bars ("Loading weights", "Writing model shards"): in a Prefect log
+    each redraw is a line. Progress is the trainers' own step lines and the Prefect progress artifact."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
 
 
 def artifact_key(*parts: str) -> str:
@@ -159,9 +205,8 @@ class StageContext:
     work: Path
 
     @classmethod
-    def open(cls, config: PipelineConfig | dict[str, Any], run: str, store: str | None, stage: str) -> "StageContext":
-        cfg = config if isinstance(config, PipelineConfig) else PipelineConfig.model_validate(config)
-        st = Store(store)
+    def open(cls, config: PipelineConfig, run: str, store: str | None, stage: str) -> "StageContext":
+        cfg, st = config, Store(store)
         base = Path(os.environ.get("R1_WORKDIR") or Path(tempfile.gettempdir()) / "r1-work")
         work = base / run / stage / os.urandom(3).hex()  # fresh per attempt: a retry reads from the store
         work.mkdir(parents=True)

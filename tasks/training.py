@@ -1,4 +1,4 @@
-"""The part the four training stages share: run the trainer with store checkpoints, then commit the model.
+"""The part the training stages share: run the trainer with store checkpoints, then commit the model.
 
 Each training stage's task only picks its inputs (which rows, which starting model) and calls
 ``train_and_commit``. The checkpoint key is the stage fingerprint, so a retry resumes only checkpoints
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_core.config import GRPOConfig, SFTConfig
-from tasks._common import Progress, StageContext, commit_stage, logger
+from tasks.common import Progress, StageContext, commit_stage, logger
 from tasks._worker import run_training
 from tasks.store import StageRef
 
@@ -43,14 +43,18 @@ def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOC
 
     result = run_training(spec, isolation=ctx.config.run.isolation, on_event=on_event)
     final = Path(result["metrics"].get("final_path") or out / "final")
+    history = out / "metrics.jsonl"  # the trainer's step history, complete across resumes
     with ctx.begin() as writer:
         writer.put_dir(final, "model")
-        writer.put_file(out.parent / "metrics.jsonl", "metrics.jsonl")
+        steps_logged = 0
+        if history.exists():
+            writer.put_file(history, "metrics.jsonl")
+            steps_logged = sum(1 for line in history.read_text().splitlines() if line.strip())
         metrics = {k: v for k, v in result["metrics"].items() if k != "final_path"}
         metrics.update(extra_metrics or {})
         ref = commit_stage(ctx, writer, fp=fp, section=section, parents=parents, metrics=metrics,
                            extra={"training": {"kind": kind, "resumed_from_step": result["resumed_from"],
-                                               "steps_logged": len(result["steps"])}})
+                                               "steps_logged": steps_logged}})
     ctx.store.remove(ctx.store.checkpoint_dir(ctx.run, ctx.stage, fp))
     return ref
 

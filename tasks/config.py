@@ -1,0 +1,145 @@
+"""The pipeline's configuration: one section per stage, composed into ``PipelineConfig``, read from YAML.
+
+    r1 run -c configs/qwen2.5-0.5b-gsm8k.yaml      (the CLI and the pipeline deployment call ``load_config``)
+
+The algorithm configs (``SFTConfig``, ``GRPOConfig``, ``DataConfig``, ``EvalConfig``,
+``RejectionSamplingConfig``) live in ``grpo_core.config``; this module adds what only the pipeline knows:
+the base model, the consolidation stage's starting point, how stages execute (``RunSettings``), and the
+YAML loader whose errors name the file, line and field. ``DEFAULT_CONFIG`` is the embedded default that
+``r1 run`` and the ``r1-pipeline`` deployment use when given no config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from grpo_core.config import DataConfig, EvalConfig, GRPOConfig, RejectionSamplingConfig, SFTConfig
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TinyModelConfig(_Strict):
+    """The embedded default's randomly initialised model (grpo_core.tiny.build_tiny_model)."""
+
+    seed: int = 0
+    hidden_size: int = Field(128, gt=0)
+    num_layers: int = Field(4, gt=0)
+    num_heads: int = Field(4, gt=0)
+    max_position_embeddings: int = Field(256, gt=0)
+
+
+class ModelConfig(_Strict):
+    """The base model: a local folder / hub name, or a tiny model built by prepare_data."""
+
+    name_or_path: str | None = Field(None, min_length=1, description="e.g. Qwen/Qwen2.5-0.5B or /models/base")
+    tiny: TinyModelConfig | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if (self.name_or_path is None) == (self.tiny is None):
+            raise ValueError("set exactly one of model.name_or_path (a real model) and model.tiny (the embedded default)")
+        return self
+
+
+class ConsolidateConfig(SFTConfig):
+    """sft_consolidate: SFT on the rejection-sampled set (R1 starts this from the base model)."""
+
+    init_from: Literal["base", "cold_start_sft", "grpo_train"] = "base"
+    cold_start_mix: float = Field(0.0, ge=0, le=1, description="share of cold-start rows mixed in as general data")
+
+
+class RunSettings(_Strict):
+    """How stages execute (not part of any stage's fingerprint)."""
+
+    isolation: Literal["subprocess", "inline"] = Field(
+        "subprocess", description="training stages in a child process (a crash is retried) or in the flow's process"
+    )
+    retries: int = Field(2, ge=0, description="task retries after a crash or storage error (never after a code error)")
+    retry_delay_seconds: float = Field(2.0, ge=0)
+    keep_checkpoints: int = Field(2, ge=1, description="newest store checkpoints kept per training stage")
+    torch_num_threads: int | None = Field(None, gt=0)
+
+
+class PipelineConfig(_Strict):
+    """The whole R1 recipe: one section per stage, named as the stages are everywhere."""
+
+    model: ModelConfig = Field(default_factory=lambda: ModelConfig(tiny=TinyModelConfig()))
+    data: DataConfig = Field(default_factory=DataConfig)
+    cold_start_sft: SFTConfig = Field(default_factory=SFTConfig)
+    grpo_train: GRPOConfig = Field(default_factory=GRPOConfig)
+    rejection_sample: RejectionSamplingConfig = Field(default_factory=RejectionSamplingConfig)
+    sft_consolidate: ConsolidateConfig = Field(default_factory=ConsolidateConfig)
+    final_rl: GRPOConfig = Field(default_factory=GRPOConfig)
+    evaluate: EvalConfig = Field(default_factory=EvalConfig)
+    run: RunSettings = Field(default_factory=RunSettings)
+
+
+class ConfigError(ValueError):
+    """A config file that does not validate; the message names each bad field by its YAML path and line."""
+
+
+def parse_config(data: dict, source: str = "<config>", lines: dict[tuple, int] | None = None) -> PipelineConfig:
+    """Validate a mapping; errors read ``file:line: grpo_train.beta: Input should be ...``."""
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            loc = tuple(err["loc"])
+            where = ".".join(str(p) for p in loc) or "(top level)"
+            line = _nearest_line(lines or {}, loc)
+            got = "" if err["type"] == "extra_forbidden" else f" (got {err.get('input')!r})"
+            msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+            problems.append(f"{source}{f':{line}' if line else ''}: {where}: {msg}{got}")
+        raise ConfigError("; ".join(problems)) from None
+
+
+def load_config(path: str | Path | None = None) -> PipelineConfig:
+    """Read a YAML pipeline config (``DEFAULT_CONFIG`` when None); every problem names the field's YAML path
+    and line."""
+    import yaml
+
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+        lines = _key_lines(yaml.compose(text))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of stage sections at the top level")
+    return parse_config(data, str(path), lines)
+
+
+def _key_lines(node, prefix: tuple = ()) -> dict[tuple, int]:
+    """(key path) -> 1-based line of every mapping key / sequence item in a composed YAML tree."""
+    import yaml
+
+    out: dict[tuple, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            loc = (*prefix, key.value)
+            out[loc] = key.start_mark.line + 1
+            out.update(_key_lines(value, loc))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out[(*prefix, i)] = item.start_mark.line + 1
+            out.update(_key_lines(item, (*prefix, i)))
+    return out
+
+
+def _nearest_line(lines: dict[tuple, int], loc: tuple) -> int | None:
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in lines:
+            return lines[loc[:n]]
+    return None
