@@ -21,12 +21,10 @@ from typing import Any, Optional
 
 import typer
 
-# Before Prefect is imported: no analytics (machines without internet), a generous ephemeral server
-# start-up on busy laptops, and the trainers' progress lines (logger ``grpo_core``) in the Prefect log of
-# stages that run inline. Users' own settings win.
+# Before Prefect is imported: no analytics (machines without internet) and a generous ephemeral
+# server start-up on busy laptops. Users' own settings win.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "grpo_core")
 
 
 def _fail(message: str) -> None:
@@ -76,9 +74,9 @@ def run(
     for name in [*(selected or []), *([from_stage] if from_stage else [])]:
         _stage_entry(name)
     from flows.r1_pipeline import new_run_name, r1_pipeline
-    from tasks.common import quiet_progress_bars
+    from tasks.common import configure_stage_logging
 
-    quiet_progress_bars()
+    configure_stage_logging()
     name = run_name or new_run_name()
     typer.echo(f"run {name} -> {st.url}/{name}")
     result = _run_flow(r1_pipeline, config=cfg, run_name=name, stages=selected, from_stage=from_stage,
@@ -98,9 +96,9 @@ def stage(
     cfg = _config(config) if config else None
     st = _store(store)
     from flows.stages import stage_flow
-    from tasks.common import quiet_progress_bars
+    from tasks.common import configure_stage_logging
 
-    quiet_progress_bars()
+    configure_stage_logging()
     ref = _run_flow(stage_flow(name), run=run_name, config=cfg, store=st.url, force=True)
     typer.echo(f"{name}: committed {ref['uri']}")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from prefect import Flow, flow
 
-from tasks.common import StageFailed, cached, quiet_progress_bars, stage_task_options
+from tasks.common import StageFailed, cached, configure_stage_logging, stage_task_options
 from tasks.config import PipelineConfig, load_config
 from tasks.evaluate import evaluate
 from tasks.stages import get_stage, stage_names
@@ -55,7 +55,7 @@ def resolve_config(config: PipelineConfig | None, config_path: str | None, run: 
 def run_stage(stage: str, run: str, config: PipelineConfig | None = None, config_path: str | None = None,
               store: str | None = None, inputs: dict[str, Any] | None = None, force: bool = True) -> dict[str, Any]:
     """The body of every stage flow: inputs from the caller or the store, the task, then evaluation."""
-    quiet_progress_bars()  # a deployment run's process: no transformers bars in the log
+    configure_stage_logging()  # a deployment run's process: no transformers bars in the log
     entry = get_stage(stage)
     st = Store(store)
     cfg = resolve_config(config, config_path, run, st)

@@ -158,10 +158,10 @@ class _EventFollower(threading.Thread):
 
 
 def _child_main(spec_path: str) -> None:
-    from tasks.common import quiet_progress_bars
+    from tasks.common import configure_stage_logging
     from tasks.launch import record_failure
 
-    quiet_progress_bars()
+    configure_stage_logging()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)  # the trainers' progress lines
 
     @record_failure

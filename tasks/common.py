@@ -110,9 +110,16 @@ def logger() -> logging.Logger | logging.LoggerAdapter:
         return logging.getLogger("r1")
 
 
-def quiet_progress_bars() -> None:
-    """No transformers/hub progress bars ("Loading weights", "Writing model shards"): in a Prefect log
-    each redraw is a line. Progress is the trainers' own step lines and the Prefect progress artifact."""
+def configure_stage_logging() -> None:
+    """What a stage's log shows of progress: no transformers/hub progress bars ("Loading weights", "Writing
+    model shards"; in a Prefect log each redraw is a line), but the trainers' own step lines: logger
+    ``grpo_core`` at INFO, through Prefect's handlers for extra loggers (as ``PREFECT_LOGGING_EXTRA_LOGGERS``
+    would attach them) when Prefect is set up in this process."""
+    target = logging.getLogger("grpo_core")
+    target.setLevel(logging.INFO)
+    for handler in logging.getLogger("prefect.extra").handlers:
+        if handler not in target.handlers:
+            target.addHandler(handler)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         from transformers.utils import logging as hf_logging
