@@ -9,7 +9,10 @@ from grpo_core.rewards.base import (
     completion_text,
     count_reward_event,
     get_reward_funcs,
+    is_conversational,
+    last_user_text,
     pop_reward_stats,
+    prompt_text,
     register_reward,
 )
 
@@ -19,7 +22,10 @@ __all__ = [
     "completion_text",
     "count_reward_event",
     "get_reward_funcs",
+    "is_conversational",
+    "last_user_text",
     "pop_reward_stats",
+    "prompt_text",
     "register_reward",
 ]
 # Built-in reward modules register themselves on import (one line each below).
