@@ -7,8 +7,8 @@ optimises and evaluation's ``eval/format_rate`` counts; a direct answer with an 
 no longer than ``max_completion_tokens``, its language_consistency reward passes
 ``language_consistency_threshold`` (R1 filters out mixed-language chains of thought; a prompt the reward does
 not apply to passes), and it is not an exact duplicate of a completion already kept for that prompt.
-All three rewards are scored in one ``score_completions`` call, the one the trainer makes, and judged by
-``passes``, the one definition of "correct" evaluation uses too.
+The rewards (correctness, plus format and language consistency when those filters are on) are scored in one
+``score_completions`` call, the one the trainer makes, and judged by ``passes``, as evaluation judges them.
 At most ``keep_per_prompt`` survive per prompt, in sample order (seeded, so the choice is deterministic).
 
 The per-prompt pass rate (correct / n, before the other filters) is recorded for every prompt: it is

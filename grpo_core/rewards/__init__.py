@@ -1,6 +1,8 @@
 """Verifiable rewards (RLVR) under TRL's contract: ``reward(completions, **columns) -> list[float | None]``.
 
 Built-in functions register themselves by name; configs refer to them as ``reward_funcs: [name, ...]``.
+``grpo_core.rewards.scoring.score_completions`` is the one place they are called (training, evaluation and
+rejection sampling alike).
 """
 
 from grpo_core.rewards.base import (

@@ -20,6 +20,7 @@ from grpo_core.rewards.base import RewardFunc, get_reward_funcs, is_conversation
 
 PASS_THRESHOLD = 1.0  # a verifiable reward scores 1.0 for a correct completion
 PASS_TOLERANCE = 1e-6  # so a reward that computes 1.0 as 0.9999999 still passes
+NOT_COLUMNS = ("prompt", "completion", "completion_ids")  # row keys not passed as dataset columns (as TRL)
 
 
 class ScoredCompletion(Protocol):
@@ -57,7 +58,7 @@ def score_completions(
         [{"role": "assistant", "content": r.text}] if is_conversational(p) else r.text
         for p, r in zip(prompts, rollouts)
     ]
-    keys = [k for k in dict.fromkeys(k for row in rows for k in row) if k not in ("prompt", "completion", "completion_ids")]
+    keys = [k for k in dict.fromkeys(k for row in rows for k in row) if k not in NOT_COLUMNS]
     columns = {k: [row.get(k) for row in rows for _ in range(num_generations)] for k in keys}
     completion_ids = [r.completion_ids for r in rollouts]
     out = torch.full((B, len(reward_funcs)), math.nan)  # [B, R]
