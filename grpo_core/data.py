@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any, Iterable, Literal
 
 from grpo_core.config import DataConfig, DatasetSource
+from grpo_core.rewards.base import prompt_text
+from grpo_core.rewards.extract import parse_gold_answer
 
 OnError = Literal["raise", "skip"]
 FILE_SUFFIXES = {".jsonl", ".json", ".parquet", ".csv"}
@@ -150,29 +152,6 @@ def _fail(message: str, on_error: OnError, stats: LoadStats) -> None:
 
 # ---------------------------------------------------------------- normalising rows
 
-_BOXED = re.compile(r"\\boxed\s*\{")
-
-
-def extract_answer(text: str, answer_format: str = "auto") -> str:
-    """The final answer of a solution text: ``"... #### 72"`` -> ``"72"``, last ``\\boxed{...}`` content."""
-    text = str(text).strip()
-    if answer_format == "gsm8k" or (answer_format == "auto" and "####" in text):
-        if "####" not in text:
-            raise ValueError("no '####' marker")
-        return text.rsplit("####", 1)[1].strip().replace(",", "")
-    if answer_format == "boxed":
-        starts = [m.end() for m in _BOXED.finditer(text)]
-        if not starts:
-            raise ValueError("no \\boxed{...}")
-        depth, i = 1, starts[-1]
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth:
-            raise ValueError("unbalanced braces in \\boxed{...}")
-        return text[starts[-1]: i - 1].strip()
-    return text
-
 
 def to_messages(value: Any, *, template: str | None = None) -> list[dict[str, str]]:
     """A prompt as chat messages: a string becomes one user turn; a message list is checked."""
@@ -212,8 +191,8 @@ def normalize_record(record: dict[str, Any], location: str, src: DatasetSource, 
                 row["prompt"] = to_messages(record[column], template=src.prompt_template)
             else:
                 value = record[column]
-                row["answer"] = extract_answer(value if isinstance(value, str) else json.dumps(value),
-                                               src.answer_format)
+                row["answer"] = parse_gold_answer(value if isinstance(value, str) else json.dumps(value),
+                                                  src.answer_format)
         except ValueError as e:
             raise DataError(f"{location}: field {key!r} (column {column!r}) {e}; "
                             f"value starts {str(record[column])[:60]!r}") from None
@@ -283,13 +262,6 @@ def load_sft_rows(src: DatasetSource, *, on_error: OnError = "raise") -> tuple[l
 
 
 # ---------------------------------------------------------------- dedupe, decontaminate, split
-
-
-def prompt_text(prompt: Any) -> str:
-    """All message contents of a prompt joined (or the string itself)."""
-    if isinstance(prompt, str):
-        return prompt
-    return "\n".join(m["content"] for m in prompt)
 
 
 def normalized_prompt_hash(prompt: Any) -> str:

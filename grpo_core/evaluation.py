@@ -2,12 +2,14 @@
 
 Metrics (all over the same held-out rows):
 
-- ``eval/accuracy``: greedy decoding, share of completions the reward scores as correct (>= 1).
+- ``eval/accuracy``: greedy decoding, share of completions the reward passes (``scoring.passes``: >= 1).
 - ``eval/pass@1``: mean correctness of ``num_samples`` sampled completions per prompt at
   ``temperature`` (the unbiased pass@1 estimator of Chen et al. 2021 with k=1 is exactly this mean).
 - ``eval/mean_length``: greedy completion length in tokens (EOS not counted); the seed's
   "response length grows" curve.
-- ``eval/format_rate``: greedy completions of the form ``<think>...</think><answer>...</answer>``.
+- ``eval/format_rate``: share of greedy completions the registered ``format`` reward passes, the format
+  training optimises: ``<think>`` non-empty reasoning ``</think>`` then ``<answer>...</answer>`` (or a final
+  ``\\boxed{}``). A direct answer (empty think block) is not in format.
 - ``eval/direct_answer_rate``: greedy completions with an empty ``<think></think>`` (no working).
 - ``eval/accuracy_forced_reasoning``: greedy accuracy with the direct mode banned: where greedy
   decoding emitted ``<think></think>``, the token after ``<think>`` is re-chosen as the argmax over
@@ -15,8 +17,9 @@ Metrics (all over the same held-out rows):
   separates "RL taught better reasoning" from "RL taught the model to use the reasoning it already had"
   (``notes/embedded-default.md``). Needs ``<think>``/``</think>`` to be single tokens; otherwise NaN.
 
-Generation goes through a ``GenerationBackend`` (vLLM or transformers); correctness through a
-registered reward (TRL contract), so evaluation scores exactly what training rewards.
+Generation goes through a ``GenerationBackend`` (vLLM or transformers); scores through
+``grpo_core.rewards.scoring.score_completions``, the trainer's own call, so evaluation scores exactly what
+training rewards.
 """
 
 from __future__ import annotations
@@ -25,21 +28,18 @@ import hashlib
 import math
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from grpo_core.config import EvalConfig
 from grpo_core.generation import GenerationBackend, Rollout, make_backend
 from grpo_core.rewards import get_reward_funcs
+from grpo_core.rewards.base import RewardFunc
+from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
 from grpo_core.trainer.prompts import encode_prompt
 
-REASONING_FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
 DIRECT_ANSWER = re.compile(r"^\s*<think>\s*</think>")
-
-
-def has_reasoning_format(text: str) -> bool:
-    return bool(REASONING_FORMAT.match(text))
 
 
 def is_direct(text: str) -> bool:
@@ -51,18 +51,6 @@ def sample_seed(seed: int, row_id: str, j: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{row_id}:{j}".encode()).digest()[:8], "big") >> 1
 
 
-def score(reward_func: Callable[..., list[float | None]], rows: list[dict[str, Any]], rollouts: list[Rollout],
-          n: int, max_completion_length: int) -> list[bool]:
-    """Correct (reward >= 1) per rollout; rollouts are ``n`` per row, contiguous."""
-    expanded = [row for row in rows for _ in range(n)]
-    columns = {k: [r.get(k) for r in expanded] for k in expanded[0] if k != "prompt"} if expanded else {}
-    scores = reward_func(
-        [r.text for r in rollouts], prompts=[r["prompt"] for r in expanded],
-        completion_ids=[r.completion_ids for r in rollouts], max_completion_length=max_completion_length, **columns,
-    )
-    return [s is not None and s >= 1.0 - 1e-6 for s in scores]
-
-
 def completion_length(rollout: Rollout) -> int:
     return len(rollout.completion_ids) - (0 if rollout.truncated else 1)
 
@@ -72,7 +60,7 @@ def evaluate(
     tokenizer: Any,
     rows: list[dict[str, Any]],
     *,
-    reward_func: str | Callable[..., list[float | None]] = "chain_accuracy",
+    reward_func: str | RewardFunc = "chain_accuracy",
     num_samples: int = 4,
     temperature: float = 1.0,
     top_p: float = 1.0,
@@ -105,16 +93,18 @@ def evaluate(
         module = None
     if backend is None:
         backend = make_backend("hf", str(path) if path else "", model=module, tokenizer=tokenizer)
-    fn = get_reward_funcs([reward_func])[0] if isinstance(reward_func, str) else reward_func
+    fn, name = resolve_reward(reward_func)
+    format_fn = get_reward_funcs(["format"])[0]
     prompt_ids = [encode_prompt(tokenizer, r["prompt"]) for r in rows]
 
     greedy = _generate(backend, prompt_ids, n=1, max_tokens=max_new_tokens, greedy=True, batch=batch_size)
-    greedy_ok = score(fn, rows, greedy, 1, max_new_tokens)
+    greedy_scores = score_completions([fn, format_fn], [name, "format"], rows, greedy, 1, max_new_tokens)  # [N, 2]
+    greedy_ok, formatted = passes(greedy_scores[:, 0]), passes(greedy_scores[:, 1])
     texts = [g.text for g in greedy]
     metrics: dict[str, Any] = {
         "eval/accuracy": _mean(greedy_ok),
         "eval/mean_length": _mean([completion_length(g) for g in greedy]),
-        "eval/format_rate": _mean([has_reasoning_format(t) for t in texts]),
+        "eval/format_rate": _mean(formatted),
         "eval/direct_answer_rate": _mean([is_direct(t) for t in texts]),
         "eval/num_rows": len(rows),
     }
@@ -123,7 +113,7 @@ def evaluate(
         seeds = [sample_seed(seed, str(r.get("id", i)), j) for i, r in enumerate(rows) for j in range(num_samples)]
         sampled = _generate(backend, prompt_ids, n=num_samples, max_tokens=max_new_tokens, greedy=False,
                             batch=max(1, batch_size // num_samples), temperature=temperature, top_p=top_p, seeds=seeds)
-        sampled_ok = score(fn, rows, sampled, num_samples, max_new_tokens)
+        sampled_ok = passes(score_completions([fn], [name], rows, sampled, num_samples, max_new_tokens)[:, 0])
         metrics["eval/pass@1"] = _mean(sampled_ok)
         metrics["eval/mean_length_sampled"] = _mean([completion_length(s) for s in sampled])
     forced_texts, forced_ok = texts, greedy_ok
@@ -133,13 +123,13 @@ def evaluate(
             metrics["eval/accuracy_forced_reasoning"] = math.nan
         else:
             forced_texts = [f.text for f in forced]
-            forced_ok = score(fn, rows, forced, 1, max_new_tokens)
+            forced_ok = passes(score_completions([fn], [name], rows, forced, 1, max_new_tokens)[:, 0])
             metrics["eval/accuracy_forced_reasoning"] = _mean(forced_ok)
     if return_rows:
         k = max(num_samples, 1)
         metrics["rows"] = [
             {"id": r.get("id"), "answer": r.get("answer"), "greedy": texts[i], "correct": greedy_ok[i],
-             "forced": forced_texts[i], "forced_correct": forced_ok[i],
+             "format": formatted[i], "forced": forced_texts[i], "forced_correct": forced_ok[i],
              "pass@1": _mean(sampled_ok[i * k:(i + 1) * k]) if sampled_ok else math.nan}
             for i, r in enumerate(rows)
         ]

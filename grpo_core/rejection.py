@@ -1,10 +1,14 @@
 """Rejection sampling (R1 stage 3): sample n completions per prompt, keep correct, readable ones.
 
 For each prompt the RL model samples ``n`` completions; a completion is kept when, in this order,
-it is correct (the reward scores >= ``reward_threshold``), it stopped on EOS (not truncated), it has the
-``<think>...</think><answer>...</answer>`` format, it is no longer than ``max_completion_tokens``, its
-language_consistency reward is at least ``language_consistency_threshold`` (R1 filters out mixed-language
-chains of thought), and it is not an exact duplicate of a completion already kept for that prompt.
+it is correct (the reward passes ``reward_threshold``), it stopped on EOS (not truncated), the registered
+``format`` reward passes it (``<think>`` non-empty reasoning ``</think>`` + answer: the format training
+optimises and evaluation's ``eval/format_rate`` counts; a direct answer with an empty think block fails), it is
+no longer than ``max_completion_tokens``, its language_consistency reward passes
+``language_consistency_threshold`` (R1 filters out mixed-language chains of thought; a prompt the reward does
+not apply to passes), and it is not an exact duplicate of a completion already kept for that prompt.
+The rewards (correctness, plus format and language consistency when those filters are on) are scored in one
+``score_completions`` call, the one the trainer makes, and judged by ``passes``, as evaluation judges them.
 At most ``keep_per_prompt`` survive per prompt, in sample order (seeded, so the choice is deterministic).
 
 The per-prompt pass rate (correct / n, before the other filters) is recorded for every prompt: it is
@@ -15,13 +19,16 @@ here; the consolidation stage mixes other SFT rows in if configured.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from typing import Any, Callable
+from typing import Any
 
 from grpo_core.config import RejectionSamplingConfig
-from grpo_core.evaluation import _generate, completion_length, has_reasoning_format, sample_seed
+from grpo_core.evaluation import _generate, completion_length, sample_seed
 from grpo_core.generation import GenerationBackend
-from grpo_core.rewards import REWARD_FUNCS, get_reward_funcs
+from grpo_core.rewards import get_reward_funcs
+from grpo_core.rewards.base import RewardFunc
+from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
 from grpo_core.trainer.prompts import encode_prompt
 
 REJECT_REASONS = ("incorrect", "truncated", "format", "too_long", "language", "duplicate", "over_limit")
@@ -34,7 +41,7 @@ def rejection_sample(
     *,
     n: int = 4,
     keep_per_prompt: int = 1,
-    reward_func: str | Callable[..., list[float | None]] = "chain_accuracy",
+    reward_func: str | RewardFunc = "chain_accuracy",
     reward_threshold: float = 1.0,
     temperature: float = 1.0,
     top_p: float = 1.0,
@@ -56,25 +63,25 @@ def rejection_sample(
         raise ValueError(f"n ({n}) and keep_per_prompt ({keep_per_prompt}) must be >= 1")
     if not rows:
         raise ValueError("rejection_sample got no prompt rows")
-    fn = get_reward_funcs([reward_func])[0] if isinstance(reward_func, str) else reward_func
-    lang_fn = None
+    fn, name = resolve_reward(reward_func)
+    funcs, names = [fn], [name]
+    if require_format:
+        funcs, names = funcs + get_reward_funcs(["format"]), names + ["format"]
     if language_consistency_threshold is not None:
-        if "language_consistency" not in REWARD_FUNCS:
-            raise KeyError("language_consistency_threshold is set but no 'language_consistency' reward is "
-                           "registered; import grpo_core.rewards or unset the threshold")
-        lang_fn = REWARD_FUNCS["language_consistency"]
+        funcs, names = funcs + get_reward_funcs(["language_consistency"]), names + ["language_consistency"]
 
     prompt_ids = [encode_prompt(tokenizer, r["prompt"]) for r in rows]
     seeds = [sample_seed(seed, str(r.get("id", i)), j) for i, r in enumerate(rows) for j in range(n)]
     rollouts = _generate(backend, prompt_ids, n=n, max_tokens=max_new_tokens, greedy=False,
                          batch=max(1, batch_size // n), temperature=temperature, top_p=top_p, seeds=seeds)
-    prompts = [row["prompt"] for row in rows for _ in range(n)]
-    scores = fn([r.text for r in rollouts], prompts=prompts,
-                completion_ids=[r.completion_ids for r in rollouts], max_completion_length=max_new_tokens,
-                **_columns(rows, n))
-    correct = [s is not None and s >= reward_threshold - 1e-9 for s in scores]
-    lang = (lang_fn([r.text for r in rollouts], prompts=prompts)
-            if lang_fn is not None else [None] * len(rollouts))
+    scores = score_completions(funcs, names, rows, rollouts, n, max_new_tokens)  # [N*n, R]
+    correct = passes(scores[:, 0], reward_threshold)
+    formatted = passes(scores[:, 1]) if require_format else [True] * len(rollouts)
+    if language_consistency_threshold is not None:
+        lang = scores[:, -1]  # [N*n] NaN where the prompt has no words to detect a language from
+        lang_ok = [math.isnan(s) or ok for s, ok in zip(lang.tolist(), passes(lang, language_consistency_threshold))]
+    else:
+        lang_ok = [True] * len(rollouts)
 
     rejected: Counter[str] = Counter()
     kept_rows: list[dict[str, Any]] = []
@@ -89,12 +96,11 @@ def rejection_sample(
                 reason = "incorrect"
             elif drop_truncated and r.truncated:
                 reason = "truncated"
-            elif require_format and not has_reasoning_format(r.text):
+            elif not formatted[k]:
                 reason = "format"
             elif max_completion_tokens is not None and completion_length(r) > max_completion_tokens:
                 reason = "too_long"
-            elif lang[k] is not None and language_consistency_threshold is not None \
-                    and lang[k] < language_consistency_threshold:
+            elif not lang_ok[k]:
                 reason = "language"
             elif r.text in kept_texts:
                 reason = "duplicate"
@@ -137,7 +143,3 @@ def rejection_sample_with_config(config: RejectionSamplingConfig, backend: Gener
         drop_truncated=config.drop_truncated, seed=config.seed, batch_size=batch_size,
     )
 
-
-def _columns(rows: list[dict[str, Any]], n: int) -> dict[str, list[Any]]:
-    keys = [k for k in rows[0] if k != "prompt"]
-    return {k: [row.get(k) for row in rows for _ in range(n)] for k in keys}

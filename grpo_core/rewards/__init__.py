@@ -1,6 +1,8 @@
 """Verifiable rewards (RLVR) under TRL's contract: ``reward(completions, **columns) -> list[float | None]``.
 
 Built-in functions register themselves by name; configs refer to them as ``reward_funcs: [name, ...]``.
+``grpo_core.rewards.scoring.score_completions`` is the one place they are called (training, evaluation and
+rejection sampling alike).
 """
 
 from grpo_core.rewards.base import (
@@ -9,7 +11,10 @@ from grpo_core.rewards.base import (
     completion_text,
     count_reward_event,
     get_reward_funcs,
+    is_conversational,
+    last_user_text,
     pop_reward_stats,
+    prompt_text,
     register_reward,
 )
 
@@ -19,7 +24,10 @@ __all__ = [
     "completion_text",
     "count_reward_event",
     "get_reward_funcs",
+    "is_conversational",
+    "last_user_text",
     "pop_reward_stats",
+    "prompt_text",
     "register_reward",
 ]
 # Built-in reward modules register themselves on import (one line each below).

@@ -2,7 +2,8 @@
 
 A reward function is ``reward(completions, **dataset_columns) -> list[float | None]``: one score per
 completion, ``None`` where the function does not apply to that row (TRL treats it as missing, not 0).
-Completions are plain strings or chat message lists (``[{"role": "assistant", "content": ...}]``).
+Prompts and completions are plain strings or chat message lists (``[{"role": "assistant", "content": ...}]``);
+the helpers at the end read the text out of either form.
 """
 
 from __future__ import annotations
@@ -42,6 +43,31 @@ def get_reward_funcs(names: list[str]) -> list[RewardFunc]:
             "Register your own with grpo_core.rewards.register_reward('name')."
         )
     return [REWARD_FUNCS[n] for n in names]
+
+
+def is_conversational(prompt: Any) -> bool:
+    """Whether a prompt is chat messages (TRL's conversational form) rather than plain text."""
+    return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
+
+
+def prompt_text(prompt: Any) -> str:
+    """All message contents of a prompt joined by newlines (or the string itself): what dedupe and
+    decontamination compare."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, (list, tuple)):
+        return "\n".join(str(m.get("content") or "") for m in prompt if isinstance(m, dict))
+    return str(prompt)
+
+
+def last_user_text(prompt: Any) -> str:
+    """The last user message of a chat prompt (all contents when it has none), or the prompt string:
+    the question itself, without a system prompt or earlier turns."""
+    if isinstance(prompt, (list, tuple)):
+        users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        if users:
+            return str(users[-1].get("content") or "")
+    return prompt_text(prompt)
 
 
 def completion_text(completion: Any) -> str:

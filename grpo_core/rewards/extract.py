@@ -1,4 +1,5 @@
-"""Find the final answer in a model's completion, the way models write it, in linear time.
+"""Find the final answer in a model's completion (``extract_answer``) or in a reference solution
+(``parse_gold_answer``), the way each is written, in linear time.
 
 Order (the first that exists wins):
   1. the last closed ``<answer>...</answer>`` (R1's template); a ``\\boxed{}`` inside it is unwrapped;
@@ -12,22 +13,29 @@ only the tail (``MAX_TAIL_CHARS``) is parsed, since the answer is at the end and
 cost 10 MB of parsing. Departure from the seed: its ``re.search(r'\\boxed\\{([^}]+)\\}')`` takes the FIRST box
 and stops at the first ``}``, so ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1``; ``seed_math_reward`` keeps that
 formula verbatim as the baseline the tests compare against.
+
+Ground truth has one parser, ``parse_gold_answer``: data preparation stores its result as a row's ``answer``
+and ``math_accuracy`` applies it again to whatever ``answer`` column it is given (a second pass changes
+nothing), so a raw GSM8K solution and a prepared row score the same.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
 MAX_TAIL_CHARS = 4000
 
 AnswerKind = Literal["answer", "boxed", "number"]
+GoldFormat = Literal["auto", "raw", "gsm8k", "boxed"]
 
 _ANSWER_CLOSE = re.compile(r"</answer\s*>", re.IGNORECASE)
 _ANSWER_OPEN = re.compile(r"<answer\s*>", re.IGNORECASE)
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # A number as written in prose: optional sign and currency, thousands groups or plain digits, decimals, %.
+_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")  # "1,234" / "-12,345.5"
 _NUMBER = re.compile(
     r"(?<![\w.])(-|−)?\s?\\?\$?\s?((?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?!\d)"
 )
@@ -137,6 +145,32 @@ def extract_answer(completion: Any, max_chars: int = MAX_TAIL_CHARS) -> Extracte
     if number is not None:
         return ExtractedAnswer(number, "number")
     return None
+
+
+def parse_gold_answer(answer: Any, answer_format: GoldFormat = "auto") -> str:
+    """The bare ground-truth answer of a reference solution: ``"... #### 1,234"`` -> ``"1234"``,
+    ``"so \\boxed{\\frac{1}{2}}."`` -> ``"\\frac{1}{2}"``, ``"$5$"`` -> ``"5"``.
+
+    ``raw``: the text stripped, nothing else. ``gsm8k``: the text after the last ``####`` (ValueError without
+    one). ``boxed``: the last balanced ``\\boxed{}``/``\\fbox{}`` content (ValueError without one). ``auto``:
+    the ``####`` tail when there is one, then the last box's content when there is one. After that (all but
+    ``raw``) thousands commas of a plain number are dropped and one ``$...$`` pair is unwrapped.
+    """
+    text = to_safe_text(answer if isinstance(answer, (str, bytes)) else str(answer), sys.maxsize).strip()
+    if answer_format == "raw":
+        return text
+    if answer_format == "gsm8k" or (answer_format == "auto" and "####" in text):
+        if "####" not in text:
+            raise ValueError("no '####' marker")
+        text = text.rsplit("####", 1)[1].strip()
+    boxed = find_last_boxed(text)
+    if boxed is not None:
+        text = boxed
+    elif answer_format == "boxed":
+        raise ValueError("no balanced \\boxed{...}")
+    if len(text) >= 2 and text[0] == "$" and text[-1] == "$":
+        text = text.strip("$").strip()
+    return text.replace(",", "") if _THOUSANDS.fullmatch(text) else text
 
 
 def seed_math_reward(response: str, ground_truth: str) -> float:

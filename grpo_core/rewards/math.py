@@ -1,9 +1,10 @@
 """``math_accuracy``: 1.0 when the completion's final answer equals the ground truth, decided by math-verify.
 
-Pipeline per completion: ``extract_answer`` (last ``<answer>``, else last ``\\boxed{}``, else last number; tail
-only) -> fast paths in this process (equal plain numbers, distinct integers, identical strings) -> otherwise
-math-verify in a ``VerifierPool`` worker with a hard deadline. A timeout or a failed check scores 0.0 and is
-counted (``rewards/math_accuracy/timeouts`` | ``errors``); a row without ground truth scores ``None``.
+Pipeline per completion: ``parse_gold_answer`` on the ground truth, ``extract_answer`` on the completion
+(last ``<answer>``, else last ``\\boxed{}``, else last number; tail only) -> fast paths in this process (equal
+plain numbers, distinct integers, identical strings) -> otherwise math-verify in a ``VerifierPool`` worker with a
+hard deadline. A timeout or a failed check scores 0.0 and is counted (``rewards/math_accuracy/timeouts`` |
+``errors``); a row without ground truth scores ``None``.
 
 Departures from the seed's ``math_reward``: the LAST box counts (models revise), boxes nest, equality is
 symbolic (``0.5`` = ``\\frac{1}{2}``, ``1,000`` = ``1000``, ``25\\%`` = ``25``, intervals, sets), and every
@@ -21,7 +22,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Sequence
 
 from grpo_core.rewards.base import completion_text, count_reward_event, register_reward
-from grpo_core.rewards.extract import MAX_TAIL_CHARS, ExtractedAnswer, extract_answer, find_last_boxed, to_safe_text
+from grpo_core.rewards.extract import ExtractedAnswer, extract_answer, parse_gold_answer, to_safe_text
 from grpo_core.rewards.pool import VerifierPool
 
 DEFAULT_TIMEOUT_S = 3.0
@@ -68,7 +69,8 @@ def _parse(text: str, config: list[Any] | None) -> list[Any]:
 
 @functools.lru_cache(maxsize=1024)
 def _parse_gold(gold: str, match_types: tuple[str, ...]) -> tuple[Any, ...]:
-    """Parsed ground truth, cached per worker: the G completions of a prompt share one gold."""
+    """math-verify's parse of a gold answer (already bare: ``parse_gold_answer`` ran in the trainer), cached
+    per worker: the G completions of a prompt share one gold."""
     config = _extraction_config(match_types)
     gold_text = gold if any(d in gold for d in _LATEX_DELIMS) else f"${gold}$"
     return tuple(_parse(gold_text, config) or _parse(gold, config))
@@ -163,20 +165,6 @@ def get_pool() -> VerifierPool:
         return _POOL
 
 
-def normalize_gold(answer: Any) -> str:
-    """Ground truth as a bare answer: GSM8K's ``#### N`` tail, a boxed answer's content, or the text itself."""
-    text = to_safe_text(answer if isinstance(answer, (str, bytes)) else str(answer), MAX_TAIL_CHARS)
-    if "####" in text:
-        text = text.rsplit("####", 1)[1]
-    boxed = find_last_boxed(text)
-    if boxed is not None:
-        text = boxed
-    text = text.strip()
-    if len(text) >= 2 and text[0] == "$" and text[-1] == "$":
-        text = text.strip("$").strip()
-    return text
-
-
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?")
 
 
@@ -267,5 +255,5 @@ def math_accuracy(completions: list[Any], answer: Sequence[Any] | None = None, *
     if len(answer) != len(completions):
         raise ValueError(f"{len(completions)} completions but {len(answer)} answers")
     preds = [extract_answer(completion_text(c)) for c in completions]
-    golds = [None if a is None else normalize_gold(a) for a in answer]
+    golds = [None if a is None else parse_gold_answer(a) for a in answer]
     return score_answers(preds, golds)

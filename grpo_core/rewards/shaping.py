@@ -30,7 +30,7 @@ import unicodedata
 from collections import Counter
 from typing import Any, Callable
 
-from grpo_core.rewards.base import completion_text, register_reward
+from grpo_core.rewards.base import completion_text, last_user_text, register_reward
 
 # ---------------------------------------------------------------- DAPO soft overlong punishment
 
@@ -148,18 +148,6 @@ def dominant_script(text: str) -> str | None:
     return units.most_common(1)[0][0] if units else None
 
 
-def _prompt_text(prompt: Any) -> str:
-    """The last user message of a chat prompt, or the prompt string."""
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, (list, tuple)):
-        users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-        if users:
-            return str(users[-1].get("content") or "")
-        return " ".join(str(m.get("content") or "") for m in prompt if isinstance(m, dict))
-    return str(prompt)
-
-
 def language_share(completion: str, target: str) -> float:
     """Share of the completion's word units written in ``target`` script; 1.0 when there are none."""
     units = count_script_units(completion)
@@ -175,6 +163,6 @@ def language_consistency(completions: list[Any], prompts: list[Any] | None = Non
         raise ValueError("language_consistency needs prompts (the trainer passes them)")
     scores: list[float | None] = []
     for completion, prompt in zip(completions, prompts):
-        target = dominant_script(_prompt_text(prompt))
+        target = dominant_script(last_user_text(prompt))
         scores.append(None if target is None else language_share(completion_text(completion), target))
     return scores

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from grpo_core.rewards.base import is_conversational
+
 
 class PromptStream:
     def __init__(self, num_rows: int, seed: int) -> None:
@@ -34,10 +36,6 @@ class PromptStream:
 def completion_seed(seed: int, step: int, position: int, j: int) -> int:
     """The sampling seed of completion ``j`` of the prompt at stream ``position`` in ``step``."""
     return int(np.random.SeedSequence([seed, step, position, j]).generate_state(1, dtype=np.uint64)[0] >> 1)
-
-
-def is_conversational(prompt: Any) -> bool:
-    return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
 
 
 def encode_prompt(tokenizer: Any, prompt: Any, max_prompt_length: int | None = None) -> list[int]:

@@ -1,4 +1,5 @@
-"""One step's rollouts: prompts from the stream, G completions each, scored by the reward functions.
+"""One step's rollouts: prompts from the stream, G completions each, scored by the reward functions
+(``grpo_core.rewards.scoring.score_completions``, the same call evaluation and rejection sampling make).
 
 Each rank generates and scores its whole groups (``distributed.shard`` by prompt), then every rank
 receives every group (``gather_objects``), so what follows (advantages, DAPO filtering, metrics) is
@@ -23,8 +24,9 @@ import torch
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import GenerationBackend, Rollout
 from grpo_core.loss import combine_rewards
+from grpo_core.rewards.scoring import score_completions
 from grpo_core.trainer.distributed import DistContext, gather_objects, shard
-from grpo_core.trainer.prompts import PromptStream, completion_seed, encode_prompt, is_conversational
+from grpo_core.trainer.prompts import PromptStream, completion_seed, encode_prompt
 
 
 @dataclass
@@ -53,40 +55,6 @@ class ScoredGroups:
             self.rollouts + other.rollouts,
             torch.cat([self.rewards_per_func, other.rewards_per_func]),
         )
-
-
-def score_rollouts(
-    reward_funcs: list[Callable[..., list[float | None]]],
-    reward_names: list[str],
-    rows: list[dict[str, Any]],
-    rollouts: list[Rollout],
-    num_generations: int,
-    max_completion_length: int,
-) -> torch.Tensor:
-    """``[B, R]`` rewards under TRL's contract (None -> NaN)."""
-    prompts = [row["prompt"] for row in rows for _ in range(num_generations)]
-    completions: list[Any] = [
-        [{"role": "assistant", "content": r.text}] if is_conversational(p) else r.text
-        for p, r in zip(prompts, rollouts)
-    ]
-    keys = [k for k in dict.fromkeys(k for row in rows for k in row) if k not in ("prompt", "completion", "completion_ids")]
-    columns = {k: [row.get(k) for row in rows for _ in range(num_generations)] for k in keys}
-    out = torch.full((len(rollouts), len(reward_funcs)), math.nan)  # [B, R]
-    completion_ids = [r.completion_ids for r in rollouts]
-    for col, (func, name) in enumerate(zip(reward_funcs, reward_names)):
-        scores = func(
-            prompts=prompts,
-            completions=completions,
-            completion_ids=completion_ids,
-            max_completion_length=max_completion_length,
-            **columns,
-        )
-        if len(scores) != len(rollouts):
-            raise ValueError(f"reward function {name!r} returned {len(scores)} scores for {len(rollouts)} completions")
-        for i, s in enumerate(scores):
-            if s is not None:
-                out[i, col] = float(s)
-    return out
 
 
 def generate_groups(
@@ -122,7 +90,7 @@ def generate_groups(
     )
     timings["time/generate"] = timings.get("time/generate", 0.0) + time.perf_counter() - start
     start = time.perf_counter()
-    rewards = score_rollouts(reward_funcs, reward_names, local_rows, rollouts, G, config.max_completion_length)
+    rewards = score_completions(reward_funcs, reward_names, local_rows, rollouts, G, config.max_completion_length)
     timings["time/reward"] = timings.get("time/reward", 0.0) + time.perf_counter() - start
     gathered = gather_objects([(rollouts, rewards)], ctx)
     all_rollouts = [r for part, _ in gathered for r in part]

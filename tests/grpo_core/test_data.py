@@ -12,7 +12,6 @@ from grpo_core.data import (
     DataError,
     decontaminate,
     dedupe_rows,
-    extract_answer,
     load_prompt_rows,
     load_sft_rows,
     prepare_datasets,
@@ -20,6 +19,7 @@ from grpo_core.data import (
     split_rows,
     write_parquet,
 )
+from grpo_core.rewards.extract import parse_gold_answer
 
 GSM8K_MAP = {"prompt": "question", "answer": "answer"}
 
@@ -127,12 +127,20 @@ def test_sft_rows_need_completion(tmp_path):
     assert rows == [{"prompt": [{"role": "user", "content": "1+1"}], "completion": "<think>1+1=2</think><answer>2</answer>"}]
 
 
-def test_extract_answer():
-    assert extract_answer("so 3 + 4 = 7\n#### 1,234") == "1234"
-    assert extract_answer("x \\boxed{1} then \\boxed{\\frac{1}{2}} end", "boxed") == "\\frac{1}{2}"
-    assert extract_answer(" 42 ", "auto") == "42"
-    with pytest.raises(ValueError):
-        extract_answer("no marker", "gsm8k")
+def test_parse_gold_answer():
+    assert parse_gold_answer("so 3 + 4 = 7\n#### 1,234") == "1234"
+    assert parse_gold_answer("x \\boxed{1} then \\boxed{\\frac{1}{2}} end", "boxed") == "\\frac{1}{2}"
+    assert parse_gold_answer("so \\boxed{\\frac{1}{2}}.") == "\\frac{1}{2}"  # auto unwraps a box too
+    assert parse_gold_answer(" 42 ", "auto") == "42" and parse_gold_answer("$5$") == "5"
+    assert parse_gold_answer("#### 5, 6") == "5, 6"  # only thousands separators are dropped
+    assert parse_gold_answer(" \\boxed{1,000} ", "raw") == "\\boxed{1,000}"
+    for gold in ("#### 1,234", "\\boxed{$7$}", "(1,2)", "\\left( 3, \\frac{\\pi}{2} \\right)"):
+        once = parse_gold_answer(gold)
+        assert parse_gold_answer(once) == once  # math_accuracy re-parses prepared rows: a no-op
+    with pytest.raises(ValueError, match="####"):
+        parse_gold_answer("no marker", "gsm8k")
+    with pytest.raises(ValueError, match="boxed"):
+        parse_gold_answer("\\boxed{unclosed", "boxed")
 
 
 def test_dedupe_and_split_are_deterministic():

@@ -9,8 +9,9 @@ import torch
 from transformers import AutoTokenizer
 
 from grpo_core.config import EvalConfig, SFTConfig
-from grpo_core.evaluation import evaluate, evaluate_with_config, has_reasoning_format, is_direct
+from grpo_core.evaluation import evaluate, evaluate_with_config, is_direct
 from grpo_core.generation import Rollout
+from grpo_core.rewards import REWARD_FUNCS, format_reward
 from grpo_core.sft import train_sft
 from grpo_core.synthetic import make_chain_rows, make_cold_start_rows
 from grpo_core.tiny import build_tiny_model
@@ -50,7 +51,7 @@ def test_metrics_by_hand(tiny):
     rows = [{"id": f"r{i}", "prompt": [{"role": "user", "content": p}], "answer": a, "task": "chain"}
             for i, (p, a) in enumerate([("1+2+3=", "6"), ("2*3*4=", "24"), ("9-1-1=", "7")])]
     greedy = ["<think>1+2=3;3+3=6</think><answer>6</answer>",  # correct: 4 tags + 11 chars + 1 digit = 16 tokens
-              "<think></think><answer>25</answer>",  # direct, wrong, 6 tokens
+              "<think></think><answer>25</answer>",  # direct (not in format: empty think), wrong, 6 tokens
               "7"]  # no format, 1 token
     sampled = [["<think></think><answer>6</answer>", "x"],
                ["<think></think><answer>24</answer>", "<think>2*3=6;6*4=24</think><answer>24</answer>"],
@@ -62,7 +63,10 @@ def test_metrics_by_hand(tiny):
                  return_rows=True)
     assert m["eval/accuracy"] == pytest.approx(1 / 3)
     assert m["eval/pass@1"] == pytest.approx(4 / 6)
-    assert m["eval/format_rate"] == pytest.approx(2 / 3)
+    assert m["eval/format_rate"] == pytest.approx(1 / 3)
+    assert [r["format"] for r in m["rows"]] == [True, False, False]
+    # the registered format reward's pass rate on the greedy texts, nothing else
+    assert m["eval/format_rate"] == pytest.approx(sum(s >= 1.0 for s in format_reward(greedy)) / 3)
     assert m["eval/direct_answer_rate"] == pytest.approx(1 / 3)
     assert m["eval/mean_length"] == pytest.approx((16 + 6 + 1) / 3)
     assert [r["pass@1"] for r in m["rows"]] == [0.5, 1.0, 0.5]
@@ -76,10 +80,33 @@ def test_metrics_by_hand(tiny):
     assert sorted(s for c in again.calls if not c[2] for s in c[3]) == sorted(seeds)  # order-independent
 
 
-def test_format_helpers():
-    assert has_reasoning_format("<think>a\nb</think>\n<answer>3</answer>")
-    assert not has_reasoning_format("<answer>3</answer>")
+def test_direct_answer_helper():
     assert is_direct("<think> </think><answer>3</answer>") and not is_direct("<think>1</think><answer>1</answer>")
+
+
+def test_format_rate_follows_the_registered_format_reward(tiny, monkeypatch):
+    """Swap the registered ``format`` reward: eval/format_rate moves with it (no second format definition)."""
+    tok = AutoTokenizer.from_pretrained(tiny)
+    rows = [{"id": f"r{i}", "prompt": [{"role": "user", "content": p}], "answer": "6"}
+            for i, p in enumerate(["1+2+3=", "2*3*1="])]
+    greedy = ["<think>1+2=3;3+3=6</think><answer>6</answer>", "<think>\n2*3=6\n</think>\n<answer>6</answer>\n"]
+    from grpo_core.trainer.prompts import encode_prompt
+
+    def run():
+        backend = ScriptedBackend(tok, greedy, [[], []])
+        backend.prompts = [encode_prompt(tok, r["prompt"]) for r in rows]
+        return evaluate(tiny, tok, rows, num_samples=0, backend=backend, forced_reasoning=False)
+
+    assert run()["eval/format_rate"] == 1.0  # the format reward allows whitespace around the tags
+    seen = []
+
+    def only_first(completions, **kwargs):
+        seen.append(completions)
+        return [1.0] + [0.0] * (len(completions) - 1)
+
+    monkeypatch.setitem(REWARD_FUNCS, "format", only_first)
+    assert run()["eval/format_rate"] == 0.5
+    assert seen[0][1] == [{"role": "assistant", "content": greedy[1]}]  # chat prompt: chat completions, as in training
 
 
 def test_memorised_model_end_to_end(tiny, tmp_path):
@@ -92,7 +119,8 @@ def test_memorised_model_end_to_end(tiny, tmp_path):
     final = train_sft(cfg, tiny, sft_rows, tmp_path)["final_path"]
     ec = EvalConfig(num_samples=2, temperature=0.01, max_new_tokens=40)
     m = evaluate_with_config(ec, final, prompts, return_rows=True)
-    assert m["eval/accuracy"] == 1.0 and m["eval/format_rate"] == 1.0
+    assert m["eval/accuracy"] == 1.0
+    assert m["eval/format_rate"] == pytest.approx(1 - n_direct / 6)  # direct answers fail the format reward
     assert m["eval/pass@1"] == 1.0  # near-greedy sampling of a memorised model
     assert m["eval/direct_answer_rate"] == pytest.approx(n_direct / 6)
     tok = AutoTokenizer.from_pretrained(final)

@@ -57,23 +57,28 @@ def test_filters_and_pass_rates(tiny):
     backend = ScriptedBackend(tok, prompts, samples)
     kept, stats = rejection_sample(backend, tok, rows, n=4, keep_per_prompt=2, max_completion_tokens=24, batch_size=8)
     assert [(k["id"], k["completion"]) for k in kept] == [
-        ("a-rs0", GOOD), ("a-rs1", "<think></think><answer>6</answer>"),
-        ("b-rs0", "<think>1+2=3;3*2=6</think><answer>6</answer>"),
+        ("a-rs0", GOOD), ("b-rs0", "<think>1+2=3;3*2=6</think><answer>6</answer>"),
     ]
     assert kept[0]["prompt"] == rows[0]["prompt"]
     assert [p["pass_rate"] for p in stats["per_prompt"]] == [0.75, 0.75, 0.0]
-    assert [p["kept"] for p in stats["per_prompt"]] == [2, 1, 0]
+    assert [p["kept"] for p in stats["per_prompt"]] == [1, 1, 0]
     assert stats["rs/rejected/incorrect"] == 1 + 1 + 4
     assert stats["rs/rejected/duplicate"] == 1 and stats["rs/rejected/truncated"] == 1
+    assert stats["rs/rejected/format"] == 1  # a's direct answer: the format reward wants non-empty reasoning
     assert stats["rs/rejected/too_long"] == 1  # 4 + 29 characters > 24 tokens
     assert stats["rs/rejected/over_limit"] == 0
-    assert stats["rs/num_kept"] == 3 and stats["rs/prompts_with_kept"] == 2 and stats["rs/num_samples"] == 12
+    assert stats["rs/num_kept"] == 2 and stats["rs/prompts_with_kept"] == 2 and stats["rs/num_samples"] == 12
     assert stats["rs/mean_pass_rate"] == pytest.approx(0.5)
     assert len(set(backend.seeds)) == 12
 
     kept1, stats1 = rejection_sample(ScriptedBackend(tok, prompts, samples), tok, rows, n=4, keep_per_prompt=1)
     assert [k["id"] for k in kept1] == ["a-rs0", "b-rs0"]  # the step-by-step one: first in sample order
-    assert stats1["rs/rejected/over_limit"] == 2 and stats1["rs/rejected/duplicate"] == 1  # a: 1 dup, 1 over; b: 1 over
+    assert stats1["rs/rejected/over_limit"] == 1 and stats1["rs/rejected/duplicate"] == 1  # b: 1 over
+    # without the format filter the direct answer is kept too
+    kept_any, stats_any = rejection_sample(ScriptedBackend(tok, prompts, samples), tok, rows, n=4, keep_per_prompt=2,
+                                           require_format=False)
+    assert [k["completion"] for k in kept_any][:2] == [GOOD, "<think></think><answer>6</answer>"]
+    assert stats_any["rs/rejected/format"] == 0
     # the format filter: a bare correct answer is kept only when the format is not required
     bare = [[("<answer>6</answer>", False)]]
     always = lambda completions, **kw: [1.0] * len(completions)  # noqa: E731
@@ -82,6 +87,35 @@ def test_filters_and_pass_rates(tiny):
     kept3, _ = rejection_sample(ScriptedBackend(tok, prompts[:1], bare), tok, rows[:1], n=1, require_format=False,
                                 reward_func=always)
     assert [k["completion"] for k in kept3] == ["<answer>6</answer>"]
+
+
+def test_format_filter_follows_the_registered_format_reward(tiny, monkeypatch):
+    """Swap the registered ``format`` reward: the filter moves with it (no second format definition)."""
+    tok = AutoTokenizer.from_pretrained(tiny)
+    rows = [{"id": "a", "prompt": [{"role": "user", "content": "1+2+3="}], "answer": "6"}]
+    texts = [GOOD, "<think>1+2=3;3+3=6</think>\n<answer>6</answer>", "<think></think><answer>6</answer>"]
+    prompts = [encode_prompt(tok, rows[0]["prompt"])]
+
+    def run():
+        backend = ScriptedBackend(tok, prompts, [[(t, False) for t in texts]])
+        return rejection_sample(backend, tok, rows, n=3, keep_per_prompt=3,
+                                reward_func=lambda completions, **kw: [1.0] * len(completions))
+
+    kept, stats = run()
+    assert [k["completion"] for k in kept] == texts[:2] and stats["rs/rejected/format"] == 1
+    from grpo_core.rewards import REWARD_FUNCS, format_reward
+
+    assert format_reward(texts) == [1.0, 1.0, 0.0]
+    seen = []
+
+    def last_only(completions, **kwargs):
+        seen.append(completions)
+        return [0.0] * (len(completions) - 1) + [1.0]
+
+    monkeypatch.setitem(REWARD_FUNCS, "format", last_only)
+    kept, stats = run()
+    assert [k["completion"] for k in kept] == texts[2:] and stats["rs/rejected/format"] == 2
+    assert seen[0][0] == [{"role": "assistant", "content": GOOD}]  # chat prompt: chat completions, as in training
 
 
 def test_language_filter(tiny):
@@ -94,6 +128,12 @@ def test_language_filter(tiny):
                                    reward_func="math_accuracy", language_consistency_threshold=0.9)
     assert [k["completion"] for k in kept] == [samples[0][0][0]]
     assert stats["rs/rejected/language"] == 1
+    # a prompt with no words: the reward does not apply (None), so nothing is dropped for language
+    rows = [{"id": "n", "prompt": [{"role": "user", "content": "1+2="}], "answer": "3"}]
+    prompts = [encode_prompt(tok, rows[0]["prompt"])]
+    kept, stats = rejection_sample(ScriptedBackend(tok, prompts, samples), tok, rows, n=2, keep_per_prompt=2,
+                                   reward_func="math_accuracy", language_consistency_threshold=0.9)
+    assert len(kept) == 2 and stats["rs/rejected/language"] == 0
 
 
 def test_real_backend_is_deterministic(tiny):

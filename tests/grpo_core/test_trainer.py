@@ -17,7 +17,7 @@ from grpo_core.tiny import build_tiny_model
 from grpo_core.trainer import CheckpointError, list_checkpoints, load_latest_checkpoint, train_grpo
 from grpo_core.trainer.checkpoint import verify_checkpoint
 from grpo_core.trainer.prompts import PromptStream, completion_seed, encode_prompt
-from grpo_core.trainer.rollouts import ScoredGroups, collect_step_groups, score_rollouts
+from grpo_core.trainer.rollouts import ScoredGroups, collect_step_groups
 
 torch.set_num_threads(1)
 
@@ -195,21 +195,6 @@ def test_prompt_stream_and_seeds_are_deterministic(tiny_path):
     ids = encode_prompt(tokenizer, [{"role": "user", "content": "7+8*3-5="}], max_prompt_length=32)
     assert ids[0] == tokenizer.bos_token_id and tokenizer.decode(ids[1:]) == "7+8*3-5="
     assert encode_prompt(tokenizer, "abcdef", max_prompt_length=3) == tokenizer("def", add_special_tokens=False)["input_ids"]
-
-
-def test_score_rollouts_follows_the_trl_contract():
-    seen = {}
-
-    def reward(completions, prompts, completion_ids, max_completion_length, answer, **kwargs):
-        seen.update(prompts=prompts, ids=completion_ids, max_len=max_completion_length, answer=answer, extra=kwargs)
-        return [1.0, None, 0.5, None]
-
-    rows = [{"prompt": "q1", "answer": "a1", "task": "t"}, {"prompt": "q2", "answer": "a2", "task": "t"}]
-    rollouts = [Rollout([1], [i, 2], [0.0, 0.0], False, f"c{i}") for i in range(4)]
-    scores = score_rollouts([reward], ["r"], rows, rollouts, num_generations=2, max_completion_length=8)
-    assert seen["prompts"] == ["q1", "q1", "q2", "q2"] and seen["answer"] == ["a1", "a1", "a2", "a2"]
-    assert seen["ids"][3] == [3, 2] and seen["max_len"] == 8 and seen["extra"] == {"task": ["t"] * 4}
-    assert scores[:, 0].tolist()[0] == 1.0 and math.isnan(scores[1, 0]) and math.isnan(scores[3, 0])
 
 
 def _groups(positions: list[int], rewards: list[list[float]]) -> ScoredGroups:

@@ -65,3 +65,18 @@ def test_hostile_inputs_are_fast_and_score_zero():
     start = time.monotonic()
     assert format_reward(hostile) == [0.0] * 4
     assert time.monotonic() - start < 2.0
+
+
+def test_the_embedded_defaults_completions():
+    """Worked chain solutions are in format; the cold-start set's direct answers (empty think) are not."""
+    from grpo_core.synthetic import format_solution, make_chain_rows, make_cold_start_rows
+
+    assert format_reward(["<think>7+8=15;15*3=45;45-5=40</think><answer>40</answer>"]) == [1.0]
+    assert format_reward(["<think></think><answer>40</answer>"]) == [0.0]
+    assert format_solution([7, 8, 3, 5], ["+", "*", "-"], with_reasoning=False) == "<think></think><answer>40</answer>"
+    sft = make_cold_start_rows(make_chain_rows(40, seed=3), direct_fraction=0.5, seed=3)
+    direct = [r["completion"].startswith("<think></think>") for r in sft]
+    assert 0 < sum(direct) < 40
+    assert format_reward([r["completion"] for r in sft], prompts=[r["prompt"] for r in sft]) == [
+        0.0 if d else 1.0 for d in direct
+    ]

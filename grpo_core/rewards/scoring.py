@@ -1,0 +1,83 @@
+"""The one place reward functions are called: training, evaluation and rejection sampling score through here.
+
+``score_completions`` is TRL's ``_calculate_rewards``: every reward function gets, one entry per completion,
+``prompts``, ``completions`` (``[{"role": "assistant", "content": text}]`` when the prompt is chat messages,
+else the text), ``completion_ids``, ``max_completion_length`` and every other dataset column as a keyword.
+A ``None`` score (the reward does not apply to that row) becomes NaN, as in TRL.
+
+``passes`` is the one definition of "correct" (evaluation's accuracy and format rate, rejection sampling's
+filters): a score at or above a threshold, less a float tolerance; NaN never passes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol, Sequence
+
+import torch
+
+from grpo_core.rewards.base import RewardFunc, get_reward_funcs, is_conversational
+
+PASS_THRESHOLD = 1.0  # a verifiable reward scores 1.0 for a correct completion
+PASS_TOLERANCE = 1e-6  # so a reward that computes 1.0 as 0.9999999 still passes
+NOT_COLUMNS = ("prompt", "completion", "completion_ids")  # row keys not passed as dataset columns (as TRL)
+
+
+class ScoredCompletion(Protocol):
+    """What scoring reads of a rollout (``grpo_core.generation.Rollout`` has both)."""
+
+    text: str
+    completion_ids: list[int]
+
+
+def resolve_reward(reward: str | RewardFunc) -> tuple[RewardFunc, str]:
+    """``(function, name)`` of a registered name or a callable (named by its ``__name__``)."""
+    if isinstance(reward, str):
+        return get_reward_funcs([reward])[0], reward
+    return reward, getattr(reward, "__name__", "reward")
+
+
+def score_completions(
+    reward_funcs: Sequence[RewardFunc],
+    reward_names: Sequence[str],
+    rows: Sequence[dict[str, Any]],
+    rollouts: Sequence[ScoredCompletion],
+    num_generations: int,
+    max_completion_length: int,
+) -> torch.Tensor:
+    """``[B, R]`` rewards, B = ``len(rows) * num_generations`` (a row's completions contiguous), R functions.
+
+    NaN where a function returned None. Raises ValueError naming the function when it returns a number
+    of scores other than B.
+    """
+    B = len(rows) * num_generations
+    if len(rollouts) != B:
+        raise ValueError(f"{len(rollouts)} completions for {len(rows)} rows x {num_generations} generations")
+    prompts = [row["prompt"] for row in rows for _ in range(num_generations)]
+    completions: list[Any] = [
+        [{"role": "assistant", "content": r.text}] if is_conversational(p) else r.text
+        for p, r in zip(prompts, rollouts)
+    ]
+    keys = [k for k in dict.fromkeys(k for row in rows for k in row) if k not in NOT_COLUMNS]
+    columns = {k: [row.get(k) for row in rows for _ in range(num_generations)] for k in keys}
+    completion_ids = [r.completion_ids for r in rollouts]
+    out = torch.full((B, len(reward_funcs)), math.nan)  # [B, R]
+    for col, (func, name) in enumerate(zip(reward_funcs, reward_names, strict=True)):
+        scores = func(
+            prompts=prompts,
+            completions=completions,
+            completion_ids=completion_ids,
+            max_completion_length=max_completion_length,
+            **columns,
+        )
+        if len(scores) != B:
+            raise ValueError(f"reward function {name!r} returned {len(scores)} scores for {B} completions")
+        for i, s in enumerate(scores):
+            if s is not None:
+                out[i, col] = float(s)
+    return out
+
+
+def passes(scores: torch.Tensor, threshold: float = PASS_THRESHOLD) -> list[bool]:
+    """Per score ``[B]``: at least ``threshold`` (less ``PASS_TOLERANCE``); NaN (no score) never passes."""
+    return (scores >= threshold - PASS_TOLERANCE).tolist()  # NaN compares False

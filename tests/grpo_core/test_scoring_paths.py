@@ -1,0 +1,142 @@
+"""Training, evaluation and rejection sampling score through one function, with one notion of "correct".
+
+Same rows, same completions: the trainer's rewards, evaluation's verdicts and rejection sampling's pass rates
+all equal ``score_completions`` called directly, and a spy shows each path calls it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+import grpo_core.evaluation as evaluation
+import grpo_core.rejection as rejection
+import grpo_core.trainer.rollouts as rollouts
+from grpo_core.config import GRPOConfig
+from grpo_core.generation import Rollout
+from grpo_core.rewards import REWARD_FUNCS
+from grpo_core.rewards.scoring import passes, score_completions
+from grpo_core.synthetic import chain_accuracy
+from grpo_core.tiny import build_tiny_model
+from grpo_core.trainer.distributed import DistContext
+from grpo_core.trainer.prompts import PromptStream, encode_prompt
+
+torch.set_num_threads(1)
+
+ROWS = [{"id": f"r{i}", "prompt": [{"role": "user", "content": p}], "answer": a, "task": "chain", "source": "t"}
+        for i, (p, a) in enumerate([("1+2+3=", "6"), ("2*3*4=", "24"), ("9-1-1=", "7")])]
+# per row: G = 3 completions, the first also the greedy one: worked, direct (empty think), wrong, unformatted.
+TEXTS = [
+    ["<think>1+2=3;3+3=6</think><answer>6</answer>", "<think></think><answer>6</answer>", "6"],
+    ["<think></think><answer>25</answer>", "<think>2*3=6;6*4=24</think><answer>24</answer>", "x"],
+    ["<think>9-1=8;8-1=7</think><answer>7</answer>", "<think>9-1=8</think><answer>8</answer>", "<answer>7</answer>"],
+]
+G = 3
+
+
+class ScriptedBackend:
+    """TEXTS[i][:n] for prompt i (greedy: TEXTS[i][0]), whatever the seeds."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.prompts = [encode_prompt(tok, r["prompt"]) for r in ROWS]
+
+    def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k, seeds, greedy=False):
+        out = []
+        for p in prompt_ids:
+            for text in TEXTS[self.prompts.index(p)][:n]:
+                ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+                out.append(Rollout(p, ids, None, False, text))
+        return out
+
+    def update_weights(self, model):
+        pass
+
+
+def probe(completions, prompts, completion_ids, max_completion_length, answer, **columns):
+    """chain_accuracy that records what it was called with."""
+    CALLS.append({"completion_type": type(completions[0]).__name__, "prompt_type": type(prompts[0]).__name__,
+                  "columns": sorted(columns), "max_completion_length": max_completion_length,
+                  "ids": len(completion_ids) == len(completions)})
+    return chain_accuracy(completions, answer=answer)
+
+
+CALLS: list[dict] = []
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny"), hidden_size=32,
+                                                          num_layers=2, num_heads=2))
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Every call of score_completions made by the three modules, as ``(module, num_rows, num_generations)``."""
+    calls = []
+
+    def wrap(module):
+        def spying(reward_funcs, reward_names, rows, rollout_list, num_generations, max_completion_length):
+            calls.append((module.__name__, len(rows), num_generations))
+            return score_completions(reward_funcs, reward_names, rows, rollout_list, num_generations,
+                                     max_completion_length)
+        return spying
+
+    for module in (rollouts, evaluation, rejection):
+        assert module.score_completions is score_completions  # the same function, imported, not a copy
+        monkeypatch.setattr(module, "score_completions", wrap(module))
+    CALLS.clear()
+    return calls
+
+
+def test_three_paths_one_function_identical_scores(tok, spy):
+    backend = ScriptedBackend(tok)
+    direct = score_completions([probe], ["probe"], ROWS, backend.generate(backend.prompts, n=G, max_tokens=16,
+                               temperature=1.0, top_p=1.0, top_k=0, seeds=None), G, 16)  # [9, 1]
+    direct_ok = passes(direct[:, 0])
+    assert direct_ok == [True, True, False, False, True, False, True, False, False]  # chain_accuracy: direct counts
+    reference_call = CALLS.pop()
+
+    # training: one step's groups over the three rows (the stream's order; scores compared row by row)
+    config = GRPOConfig(num_generations=G, generation_batch_size=3 * G, max_completion_length=16, use_vllm=False)
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    groups = rollouts.generate_groups(backend, tok, ROWS, PromptStream(3, seed=0), 0, 3, 0, config, [probe],
+                                      ["probe"], ctx, {})
+    for g, row in enumerate(groups.rows):
+        i = ROWS.index(row)
+        assert torch.equal(groups.rewards_per_func[g * G:(g + 1) * G], direct[i * G:(i + 1) * G])
+
+    # evaluation: greedy accuracy (the first completion of each row) and pass@1 over all G
+    m = evaluation.evaluate("unused", tok, ROWS, reward_func=probe, num_samples=G, max_new_tokens=16,
+                            backend=backend, forced_reasoning=False, return_rows=True)
+    assert [r["correct"] for r in m["rows"]] == direct_ok[::G]
+    assert [r["pass@1"] for r in m["rows"]] == [sum(direct_ok[i * G:(i + 1) * G]) / G for i in range(3)]
+
+    # rejection sampling: per-prompt pass rates
+    _, stats = rejection.rejection_sample(backend, tok, ROWS, n=G, keep_per_prompt=G, reward_func=probe,
+                                          max_new_tokens=16)
+    assert [p["pass_rate"] for p in stats["per_prompt"]] == [sum(direct_ok[i * G:(i + 1) * G]) / G for i in range(3)]
+
+    assert [module for module, _, _ in spy] == [
+        "grpo_core.trainer.rollouts", "grpo_core.evaluation", "grpo_core.evaluation", "grpo_core.rejection"]
+    # the reward saw the same argument types on every path: chat completions, every column, completion_ids
+    assert len(CALLS) == 4 and all(call == reference_call for call in CALLS), (reference_call, CALLS)
+    assert reference_call["completion_type"] == "list" and reference_call["columns"] == ["id", "source", "task"]
+
+
+def test_evaluation_and_rejection_share_the_format_verdicts(tok, spy):
+    """The format rate and the format filter are both the registered format reward through the same call."""
+    backend = ScriptedBackend(tok)
+    always = lambda completions, **kw: [1.0] * len(completions)  # noqa: E731
+    all_rollouts = backend.generate(backend.prompts, n=G, max_tokens=16, temperature=1.0, top_p=1.0, top_k=0,
+                                    seeds=None)
+    fmt = passes(score_completions([REWARD_FUNCS["format"]], ["format"], ROWS, all_rollouts, G, 16)[:, 0])
+    assert fmt == [True, False, False, False, True, False, True, True, False]
+    m = evaluation.evaluate("unused", tok, ROWS, num_samples=0, max_new_tokens=16, backend=backend,
+                            forced_reasoning=False)
+    assert m["eval/format_rate"] == pytest.approx(sum(fmt[::G]) / 3)
+    _, stats = rejection.rejection_sample(backend, tok, ROWS, n=G, keep_per_prompt=G, reward_func=always,
+                                          max_new_tokens=16)
+    assert stats["rs/rejected/format"] == fmt.count(False)
+    assert [p["kept"] for p in stats["per_prompt"]] == [sum(fmt[i * G:(i + 1) * G]) for i in range(3)]
