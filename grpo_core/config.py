@@ -5,7 +5,7 @@ Field names follow TRL's ``GRPOConfig``/``SFTConfig`` wherever the concept is th
 ``max_completion_length``, ``num_iterations``, ...), so a TRL config moves over field by field.
 Unknown fields are rejected (``extra="forbid"``) so a typo never silently falls back to a default.
 
-Defaults are the seed's hyperparameter table (G 8-16, beta 0.001-0.01, epsilon 0.1-0.2,
+The pipeline composes these into ``tasks.config.PipelineConfig``. Defaults are the seed's hyperparameter table (G 8-16, beta 0.001-0.01, epsilon 0.1-0.2,
 lr 1e-6..5e-6, max_new_tokens 1024-2048) where it gives one.
 """
 
@@ -141,7 +141,8 @@ class DatasetSource(_Strict):
         description="schema field -> source column, e.g. {'prompt': 'question', 'answer': 'answer'}",
     )
     answer_format: Literal["auto", "raw", "gsm8k", "boxed"] = Field(
-        "auto", description="gsm8k: text after '####'; boxed: last \\boxed{...}; auto: gsm8k when '####' is present"
+        "auto", description="gsm8k: text after '####'; boxed: last \\boxed{...}; auto: text after '####' when present, "
+        "else a final \\boxed{...} or $...$ unwrapped (rewards.extract.parse_gold_answer)"
     )
     task: str = Field("math", min_length=1)
     prompt_template: str | None = Field(None, description="format string with {prompt}, e.g. '{prompt}\\nAnswer in <answer></answer>.'")
@@ -205,7 +206,8 @@ class RejectionSamplingConfig(_Strict):
     max_prompts: int | None = Field(None, gt=0, description="sample from the first N training prompts")
     reward_func: str = Field("chain_accuracy", description="registered reward; a sample is correct when it scores >= reward_threshold")
     reward_threshold: float = 1.0
-    require_format: bool = Field(True, description="keep only <think>...</think><answer>...</answer> completions")
+    require_format: bool = Field(True, description="keep only completions that pass the registered `format` reward "
+                                 "(non-empty <think>, then <answer> or a final \\boxed{})")
     max_completion_tokens: int | None = Field(None, gt=0, description="drop longer completions")
     language_consistency_threshold: float | None = Field(
         None, ge=0, le=1, description="drop completions whose language_consistency reward is below this"

@@ -15,7 +15,7 @@ Metrics (all over the same held-out rows):
   decoding emitted ``<think></think>``, the token after ``<think>`` is re-chosen as the argmax over
   everything except ``</think>`` and greedy decoding continues. Compared with ``eval/accuracy`` it
   separates "RL taught better reasoning" from "RL taught the model to use the reasoning it already had"
-  (``notes/embedded-default.md``). Needs ``<think>``/``</think>`` to be single tokens; otherwise NaN.
+  (the README's emergence table shows both). Needs ``<think>``/``</think>`` to be single tokens; otherwise NaN.
 
 Generation goes through a ``GenerationBackend`` (vLLM or transformers); scores through
 ``grpo_core.rewards.scoring.score_completions``, the trainer's own call, so evaluation scores exactly what
