@@ -59,6 +59,10 @@ class SFTConfig(OptimConfig):
     num_train_epochs: float = Field(1.0, gt=0, description="used when max_steps is not set explicitly")
     max_length: int = Field(1024, gt=0, description="prompt + completion tokens; longer rows are truncated")
     completion_only_loss: bool = True
+    logprob_chunk_size: int = Field(
+        256, gt=0, description="rows of logits turned into log-probs at once; smaller than GRPO's default because "
+        "the backward of each chunk holds ~4 [rows, V] fp32 tensors (tests/benchmarks/sft_memory.py)",
+    )
 
 
 class GRPOConfig(OptimConfig):

@@ -43,6 +43,7 @@ from grpo_core.trainer.checkpoint import (
     remove_temp_checkpoints,
     save_checkpoint,
     set_rng_state,
+    write_json,
 )
 from grpo_core.trainer.distributed import DistContext, all_reduce_gradients, barrier, init_distributed
 from grpo_core.trainer.fsdp import gather_model_state, gather_optimizer_state, is_sharded, load_optimizer_state, shard_model
@@ -251,11 +252,12 @@ class TrainingRun:
         barrier(self.ctx)
 
     def finish(self) -> Path:
-        """Save ``output_dir/final`` (rank 0; every rank joins the FSDP gather); returns its path."""
+        """Save ``output_dir/final`` with the resolved config (rank 0; every rank joins the FSDP gather); its path."""
         final = self.output_dir / "final"
         full_model = gather_model_state(self.model) if is_sharded(self.model) else None
         if self.ctx.is_main:
-            save_final_model(self.model, self.tokenizer, final, state_dict=full_model)
+            save_final_model(self.model, self.tokenizer, final, state_dict=full_model,
+                             json_files={config_file(self.name): self.config_json})
         barrier(self.ctx)
         return final
 
@@ -270,12 +272,16 @@ class TrainingRun:
         self.close()
 
 
-def save_final_model(model: torch.nn.Module, tokenizer: Any, path: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-    """``save_pretrained`` model (or ``state_dict``, gathered from shards) and tokenizer into ``path``, atomically."""
+def save_final_model(model: torch.nn.Module, tokenizer: Any, path: Path, state_dict: dict[str, torch.Tensor] | None = None,
+                     json_files: dict[str, Any] | None = None) -> None:
+    """``save_pretrained`` model (or ``state_dict``, gathered from shards), tokenizer and ``json_files``
+    (name -> object, e.g. the resolved trainer config) into ``path``, atomically."""
     tmp = path.with_name(f".tmp-{path.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
+    for name, obj in (json_files or {}).items():
+        write_json(tmp / name, obj)
     if path.exists():
         shutil.rmtree(path)
     os.rename(tmp, path)

@@ -107,6 +107,7 @@ def test_tiny_model_overfits(tiny, rows, tmp_path):
     assert out["train/loss"] < 0.5 * log[0]["train/loss"] and log[-1]["train/loss"] < 1.5
     final = tmp_path / "final"
     assert (final / "model.safetensors").exists() and (final / "tokenizer.json").exists()
+    assert json.loads((final / "sft_config.json").read_text())["learning_rate"] == 3e-3
     assert out["final_path"] == str(final) and out["train/steps"] == 40
 
 
