@@ -43,6 +43,12 @@ class OptimConfig(_Strict):
     logging_steps: int = Field(1, gt=0)
     report_to: list[Literal["jsonl", "tensorboard"]] = ["jsonl", "tensorboard"]
     torch_num_threads: int | None = Field(None, gt=0, description="torch.set_num_threads; None leaves torch's default")
+    logprob_chunk_size: int = Field(1024, gt=0, description="rows of logits turned into log-probs at once (the loss "
+                                    "never holds [B, L, V] logits)")
+    distributed_strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="under torchrun: ddp = replicated weights + gradient all-reduce; fsdp = FSDP2 "
+        "sharded weights, gradients and optimizer state (models that do not fit replicated)",
+    )
 
 
 class SFTConfig(OptimConfig):
@@ -52,6 +58,10 @@ class SFTConfig(OptimConfig):
     num_train_epochs: float = Field(1.0, gt=0, description="used when max_steps is not set explicitly")
     max_length: int = Field(1024, gt=0, description="prompt + completion tokens; longer rows are truncated")
     completion_only_loss: bool = True
+    logprob_chunk_size: int = Field(
+        256, gt=0, description="rows of logits turned into log-probs at once; smaller than GRPO's default because "
+        "the backward of each chunk holds ~4 [rows, V] fp32 tensors (tests/benchmarks/sft_memory.py)",
+    )
 
 
 class GRPOConfig(OptimConfig):
@@ -93,14 +103,9 @@ class GRPOConfig(OptimConfig):
     vllm_tensor_parallel_size: int = Field(1, ge=1)
     vllm_kv_cache_memory_bytes: int | None = Field(None, gt=0, description="fixed KV cache size (needed on CPU)")
 
-    # --- memory ---
-    logprob_chunk_size: int = Field(1024, gt=0, description="rows of logits turned into log-probs at once")
+    # --- memory (logprob_chunk_size is in OptimConfig) ---
     share_prompt_forward: bool = Field(
         True, description="run each prompt once per micro-batch for its G completions (training and reference passes)"
-    )
-    distributed_strategy: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="under torchrun: ddp = replicated weights + gradient all-reduce; fsdp = FSDP2 "
-        "sharded weights, gradients and optimizer state (models that do not fit replicated)",
     )
 
     @model_validator(mode="after")

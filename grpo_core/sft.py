@@ -6,30 +6,48 @@ The loss is the mean next-token cross-entropy over completion tokens only (TRL's
 ``completion_only_loss``): prompt and padding positions get label -100. A prompt is rendered with the
 tokenizer's chat template and its generation prompt, the completion follows and ends with EOS, the
 same token layout generation and GRPO see. An optimiser step averages over every completion token of
-its ``gradient_accumulation_steps`` micro-batches (token-weighted, not micro-batch-weighted).
+its ``per_device_train_batch_size x gradient_accumulation_steps`` rows (token-weighted, not
+micro-batch-weighted). The cross-entropy is ``-log p`` from ``grpo_core.logprobs.compute_token_logps``:
+the LM head runs ``logprob_chunk_size`` rows at a time, so the ``[B, L, V]`` fp32 logits never exist.
 
-Checkpoints (``output_dir/checkpoint-{step}``) hold the model (``save_pretrained``), tokenizer,
-optimiser and scheduler state and the step; each is written to a temp folder and renamed into
-place, so a crash never leaves a half checkpoint. The data order is a seeded shuffle per epoch,
-addressed by position, so a resumed run sees exactly the batches the uninterrupted run would have.
+Everything else is the skeleton GRPO uses (``grpo_core.trainer.skeleton``): AdamW with weight-decay
+groups, the schedule, verified atomic checkpoints (``output_dir/checkpoint-{step}``, whose
+``trainer_state.json`` holds the step and the logged history), ``metrics.jsonl`` rewritten on resume so
+each logged step appears once, the progress line, ``output_dir/final``. The data order is a seeded
+shuffle per epoch, addressed by position, so a resumed run sees exactly the batches the uninterrupted
+run would have.
+
+Under torchrun a step's rows are split over the ranks (contiguous shares, then micro-batches of
+``per_device_train_batch_size``), each loss divided by the step's GLOBAL completion-token count and
+the gradients summed (``distributed_strategy='fsdp'``: sharded by FSDP2), so N processes train like
+one. Departure from TRL: ``per_device_train_batch_size x gradient_accumulation_steps`` is the step's
+whole batch, not one rank's share.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import re
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
+from transformers import AutoTokenizer
 
 from grpo_core.config import SFTConfig
+from grpo_core.logprobs import compute_token_logps
+from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
+from grpo_core.trainer.fsdp import is_sharded
 from grpo_core.trainer.prompts import PromptStream, encode_prompt
+from grpo_core.trainer.skeleton import (
+    TrainingRun,
+    autocast,
+    load_policy,
+    optimizer_step,
+    prepare_output_dir,
+    seed_everything,
+    start_process,
+)
 
 IGNORE_INDEX = -100
 
@@ -58,16 +76,35 @@ def collate(examples: list[tuple[list[int], list[int]]], pad_token_id: int) -> d
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def completion_token_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Summed cross-entropy over label tokens (the caller divides by the step's total label count)."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, L, V]
-    # position t predicts token t+1: drop the last logit and the first label
-    shift_logits = logits[:, :-1].float()  # [B, L-1, V]
-    shift_labels = batch["labels"][:, 1:]  # [B, L-1]
-    return torch.nn.functional.cross_entropy(
-        shift_logits.reshape(-1, shift_logits.shape[-1]), shift_labels.reshape(-1),
-        ignore_index=IGNORE_INDEX, reduction="sum",
-    )
+def completion_token_loss(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    num_tokens: int,
+    chunk_size: int = 1024,
+    checkpoint_logits: bool | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Cross-entropy summed over the label tokens of ``[B, L]`` rows, divided by ``num_tokens`` (the step's total).
+
+    ``labels`` is ``input_ids`` with -100 where there is no loss (``encode_sft_row``). Only positions from the
+    first label column on go through the LM head, ``chunk_size`` rows at a time (``compute_token_logps``).
+    Returns ``(loss, {"tokens": label tokens in this micro-batch})``.
+    """
+    # Off-by-one: position t predicts token t+1, so label column t+1 is scored by position t.
+    mask = labels[:, 1:] != IGNORE_INDEX  # [B, L-1]
+    first = int(mask.any(0).float().argmax())  # the first column with a label in any row (0 when none)
+    logps, _ = compute_token_logps(model, input_ids, attention_mask, mask.shape[1] - first,
+                                   chunk_size=chunk_size, checkpoint_logits=checkpoint_logits)  # [B, T]
+    mask = mask[:, first:]  # [B, T]
+    loss = -(logps * mask).sum() / num_tokens
+    return loss, {"tokens": float(mask.sum())}
+
+
+def count_label_tokens(labels: list[int]) -> int:
+    """Tokens a row's loss covers: its labels after the shift (the first token is never predicted)."""
+    return sum(label != IGNORE_INDEX for label in labels[1:])
 
 
 def resolve_max_steps(config: SFTConfig, num_rows: int) -> int:
@@ -87,148 +124,60 @@ def train_sft(config: SFTConfig, model_path: str | Path, rows: list[dict[str, An
     """
     if not rows:
         raise ValueError("train_sft got no rows; the SFT data set is empty")
-    if config.torch_num_threads:
-        torch.set_num_threads(config.torch_num_threads)
+    started = time.time()
+    ctx = start_process(config)
     output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    callbacks = callbacks or []
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(config.seed)
-
-    last = latest_checkpoint(output_dir) if resume else None
-    load_from = last or Path(model_path)
-    tokenizer = AutoTokenizer.from_pretrained(load_from)
-    model = AutoModelForCausalLM.from_pretrained(load_from, dtype=torch.float32).to(device)
-    if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    model.train()
+    prepare_output_dir(output_dir, ctx, resume)
+    seed_everything(config.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model, loaded = load_policy("sft", model_path, output_dir, config, ctx, resume=resume)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-
     encoded = [encode_sft_row(tokenizer, r, config.max_length, config.completion_only_loss) for r in rows]
     max_steps = resolve_max_steps(config, len(encoded))
     per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay,
-                                  betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon)
-    warmup = config.warmup_steps or int(config.warmup_ratio * max_steps)
-    scheduler = get_scheduler(config.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=max_steps)
-    step = 0
-    if last is not None:
-        state = torch.load(last / "training_state.pt", weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step = state["step"]
-    metrics_path = output_dir / "metrics.jsonl"
-    _truncate_metrics(metrics_path, step)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if config.bf16 and device.type == "cuda"
-                else torch.autocast("cpu", enabled=False))
-
-    start_time, window, last_loss = time.time(), [], float("nan")
-    writer = _tensorboard_writer(output_dir) if "tensorboard" in config.report_to else None
     stream = PromptStream(len(encoded), config.seed)
-    while step < max_steps:
-        indices = stream.rows_at(step * per_step, per_step)
-        micro = [indices[i: i + config.per_device_train_batch_size]
-                 for i in range(0, per_step, config.per_device_train_batch_size)]
-        batches = [collate([encoded[i] for i in m], pad_id) for m in micro]
-        total_tokens = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
-        loss_total = 0.0
-        for b in batches:
-            b = {k: v.to(device) for k, v in b.items()}
-            with autocast:
-                loss_sum = completion_token_loss(model, b)
-            loss = loss_sum / max(total_tokens, 1)  # token-weighted mean over the whole step
-            loss.backward()
-            loss_total += float(loss.detach())
-        if not math.isfinite(loss_total):
-            raise FloatingPointError(f"non-finite SFT loss {loss_total} at step {step + 1}; lower learning_rate")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm))
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        window.append(loss_total)
-        if step % config.logging_steps == 0 or step == max_steps:
-            metrics = {"step": step, "train/loss": sum(window) / len(window), "train/grad_norm": grad_norm,
-                       "train/learning_rate": scheduler.get_last_lr()[0], "train/num_tokens": total_tokens,
-                       "train/elapsed_s": time.time() - start_time}
-            if "jsonl" in config.report_to:
-                with metrics_path.open("a") as f:
-                    f.write(json.dumps(metrics) + "\n")
-            if writer is not None:
-                for k, v in metrics.items():
-                    writer.add_scalar(k, v, step)
-            for cb in callbacks:
-                if hasattr(cb, "on_step"):
-                    cb.on_step(step, max_steps, metrics)
-            last_loss, window = metrics["train/loss"], []
-        if step % config.save_steps == 0 and step < max_steps:
-            path = save_checkpoint(model, tokenizer, optimizer, scheduler, step, config, output_dir)
-            for cb in callbacks:
-                if hasattr(cb, "on_checkpoint"):
-                    cb.on_checkpoint(step, path)
+    initial = {"step": 0, "log_history": [], "loss_window": []}  # losses of the steps since the last logged one
 
-    if writer is not None:
-        writer.close()
-    final = output_dir / "final"
-    _atomic_save(final, lambda tmp: _save_model(model, tokenizer, config, tmp))
-    return {"train/loss": last_loss, "train/steps": step,
-            "train/runtime_s": time.time() - start_time, "final_path": str(final)}
+    with TrainingRun.start("sft", config, ctx, output_dir, model, tokenizer, loaded, max_steps=max_steps,
+                           optimizer_steps=max_steps, state=initial, callbacks=callbacks) as run:
+        state = run.state
+        for step in range(state["step"] + 1, max_steps + 1):
+            batch = [encoded[i] for i in stream.rows_at((step - 1) * per_step, per_step)]
+            loss, num_tokens = _accumulate_gradients(model, batch, pad_id, config, ctx)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"non-finite SFT loss {loss} at step {step}; lower learning_rate")
+            grad_norm = optimizer_step(model, run.optimizer, run.scheduler, config.max_grad_norm, ctx)
+            learning_rate = run.scheduler.get_last_lr()[0]
+            state["loss_window"].append(loss)
+            metrics = None
+            if step % config.logging_steps == 0 or step == max_steps:
+                metrics = {"train/loss": sum(state["loss_window"]) / len(state["loss_window"]),
+                           "train/grad_norm": grad_norm, "train/learning_rate": learning_rate,
+                           "train/num_tokens": num_tokens, "train/elapsed_s": time.time() - started}
+                state["loss_window"] = []
+            run.end_step(step, metrics, loss=loss, lr=learning_rate)
+        final = run.finish()
+    last_loss = state["log_history"][-1]["train/loss"] if state["log_history"] else float("nan")
+    return {"train/loss": last_loss, "train/steps": state["step"], "train/runtime_s": time.time() - started,
+            "final_path": str(final)}
 
 
-def _save_model(model: torch.nn.Module, tokenizer: Any, config: SFTConfig, path: Path) -> None:
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-    (path / "sft_config.json").write_text(config.model_dump_json(indent=2))
-
-
-def save_checkpoint(model: torch.nn.Module, tokenizer: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
-                    step: int, config: SFTConfig, output_dir: Path) -> Path:
-    """``output_dir/checkpoint-{step}``, written atomically; prunes beyond ``save_total_limit``."""
-    def write(tmp: Path) -> None:
-        _save_model(model, tokenizer, config, tmp)
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step},
-                   tmp / "training_state.pt")
-
-    path = _atomic_save(output_dir / f"checkpoint-{step}", write)
-    for old in list_checkpoints(output_dir)[: -config.save_total_limit]:
-        shutil.rmtree(old, ignore_errors=True)
-    return path
-
-
-def _atomic_save(path: Path, write: Any) -> Path:
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    if path.exists():
-        shutil.rmtree(path)
-    os.replace(tmp, path)
-    return path
-
-
-def list_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
-    found = [(int(m.group(1)), p) for p in Path(output_dir).glob("checkpoint-*")
-             if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and (p / "training_state.pt").exists()]
-    return [p for _, p in sorted(found)]
-
-
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    found = list_checkpoints(output_dir)
-    return found[-1] if found else None
-
-
-def _tensorboard_writer(output_dir: Path) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is optional
-        return None
-    return SummaryWriter(log_dir=str(output_dir / "tensorboard"))
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop logged steps after ``step`` (a resumed run logs them again)."""
-    if not path.exists():
-        return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in keep))
+def _accumulate_gradients(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]], pad_id: int,
+                          config: SFTConfig, ctx: DistContext) -> tuple[float, int]:
+    """Backward over this rank's share of a step's ``rows``; returns the step's loss (all ranks) and label tokens."""
+    num_tokens = sum(count_label_tokens(labels) for _, labels in rows)  # global: every rank has every row
+    sharded = is_sharded(model)
+    local_loss = 0.0
+    for mb in micro_batches(shard(list(range(len(rows))), ctx), config.per_device_train_batch_size,
+                            ctx if sharded else None):
+        batch = collate([rows[i] for i in mb or [0]], pad_id)  # [] = FSDP filler: run, add 0
+        batch = {k: v.to(ctx.device) for k, v in batch.items()}
+        with autocast(config, ctx.device):
+            loss, _ = completion_token_loss(model, batch["input_ids"], batch["attention_mask"], batch["labels"],
+                                            num_tokens=max(num_tokens, 1), chunk_size=config.logprob_chunk_size)
+        if not mb:  # every forward of a sharded model is a collective: join it, contribute nothing
+            (loss * 0.0).backward()
+            continue
+        loss.backward()
+        local_loss += float(loss.detach())
+    return sum(gather_objects([local_loss], ctx)), num_tokens

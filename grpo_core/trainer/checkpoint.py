@@ -5,7 +5,7 @@ Layout of ``output_dir/checkpoint-N`` (loadable with ``from_pretrained`` as is):
     model.safetensors, config.json, generation_config.json, tokenizer files   (save_pretrained)
     optimizer.pt, scheduler.pt, rng_state.pt (python, numpy, torch, cuda)
     trainer_state.json   step, prompt-stream position, optimiser steps, metrics history
-    grpo_config.json     the resolved trainer config (config.json is the model's)
+    grpo_config.json     the resolved trainer config (config.json is the model's; sft_config.json for SFT)
     manifest.json        sha256 of every file above; written last, it marks the checkpoint complete
 
 Everything is written into ``.tmp-checkpoint-N``, fsynced, then renamed, so a crash leaves either a
@@ -114,11 +114,12 @@ def save_checkpoint(
     save_total_limit: int,
     model_state_dict: dict[str, torch.Tensor] | None = None,
     optimizer_state_dict: dict[str, Any] | None = None,
+    config_name: str = "grpo_config.json",
 ) -> Path:
     """Write ``checkpoint-{step}`` atomically, then delete all but the newest ``save_total_limit``.
 
     ``model_state_dict``/``optimizer_state_dict``: full states gathered from a sharded (FSDP) model;
-    default: the model's and optimizer's own.
+    default: the model's and optimizer's own. ``config_name``: the file holding ``config``.
     """
     final = output_dir / f"checkpoint-{step}"
     tmp = output_dir / f".tmp-checkpoint-{step}"
@@ -130,7 +131,7 @@ def save_checkpoint(
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng_state.pt")
     write_json(tmp / "trainer_state.json", trainer_state)
-    write_json(tmp / "grpo_config.json", config)
+    write_json(tmp / config_name, config)
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
     for p in files:
         _fsync(p)
@@ -171,7 +172,8 @@ def _load(file: Path, reader: Callable[[Path], Any]) -> Any:
         raise CheckpointError(f"{file} is unreadable: {type(e).__name__}: {e}") from e
 
 
-def load_checkpoint(path: Path, load_model: Callable[[Path], torch.nn.Module]) -> LoadedCheckpoint:
+def load_checkpoint(path: Path, load_model: Callable[[Path], torch.nn.Module],
+                    config_name: str = "grpo_config.json") -> LoadedCheckpoint:
     verify_checkpoint(path)
     return LoadedCheckpoint(
         path=path,
@@ -180,15 +182,16 @@ def load_checkpoint(path: Path, load_model: Callable[[Path], torch.nn.Module]) -
         optimizer=_load(path / "optimizer.pt", lambda f: torch.load(f, map_location="cpu", weights_only=True)),
         scheduler=_load(path / "scheduler.pt", lambda f: torch.load(f, map_location="cpu", weights_only=True)),
         rng=_load(path / "rng_state.pt", lambda f: torch.load(f, map_location="cpu", weights_only=False)),
-        config=_load(path / "grpo_config.json", lambda f: json.loads(f.read_text())),
+        config=_load(path / config_name, lambda f: json.loads(f.read_text())),
     )
 
 
-def load_latest_checkpoint(output_dir: Path, load_model: Callable[[Path], torch.nn.Module]) -> LoadedCheckpoint | None:
+def load_latest_checkpoint(output_dir: Path, load_model: Callable[[Path], torch.nn.Module],
+                           config_name: str = "grpo_config.json") -> LoadedCheckpoint | None:
     """The newest usable checkpoint; unusable ones are logged as errors (naming the file) and skipped."""
     for step, path in reversed(list_checkpoints(output_dir)):
         try:
-            return load_checkpoint(path, load_model)
+            return load_checkpoint(path, load_model, config_name)
         except CheckpointError as e:
             logger.error("cannot resume from checkpoint-%d: %s; falling back to the previous checkpoint", step, e)
     return None

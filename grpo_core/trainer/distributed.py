@@ -1,9 +1,9 @@
-"""Process-group plumbing for data-parallel GRPO (torchrun), and the single-process no-op case.
+"""Process-group plumbing for data-parallel training (torchrun), and the single-process no-op case.
 
-Work split: a step's prompts are sharded over ranks whole (a group never straddles two ranks), each
-rank generates and scores its groups, and ``gather_objects`` gives every rank the whole step's
+Work split in GRPO: a step's prompts are sharded over ranks whole (a group never straddles two ranks),
+each rank generates and scores its groups, and ``gather_objects`` gives every rank the whole step's
 rollouts, so advantages, dynamic sampling and metrics are computed identically everywhere. Training
-then shards the sequences again; gradients are summed with ``all_reduce_gradients`` (or, with
+then shards the sequences again (SFT shards a step's rows the same way); gradients are summed with ``all_reduce_gradients`` (or, with
 ``distributed_strategy='fsdp'``, reduce-scattered by FSDP2: see ``trainer/fsdp.py``).
 
 Departure from the usual DDP wrapper: ``grpo_core.logprobs.compute_token_logps`` runs the decoder and
@@ -69,13 +69,6 @@ def gather_objects(local: list[Any], ctx: DistContext) -> list[Any]:
     return [x for part in parts for x in part]
 
 
-def all_reduce_sum(values: torch.Tensor, ctx: DistContext) -> torch.Tensor:
-    if ctx.enabled:
-        values = values.to(ctx.device)
-        dist.all_reduce(values, op=dist.ReduceOp.SUM)
-    return values
-
-
 def all_reduce_gradients(model: torch.nn.Module, ctx: DistContext) -> None:
     """Sum the gradients of every rank in place (one flattened buffer)."""
     if not ctx.enabled:
@@ -108,8 +101,3 @@ def micro_batches(idx: list[int], size: int, lockstep: DistContext | None = None
 def barrier(ctx: DistContext) -> None:
     if ctx.enabled:
         dist.barrier()
-
-
-def destroy(ctx: DistContext) -> None:
-    if ctx.enabled and dist.is_initialized():
-        dist.destroy_process_group()

@@ -14,42 +14,33 @@ ends with the same weights as one that never stopped, and N processes give the c
 from __future__ import annotations
 
 import logging
-import os
-import random
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import backend_kind, make_backend
 from grpo_core.loss import combine_rewards, compute_group_advantages
 from grpo_core.rewards import get_reward_funcs, pop_reward_stats
 from grpo_core.rewards.math import configure as configure_verifier
-from grpo_core.trainer.checkpoint import (
-    list_checkpoints,
-    load_latest_checkpoint,
-    remove_temp_checkpoints,
-    save_checkpoint,
-    set_rng_state,
-)
-from grpo_core.trainer.distributed import DistContext, barrier, gather_objects, init_distributed
-from grpo_core.trainer.fsdp import (
-    ReplicaBackend,
-    gather_model_state,
-    gather_optimizer_state,
-    is_sharded,
-    load_optimizer_state,
-    shard_model,
-)
-from grpo_core.trainer.metrics import MetricsWriter, completion_metrics, reward_metrics
-from grpo_core.trainer.optim import build_optimizer, build_scheduler
+from grpo_core.trainer.distributed import gather_objects
+from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded, shard_model
+from grpo_core.trainer.metrics import completion_metrics, reward_metrics
 from grpo_core.trainer.prompts import PromptStream
 from grpo_core.trainer.rollouts import collect_step_groups, generate_groups
+from grpo_core.trainer.skeleton import (
+    TrainingRun,
+    load_model,
+    load_policy,
+    model_load_device,
+    prepare_output_dir,
+    seed_everything,
+    start_process,
+    uses_fsdp,
+)
 from grpo_core.trainer.update import build_train_batch, optimise
 
 logger = logging.getLogger(__name__)
@@ -73,16 +64,6 @@ def resolve_rewards(config: GRPOConfig, reward_funcs: RewardFuncs | None) -> tup
     return funcs, names, weights
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def _load_model(path: Path | str, device: torch.device) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
-
-
 def backend_options(config: GRPOConfig, kind: str, device: torch.device, model_config: Any = None) -> dict[str, Any]:
     """``make_backend`` keyword arguments for ``kind`` ("hf" or "vllm", see ``backend_kind``) from the GRPO
     config (``model_config``: the policy's transformers config, whose ``max_position_embeddings`` caps vLLM's
@@ -103,13 +84,6 @@ def backend_options(config: GRPOConfig, kind: str, device: torch.device, model_c
     }
 
 
-def _call(callbacks: list[Any], method: str, *args: Any) -> None:
-    for cb in callbacks:
-        fn = getattr(cb, method, None)
-        if fn is not None:
-            fn(*args)
-
-
 def train_grpo(
     config: GRPOConfig,
     model_path: str | Path,
@@ -125,11 +99,8 @@ def train_grpo(
     Writes checkpoints, ``metrics.jsonl``, TensorBoard events and ``final/`` (model + tokenizer) under
     ``output_dir``; returns the last step's metrics. Under ``torchrun`` the processes split each step.
     """
-    ctx = init_distributed()
-    if config.torch_num_threads:
-        torch.set_num_threads(config.torch_num_threads)
+    ctx = start_process(config)
     output_dir = Path(output_dir)
-    callbacks = list(callbacks or [])
     funcs, names, weights = resolve_rewards(config, reward_funcs)
     if config.prompts_per_step % ctx.world_size:
         raise ValueError(
@@ -141,68 +112,34 @@ def train_grpo(
                        "generation_batch_size / per_device_train_batch_size")
     if not train_rows:
         raise ValueError("train_rows is empty: GRPO needs at least one prompt")
-    if ctx.is_main:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        remove_temp_checkpoints(output_dir)
-        if not resume:  # starting over: an old run's later checkpoints would outrank the new ones
-            old = [p for _, p in list_checkpoints(output_dir)] + [p for p in [output_dir / "final"] if p.exists()]
-            if old:
-                logger.warning("resume=False: removing %s from a previous run", [p.name for p in old])
-            for path in old:
-                shutil.rmtree(path)
-    barrier(ctx)
+    prepare_output_dir(output_dir, ctx, resume)
 
     seed_everything(config.seed)
     configure_verifier(timeout=config.reward_timeout, num_workers=config.reward_num_workers)  # math_accuracy's pool
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    fsdp = config.distributed_strategy == "fsdp" and ctx.enabled  # one process: nothing to shard over
-    if config.distributed_strategy == "fsdp" and not fsdp:
-        logger.info("distributed_strategy='fsdp' in a single process: training unsharded")
-    load_device = torch.device("cpu") if fsdp else ctx.device  # fully_shard moves each shard to ctx.device
-    loaded = load_latest_checkpoint(output_dir, lambda p: _load_model(p, load_device)) if resume else None
-    model = loaded.model if loaded else _load_model(model_path, load_device)
-    model.train()
-    if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if fsdp:
-        model = shard_model(model, ctx, bf16=config.bf16)
+    model, loaded = load_policy("grpo", model_path, output_dir, config, ctx, resume=resume)
     ref_model = None
     if config.beta > 0.0:  # the reference model exists only when the KL term does
-        ref_model = _load_model(model_path, load_device).eval().requires_grad_(False)
-        if fsdp:
+        ref_model = load_model(model_path, model_load_device(config, ctx)).eval().requires_grad_(False)
+        if uses_fsdp(config, ctx):
             ref_model = shard_model(ref_model, ctx, bf16=config.bf16)
     num_updates = (config.steps_per_generation or 1) * config.num_iterations
-    optimizer = build_optimizer(model, config)
-    scheduler = build_scheduler(optimizer, config, config.max_steps * num_updates)
-    state: dict[str, Any] = {"step": 0, "stream_position": 0, "optimizer_steps": 0, "log_history": []}
-    if loaded:
-        if fsdp:
-            load_optimizer_state(optimizer, loaded.optimizer)
+    initial = {"step": 0, "stream_position": 0, "optimizer_steps": 0, "log_history": []}
+    with TrainingRun.start("grpo", config, ctx, output_dir, model, tokenizer, loaded, max_steps=config.max_steps,
+                           optimizer_steps=config.max_steps * num_updates, state=initial, callbacks=callbacks) as run:
+        state = run.state
+        kind = backend_kind(config.use_vllm)
+        start_path = loaded.path if loaded else model_path
+        opts = backend_options(config, kind, ctx.device, model.config)
+        if is_sharded(model) and kind == "hf":  # sample from a full replica: a sharded module decodes only in lockstep
+            replica = load_model(start_path, ctx.device).eval().requires_grad_(False)
+            backend = ReplicaBackend(make_backend("hf", str(start_path), model=replica, tokenizer=tokenizer, **opts), replica)
         else:
-            optimizer.load_state_dict(loaded.optimizer)
-        scheduler.load_state_dict(loaded.scheduler)
-        set_rng_state(loaded.rng)
-        state = loaded.trainer_state
-        changed = sorted(k for k, v in config.model_dump(mode="json").items() if loaded.config.get(k) != v)
-        if changed:
-            logger.warning("resuming %s with a changed config: %s", loaded.path, changed)
-        logger.info("resumed from %s at step %d", loaded.path, state["step"])
+            backend = make_backend(kind, str(start_path), model=model, tokenizer=tokenizer, **opts)
+        pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        stream = PromptStream(len(train_rows), config.seed)
 
-    kind = backend_kind(config.use_vllm)
-    start_path = loaded.path if loaded else model_path
-    opts = backend_options(config, kind, ctx.device, model.config)
-    if fsdp and kind == "hf":  # sample from a full replica: a sharded module decodes only in lockstep
-        replica = _load_model(start_path, ctx.device).eval().requires_grad_(False)
-        backend = ReplicaBackend(make_backend("hf", str(start_path), model=replica, tokenizer=tokenizer, **opts), replica)
-    else:
-        backend = make_backend(kind, str(start_path), model=model, tokenizer=tokenizer, **opts)
-    pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    stream = PromptStream(len(train_rows), config.seed)
-    writer = MetricsWriter(output_dir, config.report_to, state["log_history"], state["step"]) if ctx.is_main else None
-    config_json = config.model_dump(mode="json")
-
-    metrics: dict[str, Any] = state["log_history"][-1] if state["log_history"] else {}
-    try:
+        metrics: dict[str, Any] = state["log_history"][-1] if state["log_history"] else {}
         for step in range(state["step"] + 1, config.max_steps + 1):
             start = time.perf_counter()
             timings: dict[str, float] = {}
@@ -220,7 +157,7 @@ def train_grpo(
             )  # [N]
             batch = build_train_batch(groups.rollouts, advantages, pad_token_id, config.mask_truncated_completions)
             train_start = time.perf_counter()
-            update_metrics = optimise(model, ref_model, optimizer, scheduler, batch, config, ctx)
+            update_metrics = optimise(model, ref_model, run.optimizer, run.scheduler, batch, config, ctx)
             backend.update_weights(model)  # the next step samples from the updated policy
             end = time.perf_counter()
 
@@ -244,43 +181,11 @@ def train_grpo(
             if config.dynamic_sampling:
                 metrics["dynamic_sampling/rounds"] = float(rounds)
                 metrics["dynamic_sampling/kept_groups"] = float(len(groups))
-            state["step"] = step
             state["stream_position"] = position
             state["optimizer_steps"] += num_updates
-            state["log_history"].append({"step": step, **metrics})
-            if ctx.is_main:
-                writer.write(step, metrics)
-                logger.info("step %d/%d reward %.3f loss %.4f (%.2fs)", step, config.max_steps,
-                            metrics["reward"], metrics["loss"], metrics["time/step"])
-                _call(callbacks, "on_step", step, config.max_steps, metrics)
-            if step % config.save_steps == 0 or step == config.max_steps:
-                full_model, full_optim = None, None
-                if is_sharded(model):  # every rank joins the gathers; rank 0 writes
-                    full_model, full_optim = gather_model_state(model), gather_optimizer_state(optimizer, ctx)
-                if ctx.is_main:
-                    path = save_checkpoint(
-                        output_dir, step, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
-                        trainer_state=state, config=config_json, save_total_limit=config.save_total_limit,
-                        model_state_dict=full_model, optimizer_state_dict=full_optim,
-                    )
-                    _call(callbacks, "on_checkpoint", step, path)
-                barrier(ctx)
-        full_model = gather_model_state(model) if is_sharded(model) else None
-        if ctx.is_main:
-            save_final_model(model, tokenizer, output_dir / "final", state_dict=full_model)
-        barrier(ctx)
-    finally:
-        if writer is not None:
-            writer.close()
+            logger.debug("step %d/%d reward %.3f loss %.4f (%.2fs)", step, config.max_steps,
+                         metrics["reward"], metrics["loss"], metrics["time/step"])
+            run.end_step(step, metrics, loss=metrics["loss"], reward=metrics["reward"], lr=metrics["learning_rate"])
+        run.finish()
     return {"step": state["step"], **{k: v for k, v in metrics.items() if k != "step"}}
 
-
-def save_final_model(model: torch.nn.Module, tokenizer: Any, path: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-    """``save_pretrained`` model (or ``state_dict``, gathered from shards) and tokenizer into ``path``, atomically."""
-    tmp = path.with_name(f".tmp-{path.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
-    tokenizer.save_pretrained(tmp)
-    if path.exists():
-        shutil.rmtree(path)
-    os.rename(tmp, path)

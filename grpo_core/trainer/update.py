@@ -13,20 +13,19 @@ Reference log-probs exist only when ``beta > 0``.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.tensor import DTensor
 
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import Rollout
 from grpo_core.logprobs import compute_completion_logps, compute_token_logps
 from grpo_core.loss import compute_policy_loss
-from grpo_core.trainer.distributed import DistContext, all_reduce_gradients, gather_objects, micro_batches, shard
+from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
 from grpo_core.trainer.fsdp import is_sharded
+from grpo_core.trainer.skeleton import autocast, optimizer_step
 
 
 @dataclass
@@ -96,7 +95,7 @@ def _token_logps(
         shared = torch.unique(torch.cat([prompt_ids, prompt_mask], 1), dim=0, return_inverse=True)
         if len(shared[0]) == len(idx):  # nothing to share
             shared = None
-    with _autocast(config, device):
+    with autocast(config, device):
         if shared is None:
             input_ids = torch.cat([prompt_ids, completion_ids], 1).to(device)  # [b, Lp'+T']
             attention_mask = torch.cat([prompt_mask, completion_mask], 1).to(device)  # [b, Lp'+T']
@@ -109,12 +108,6 @@ def _token_logps(
                 completion_ids.to(device), completion_mask.to(device), **kwargs,
             )
     return logps, entropy, t
-
-
-def _autocast(config: GRPOConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    if config.bf16 and device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 @torch.no_grad()
@@ -162,7 +155,6 @@ def optimise(
         assert ref_model is not None, "beta > 0 needs a reference model"
         batch.ref_logps = compute_batch_logps(ref_model, batch, local_idx, config, ctx.device, ctx)
 
-    params = [p for p in model.parameters() if p.requires_grad]
     bs = config.per_device_train_batch_size
     sharded = is_sharded(model)
     for iteration in range(config.num_iterations):
@@ -198,17 +190,10 @@ def optimise(
                     add("entropy_tokens", float(comp_mask.sum()))
                     if batch.old_logps is None and batch.sampling_logps is not None:
                         _add_sampling_diff(logps.detach().float().cpu(), batch, mb, add, maxes)
-            if not sharded:  # FSDP reduce-scatters (sums) gradients during backward
-                all_reduce_gradients(model, ctx)
             add("loss", step_loss)
             add("learning_rate", scheduler.get_last_lr()[0] / ctx.world_size)  # summed over ranks below
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
-            if isinstance(grad_norm, DTensor):  # FSDP: the norm over all shards, replicated
-                grad_norm = grad_norm.full_tensor()
-            add("grad_norm", float(grad_norm) / ctx.world_size)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            grad_norm = optimizer_step(model, optimizer, scheduler, config.max_grad_norm, ctx)
+            add("grad_norm", grad_norm / ctx.world_size)
     return _reduce_metrics(sums, maxes, num_updates=config.num_iterations * num_chunks, ctx=ctx)
 
 

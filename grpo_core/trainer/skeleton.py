@@ -1,0 +1,287 @@
+"""The training skeleton the SFT and GRPO trainers share; they differ only in how a step's batch is built
+and in its loss.
+
+    ctx = start_process(config)                            # torchrun group (or none), torch threads
+    prepare_output_dir(output_dir, ctx, resume)             # temp folders gone; resume=False clears an old run
+    seed_everything(config.seed)
+    model, loaded = load_policy("sft", model_path, output_dir, config, ctx, resume=resume)
+    with TrainingRun.start("sft", config, ctx, ...) as run:   # optimiser, schedule, restored state, metrics
+        for step in range(run.state["step"] + 1, max_steps + 1):
+            ...                                            # the trainer's batch, loss and backward
+            grad_norm = optimizer_step(model, run.optimizer, run.scheduler, config.max_grad_norm, ctx)
+            run.end_step(step, metrics, loss=..., lr=...)  # history, metrics.jsonl, progress, on_step, checkpoint
+        run.finish()                                       # output_dir/final
+
+Only rank 0 writes checkpoints, metrics and the final model, and only rank 0 calls the callbacks; every
+rank joins the FSDP gathers and the barriers. ``trainer_state.json`` of a checkpoint holds at least
+``step`` and ``log_history`` (the rows of ``metrics.jsonl`` so far), from which ``metrics.jsonl`` is
+rewritten on resume, so it lists every step exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM
+
+from grpo_core.config import OptimConfig
+from grpo_core.trainer.checkpoint import (
+    LoadedCheckpoint,
+    list_checkpoints,
+    load_latest_checkpoint,
+    remove_temp_checkpoints,
+    save_checkpoint,
+    set_rng_state,
+    write_json,
+)
+from grpo_core.trainer.distributed import DistContext, all_reduce_gradients, barrier, init_distributed
+from grpo_core.trainer.fsdp import gather_model_state, gather_optimizer_state, is_sharded, load_optimizer_state, shard_model
+from grpo_core.trainer.metrics import MetricsWriter
+from grpo_core.trainer.optim import build_optimizer, build_scheduler
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_LINES = 20  # a progress line every ~5% of max_steps
+
+
+def start_process(config: OptimConfig) -> DistContext:
+    """Join the torchrun process group (none in a single process) and set torch's thread count."""
+    ctx = init_distributed()
+    if config.torch_num_threads:
+        torch.set_num_threads(config.torch_num_threads)
+    return ctx
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def prepare_output_dir(output_dir: Path, ctx: DistContext, resume: bool) -> None:
+    """Create ``output_dir`` and drop half-written temp folders; ``resume=False`` also removes an old run's
+    checkpoints and final model (its later checkpoints would outrank the new run's). All ranks wait."""
+    if ctx.is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        remove_temp_checkpoints(output_dir)
+        if not resume:
+            old = [p for _, p in list_checkpoints(output_dir)] + [p for p in [output_dir / "final"] if p.exists()]
+            if old:
+                logger.warning("resume=False: removing %s from a previous run", [p.name for p in old])
+            for path in old:
+                shutil.rmtree(path)
+    barrier(ctx)
+
+
+def load_model(path: Path | str, device: torch.device) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+
+
+def uses_fsdp(config: OptimConfig, ctx: DistContext) -> bool:
+    """``distributed_strategy='fsdp'`` under torchrun; one process has nothing to shard over."""
+    return config.distributed_strategy == "fsdp" and ctx.enabled
+
+
+def model_load_device(config: OptimConfig, ctx: DistContext) -> torch.device:
+    """Where to load weights: the CPU under FSDP (``fully_shard`` moves each shard to ``ctx.device``)."""
+    return torch.device("cpu") if uses_fsdp(config, ctx) else ctx.device
+
+
+def config_file(name: str) -> str:
+    """The checkpoint file holding trainer ``name``'s resolved config: ``grpo_config.json``, ``sft_config.json``."""
+    return f"{name}_config.json"
+
+
+def load_policy(
+    name: str, model_path: str | Path, output_dir: Path, config: OptimConfig, ctx: DistContext, *, resume: bool
+) -> tuple[torch.nn.Module, LoadedCheckpoint | None]:
+    """The model trainer ``name`` trains, from the newest usable checkpoint (when resuming) or ``model_path``;
+    in train mode, with gradient checkpointing when configured, FSDP-sharded under ``distributed_strategy='fsdp'``."""
+    if config.distributed_strategy == "fsdp" and not uses_fsdp(config, ctx):
+        logger.info("distributed_strategy='fsdp' in a single process: training unsharded")
+    device = model_load_device(config, ctx)
+    loaded = None
+    if resume:
+        loaded = load_latest_checkpoint(output_dir, lambda p: load_model(p, device), config_file(name))
+    model = loaded.model if loaded else load_model(model_path, device)
+    model.train()
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if uses_fsdp(config, ctx):
+        model = shard_model(model, ctx, bf16=config.bf16)
+    return model, loaded
+
+
+def autocast(config: OptimConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on GPU when ``config.bf16``; fp32 otherwise (CPU always)."""
+    if config.bf16 and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def optimizer_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, max_grad_norm: float, ctx: DistContext
+) -> float:
+    """Sum the ranks' gradients, clip them to ``max_grad_norm``, step optimiser and schedule; the grad norm.
+
+    Losses are divided by global totals, so the summed gradient is the full-batch gradient; FSDP has
+    already reduce-scattered (summed) during backward.
+    """
+    if not is_sharded(model):
+        all_reduce_gradients(model, ctx)
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if isinstance(grad_norm, DTensor):  # FSDP: the norm over all shards, replicated
+        grad_norm = grad_norm.full_tensor()
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(grad_norm)
+
+
+class ProgressLog:
+    """A human-readable INFO line: the first step this process runs, every ~5% of ``max_steps``, the last step.
+
+    ``grpo step 40/100 (40%) loss 0.0123 reward 0.512 lr 5e-05 elapsed 62s ETA 93s``; ETA extrapolates
+    this process's own pace (a resumed run does not count the steps it skipped).
+    """
+
+    def __init__(self, name: str, max_steps: int, start_step: int) -> None:
+        self.name, self.max_steps, self.first = name, max_steps, start_step + 1
+        self.every = max(1, math.ceil(max_steps / PROGRESS_LINES))
+        self.started = time.monotonic()
+
+    def due(self, step: int) -> bool:
+        return step == self.first or step % self.every == 0 or step == self.max_steps
+
+    def update(self, step: int, **values: float) -> None:
+        if not self.due(step):
+            return
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / (step - self.first + 1) * (self.max_steps - step)
+        fields = " ".join(f"{k} {v:.3g}" for k, v in values.items())
+        logger.info("%s step %d/%d (%d%%) %s elapsed %.0fs ETA %.0fs", self.name, step, self.max_steps,
+                    100 * step // self.max_steps, fields, elapsed, eta)
+
+
+def call_callbacks(callbacks: list[Any], method: str, *args: Any) -> None:
+    for cb in callbacks:
+        fn = getattr(cb, method, None)
+        if fn is not None:
+            fn(*args)
+
+
+class TrainingRun:
+    """One trainer invocation's shared state and bookkeeping: optimiser, schedule, ``state`` (saved as
+    ``trainer_state.json``), metrics writer, progress line and callbacks. Build it with ``start``."""
+
+    def __init__(self, name: str, config: OptimConfig, ctx: DistContext, output_dir: Path, model: torch.nn.Module,
+                 tokenizer: Any, optimizer: torch.optim.Optimizer, scheduler: Any, state: dict[str, Any],
+                 max_steps: int, callbacks: list[Any]) -> None:
+        self.name, self.config, self.ctx, self.output_dir = name, config, ctx, output_dir
+        self.model, self.tokenizer, self.optimizer, self.scheduler = model, tokenizer, optimizer, scheduler
+        self.state, self.max_steps, self.callbacks = state, max_steps, callbacks
+        self.config_json = config.model_dump(mode="json")
+        self.writer = (MetricsWriter(output_dir, config.report_to, state["log_history"], state["step"])
+                       if ctx.is_main else None)
+        self.progress = ProgressLog(name, max_steps, state["step"])
+
+    @classmethod
+    def start(cls, name: str, config: OptimConfig, ctx: DistContext, output_dir: Path, model: torch.nn.Module,
+              tokenizer: Any, loaded: LoadedCheckpoint | None, *, max_steps: int, optimizer_steps: int,
+              state: dict[str, Any], callbacks: list[Any] | None = None) -> "TrainingRun":
+        """Optimiser and schedule (over ``optimizer_steps``), restored with ``state`` and the RNGs from ``loaded``.
+
+        ``state`` is the fresh run's trainer state; it must hold ``step`` (0) and ``log_history`` ([]).
+        """
+        optimizer = build_optimizer(model, config)
+        scheduler = build_scheduler(optimizer, config, optimizer_steps)
+        if loaded:
+            if is_sharded(model):
+                load_optimizer_state(optimizer, loaded.optimizer)
+            else:
+                optimizer.load_state_dict(loaded.optimizer)
+            scheduler.load_state_dict(loaded.scheduler)
+            set_rng_state(loaded.rng)
+            state = loaded.trainer_state
+            changed = sorted(k for k, v in config.model_dump(mode="json").items() if loaded.config.get(k) != v)
+            if changed:
+                logger.warning("resuming %s with a changed config: %s", loaded.path, changed)
+            logger.info("resumed from %s at step %d", loaded.path, state["step"])
+        return cls(name, config, ctx, output_dir, model, tokenizer, optimizer, scheduler, state, max_steps,
+                   list(callbacks or []))
+
+    def end_step(self, step: int, metrics: dict[str, Any] | None, **progress: float) -> None:
+        """Close ``step``: log ``metrics`` (None: not a logging step), the progress line (``progress``: its
+        fields), ``on_step``; then the checkpoint when due (every ``save_steps`` and at ``max_steps``)."""
+        self.state["step"] = step
+        if metrics is not None:
+            self.state["log_history"].append({"step": step, **metrics})
+        if self.ctx.is_main:
+            if metrics is not None:
+                self.writer.write(step, metrics)
+            self.progress.update(step, **progress)
+            if metrics is not None:
+                call_callbacks(self.callbacks, "on_step", step, self.max_steps, metrics)
+        if step % self.config.save_steps == 0 or step == self.max_steps:
+            self.save_checkpoint(step)
+
+    def save_checkpoint(self, step: int) -> None:
+        full_model, full_optim = None, None
+        if is_sharded(self.model):  # every rank joins the gathers; rank 0 writes
+            full_model, full_optim = gather_model_state(self.model), gather_optimizer_state(self.optimizer, self.ctx)
+        if self.ctx.is_main:
+            path = save_checkpoint(
+                self.output_dir, step, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
+                scheduler=self.scheduler, trainer_state=self.state, config=self.config_json,
+                save_total_limit=self.config.save_total_limit, model_state_dict=full_model,
+                optimizer_state_dict=full_optim, config_name=config_file(self.name),
+            )
+            call_callbacks(self.callbacks, "on_checkpoint", step, path)
+        barrier(self.ctx)
+
+    def finish(self) -> Path:
+        """Save ``output_dir/final`` with the resolved config (rank 0; every rank joins the FSDP gather); its path."""
+        final = self.output_dir / "final"
+        full_model = gather_model_state(self.model) if is_sharded(self.model) else None
+        if self.ctx.is_main:
+            save_final_model(self.model, self.tokenizer, final, state_dict=full_model,
+                             json_files={config_file(self.name): self.config_json})
+        barrier(self.ctx)
+        return final
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    def __enter__(self) -> "TrainingRun":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def save_final_model(model: torch.nn.Module, tokenizer: Any, path: Path, state_dict: dict[str, torch.Tensor] | None = None,
+                     json_files: dict[str, Any] | None = None) -> None:
+    """``save_pretrained`` model (or ``state_dict``, gathered from shards), tokenizer and ``json_files``
+    (name -> object, e.g. the resolved trainer config) into ``path``, atomically."""
+    tmp = path.with_name(f".tmp-{path.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+    tokenizer.save_pretrained(tmp)
+    for name, obj in (json_files or {}).items():
+        write_json(tmp / name, obj)
+    if path.exists():
+        shutil.rmtree(path)
+    os.rename(tmp, path)

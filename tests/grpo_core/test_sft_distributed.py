@@ -1,0 +1,89 @@
+"""SFT on two processes under torchrun (gloo), ddp and fsdp, trains like one process with the same step batch.
+
+The two-process runs are this file under torchrun:
+
+    torchrun --standalone --nproc_per_node 2 tests/grpo_core/test_sft_distributed.py MODEL_DIR OUTPUT_DIR STRATEGY
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rows() -> list[dict]:
+    from grpo_core.synthetic import make_chain_rows, make_cold_start_rows
+
+    return make_cold_start_rows(make_chain_rows(10, seed=1), direct_fraction=0.3, seed=1)
+
+
+def config(strategy: str):
+    from grpo_core.config import SFTConfig
+
+    # 5 rows per step: rank 0 takes 3 micro-batches of 1, rank 1 two (plus an FSDP filler to stay in lockstep).
+    return SFTConfig(
+        max_steps=4, per_device_train_batch_size=1, gradient_accumulation_steps=5, learning_rate=3e-3,
+        lr_scheduler_type="cosine", warmup_steps=1, weight_decay=0.01, save_steps=2, seed=3, report_to=["jsonl"],
+        torch_num_threads=1, distributed_strategy=strategy, logprob_chunk_size=16,
+    )
+
+
+def run(model_dir: str, output_dir: str, strategy: str) -> None:
+    from grpo_core.sft import train_sft
+
+    train_sft(config(strategy), model_dir, rows(), output_dir, resume=False)
+
+
+def _metrics(output_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> tuple[Path, Path]:
+    from grpo_core.tiny import build_tiny_model
+
+    torch.set_num_threads(1)
+    tmp = tmp_path_factory.mktemp("sft-dist")
+    model_dir = build_tiny_model(tmp / "tiny", hidden_size=32, num_layers=2, num_heads=2)
+    run(str(model_dir), str(tmp / "one"), "ddp")
+    return model_dir, tmp / "one"
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_give_the_loss_curve_of_one(one_process, tmp_path, strategy):
+    from safetensors.torch import load_file
+
+    model_dir, one_dir = one_process
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         __file__, str(model_dir), str(tmp_path / "two"), strategy],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    one, two = _metrics(one_dir), _metrics(tmp_path / "two")
+    assert [m["step"] for m in two] == [1, 2, 3, 4]  # rank 0 alone writes metrics
+    for a, b in zip(one, two):
+        assert a["train/num_tokens"] == b["train/num_tokens"]  # the global count, on every rank
+        assert abs(a["train/loss"] - b["train/loss"]) < 1e-5, (a["step"], a["train/loss"], b["train/loss"])
+        assert abs(a["train/grad_norm"] - b["train/grad_norm"]) < 1e-5 * max(1.0, a["train/grad_norm"])
+    assert len({m["train/loss"] for m in one}) > 1  # the curve moves, so agreement is not trivial
+    w1 = load_file(one_dir / "final" / "model.safetensors")
+    w2 = load_file(tmp_path / "two" / "final" / "model.safetensors")
+    assert w1.keys() == w2.keys()
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], atol=1e-4, rtol=0)
+    assert sorted(p.name for p in (tmp_path / "two").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+
+
+if __name__ == "__main__":
+    run(sys.argv[1], sys.argv[2], sys.argv[3])
