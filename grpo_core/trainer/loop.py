@@ -22,7 +22,7 @@ import torch
 from transformers import AutoTokenizer
 
 from grpo_core.config import GRPOConfig
-from grpo_core.generation import backend_kind, make_backend
+from grpo_core.generation import backend_kind, backend_options, make_backend
 from grpo_core.loss import combine_rewards, compute_group_advantages
 from grpo_core.rewards import get_reward_funcs, pop_reward_stats
 from grpo_core.rewards.math import configure as configure_verifier
@@ -62,26 +62,6 @@ def resolve_rewards(config: GRPOConfig, reward_funcs: RewardFuncs | None) -> tup
     names = [f if isinstance(f, str) else getattr(f, "__name__", f"reward_{i}") for i, f in enumerate(items)]
     weights = torch.tensor(config.reward_weights, dtype=torch.float32) if config.reward_weights is not None else None
     return funcs, names, weights
-
-
-def backend_options(config: GRPOConfig, kind: str, device: torch.device, model_config: Any = None) -> dict[str, Any]:
-    """``make_backend`` keyword arguments for ``kind`` ("hf" or "vllm", see ``backend_kind``) from the GRPO
-    config (``model_config``: the policy's transformers config, whose ``max_position_embeddings`` caps vLLM's
-    context)."""
-    if kind == "hf":
-        return {"autocast_dtype": torch.bfloat16 if config.bf16 and device.type == "cuda" else None}
-    max_model_len = config.max_prompt_length + config.max_completion_length
-    positions = getattr(model_config, "max_position_embeddings", None)
-    if positions and max_model_len > positions:  # vLLM refuses a longer context than the model has positions for
-        logger.info("vLLM max_model_len %d capped at the model's max_position_embeddings %d", max_model_len, positions)
-        max_model_len = positions
-    return {
-        "max_model_len": max_model_len,
-        "gpu_memory_utilization": config.vllm_gpu_memory_utilization,
-        "tensor_parallel_size": config.vllm_tensor_parallel_size,
-        "kv_cache_memory_bytes": config.vllm_kv_cache_memory_bytes,
-        "seed": config.seed,
-    }
 
 
 def train_grpo(

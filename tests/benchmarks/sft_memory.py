@@ -33,9 +33,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's grpo_core, not an installed one
 
 IGNORE_INDEX = -100
 

@@ -242,7 +242,7 @@ def test_vllm_context_is_capped_at_the_model_positions():
     """max_prompt_length + max_completion_length past the model's positions: vLLM would refuse to start."""
     from types import SimpleNamespace
 
-    from grpo_core.trainer.loop import backend_options
+    from grpo_core.generation import backend_options
 
     config = small_config(max_prompt_length=256, max_completion_length=32)
     opts = backend_options(config, "vllm", torch.device("cpu"), SimpleNamespace(max_position_embeddings=256))
