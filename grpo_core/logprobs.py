@@ -25,18 +25,6 @@ from torch.utils.checkpoint import checkpoint
 CHECKPOINT_MIN_LOGITS = 2**22  # [B*T, V] elements (16 MiB in fp32) under which logits are simply kept for backward
 
 
-def selective_log_softmax(logits: Tensor, index: Tensor, chunk_size: int = 1024) -> Tensor:
-    """``log_softmax(logits, -1).gather(-1, index)`` in fp32, ``chunk_size`` rows at a time: ``[..., V], [...] -> [...]``."""
-    flat = logits.reshape(-1, logits.shape[-1])  # [N, V]
-    flat_index = index.reshape(-1)  # [N]
-    out = []
-    for start in range(0, flat.shape[0], chunk_size):
-        rows = flat[start : start + chunk_size].float()  # [n, V], fp32 even for bf16 logits
-        picked = rows.gather(-1, flat_index[start : start + chunk_size, None]).squeeze(-1)  # [n]
-        out.append(picked - torch.logsumexp(rows, dim=-1))  # [n]
-    return torch.cat(out).view(index.shape)
-
-
 def _chunk_logps(
     hidden: Tensor, targets: Tensor, lm_head: nn.Module, temperature: float, compute_entropy: bool
 ) -> tuple[Tensor, Tensor]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import atexit
 import io
 import logging
-import math
 import multiprocessing as mp
 import os
 import signal
@@ -281,11 +280,6 @@ class VerifierPool:
                     self.stats["errors"] += 1
                 pending.clear()
         return [r if r is not None else Outcome("error", error="Lost") for r in results]
-
-
-def batch_worst_case_s(num_items: int, num_workers: int, timeout: float) -> float:
-    """Upper bound of one ``map`` call's duration once workers are warm (kill grace included)."""
-    return math.ceil(num_items / num_workers) * (timeout + _KILL_GRACE_S)
 
 
 _LIVE_POOLS: "weakref.WeakSet[VerifierPool]" = weakref.WeakSet()
