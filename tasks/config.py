@@ -80,6 +80,43 @@ class PipelineConfig(_Strict):
     evaluate: EvalConfig = Field(default_factory=EvalConfig)
     run: RunSettings = Field(default_factory=RunSettings)
 
+    @model_validator(mode="after")
+    def _check_rewards(self) -> "PipelineConfig":
+        # Names resolve here, not in the stage that first scores (after two stages have committed).
+        # grpo_core's own configs do not check: there a notebook may pass the functions themselves.
+        problems = unknown_rewards(self)
+        if problems:
+            raise UnknownReward(problems)
+        return self
+
+
+# The config fields that name registered reward functions (grpo_core.rewards.register_reward).
+REWARD_FIELDS = (("grpo_train", "reward_funcs"), ("final_rl", "reward_funcs"),
+                 ("rejection_sample", "reward_func"), ("evaluate", "reward_func"))
+
+
+class UnknownReward(ValueError):
+    """Reward names the registry does not know; ``problems`` holds (field location, message) pairs."""
+
+    def __init__(self, problems: list[tuple[tuple, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in problems))
+
+
+def unknown_rewards(config: "PipelineConfig") -> list[tuple[tuple, str]]:
+    """(location, message) for every reward name in ``config`` that is not registered."""
+    from grpo_core.rewards import REWARD_FUNCS
+
+    problems = []
+    for section, field in REWARD_FIELDS:
+        value = getattr(getattr(config, section), field)
+        for i, name in (enumerate(value) if isinstance(value, list) else [(None, value)]):
+            if name not in REWARD_FUNCS:
+                loc = (section, field) if i is None else (section, field, i)
+                problems.append((loc, f"unknown reward function {name!r}; registered: {', '.join(sorted(REWARD_FUNCS))} "
+                                      "(register your own with grpo_core.rewards.register_reward('name'))"))
+    return problems
+
 
 class ConfigError(ValueError):
     """A config file that does not validate; the message names each bad field by its YAML path and line."""
@@ -92,6 +129,10 @@ def parse_config(data: dict, source: str = "<config>", lines: dict[tuple, int] |
     except ValidationError as e:
         problems = []
         for err in e.errors():
+            unknown = err.get("ctx", {}).get("error")
+            if isinstance(unknown, UnknownReward):  # one line per name, at its own YAML line
+                problems += [f"{source}{_at(lines, loc)}: {'.'.join(map(str, loc))}: {msg}" for loc, msg in unknown.problems]
+                continue
             loc = tuple(err["loc"])
             where = ".".join(str(p) for p in loc) or "(top level)"
             line = _nearest_line(lines or {}, loc)
@@ -138,8 +179,14 @@ def _key_lines(node, prefix: tuple = ()) -> dict[tuple, int]:
     return out
 
 
+def _at(lines: dict[tuple, int] | None, loc: tuple) -> str:
+    line = _nearest_line(lines or {}, loc)
+    return f":{line}" if line else ""
+
+
 def _nearest_line(lines: dict[tuple, int], loc: tuple) -> int | None:
     for n in range(len(loc), 0, -1):
         if loc[:n] in lines:
             return lines[loc[:n]]
     return None
+

@@ -99,3 +99,49 @@ def test_cli_unreachable_store_is_one_line(monkeypatch):
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [result.output.strip()]
     assert "error: cannot reach S3 endpoint http://127.0.0.1:9" in result.output
+
+
+REGISTERED = ("chain_accuracy, chain_format, code_execution, format, language_consistency, math_accuracy, "
+              "overlong_penalty (register your own with grpo_core.rewards.register_reward('name'))")
+
+
+def test_unknown_reward_names_its_yaml_line_and_the_registered_names(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: {tiny: {}}\ngrpo_train:\n  reward_funcs:\n    - chain_accuracy\n    - mth_accuracy\n"
+                    "evaluate:\n  reward_func: acuracy\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (
+        f"{path}:5: grpo_train.reward_funcs.1: unknown reward function 'mth_accuracy'; registered: {REGISTERED}; "
+        f"{path}:7: evaluate.reward_func: unknown reward function 'acuracy'; registered: {REGISTERED}")
+
+
+@pytest.mark.parametrize("section, field, value", [
+    ("final_rl", "reward_funcs", ["chain_accuracy", "nope"]),
+    ("rejection_sample", "reward_func", "nope"),
+])
+def test_unknown_reward_is_refused_however_the_config_arrives(section, field, value):
+    """A deployment run validates the config it is given without the YAML loader: the check holds there too."""
+    with pytest.raises(ValueError, match=rf"{section}\.{field}(\.1)?: unknown reward function 'nope'; registered: "):
+        PipelineConfig.model_validate({"model": {"tiny": {}}, section: {field: value}})
+
+
+@pytest.fixture
+def no_pipeline(monkeypatch):
+    """The CLI must refuse before it starts the pipeline (and Prefect); if it gets there, fail at once."""
+    import flows.r1_pipeline
+
+    def started(**_):
+        raise AssertionError("the pipeline started")
+
+    monkeypatch.setattr(flows.r1_pipeline, "r1_pipeline", started)
+
+
+def test_cli_unknown_reward_fails_before_anything_runs(tmp_path, no_pipeline):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: {tiny: {}}\nfinal_rl:\n  reward_funcs: [chain_accuracy, chain_formt]\n")
+    result = CliRunner().invoke(app, ["run", "-c", str(path), "--store", str(tmp_path / "store"), "--run", "bad"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"error: {path}:3: final_rl.reward_funcs.1: unknown reward function 'chain_formt'; registered: {REGISTERED}"]
+    assert not (tmp_path / "store").exists()  # refused before the store was opened, let alone a stage
