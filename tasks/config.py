@@ -190,3 +190,40 @@ def _nearest_line(lines: dict[tuple, int], loc: tuple) -> int | None:
             return lines[loc[:n]]
     return None
 
+
+# ---------------------------------------------------------------- the other inputs of a run: its name and store
+
+STORE_SCHEMES = "a local folder, file:///path, or s3://bucket[/prefix]"
+
+
+def check_run_name(name: str) -> str:
+    """A run name is one path segment of the store: refuse what would escape it or collide with its internals."""
+    problem = (
+        "is empty" if not name.strip() else
+        "contains a path separator" if "/" in name or "\\" in name else
+        "contains '..'" if ".." in name else
+        "starts with '_' or '.' (names the store keeps for itself)" if name.startswith(("_", ".")) else
+        "contains a control character" if any(ord(c) < 32 for c in name) else None
+    )
+    if problem:
+        raise ConfigError(f"run name {name!r} {problem}; use letters, digits, '-', '_' and '.', e.g. --run exp-1")
+    return name
+
+
+def check_store_url(url: str) -> str:
+    """A store root the Store supports (a local folder, ``file://``, ``s3://bucket[/prefix]``), before any I/O."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        if not url.strip():
+            raise ConfigError(f"store URL is empty; use {STORE_SCHEMES}")
+        return url  # a local path
+    if scheme in ("file", "local"):
+        if not rest.strip("/"):
+            raise ConfigError(f"store URL {url!r} names no folder; use file:///absolute/path or a plain path")
+        return url
+    if scheme in ("s3", "s3a"):
+        bucket = rest.split("/", 1)[0]
+        if not bucket or any(c.isspace() for c in bucket):
+            raise ConfigError(f"store URL {url!r} names no bucket; use s3://bucket or s3://bucket/prefix")
+        return url
+    raise ConfigError(f"store URL {url!r}: scheme {scheme + '://'!r} is not supported; use {STORE_SCHEMES}")
