@@ -59,6 +59,37 @@ def test_bad_rows_can_be_skipped_and_counted(tmp_path):
     assert manifest["data_stats"]["sources"][f"train:{src}"]["rows_skipped"] == 2
 
 
+def test_non_utf8_byte_names_file_and_line_and_commits_nothing(tmp_path):
+    src = tmp_path / "qa.jsonl"
+    good = [json.dumps({"prompt": f"what is {i} plus {i}?", "answer": str(2 * i)}).encode() for i in range(6)]
+    src.write_bytes(b"\n".join(good[:3] + [b'{"prompt": "caf\xe9 plus 1?", "answer": "1"}'] + good[3:]) + b"\n")
+    with pytest.raises(DataError) as err:
+        prepare_data.fn(_data_config(src), "bad", str(tmp_path / "store"))
+    assert str(err.value).startswith(f"{src} line 4: byte 0xe9 is not UTF-8; re-save the file as UTF-8")
+    _nothing_committed(tmp_path / "store")
+    ref = prepare_data.fn(_data_config(src, on_error="skip"), "ok", str(tmp_path / "store"))
+    assert ref.metrics["data/num_train"] + ref.metrics["data/num_eval"] == 6
+    assert Store(tmp_path / "store").manifest(ref)["data_stats"]["sources"][f"train:{src}"]["rows_skipped"] == 1
+
+
+def test_empty_data_file_says_so_not_eval_fraction(tmp_path):
+    src = tmp_path / "qa.jsonl"
+    src.write_text("")
+    with pytest.raises(DataError) as err:
+        prepare_data.fn(_data_config(src), "bad", str(tmp_path / "store"))
+    assert str(err.value) == f"{src}: the file is empty (no rows); fill it or remove it from the data sources"
+    _nothing_committed(tmp_path / "store")
+
+
+def test_every_row_skipped_says_so_not_eval_fraction(tmp_path):
+    src = tmp_path / "qa.jsonl"
+    src.write_bytes(b'{"prompt": "caf\xe9?", "answer": "1"}\n{"prompt": "x"}\n')
+    with pytest.raises(DataError) as err:
+        prepare_data.fn(_data_config(src, on_error="skip"), "bad", str(tmp_path / "store"))
+    assert str(err.value).startswith("no training rows left: every row was skipped as bad (on_error: skip)")
+    _nothing_committed(tmp_path / "store")
+
+
 @pytest.mark.parametrize("stage, field, value, expect", [
     ("grpo_train", "bogus_field", "1", "unknown field"),
     ("grpo_train", "beta", "-0.5", "Input should be greater than or equal to 0 (got -0.5)"),
