@@ -94,10 +94,10 @@ def run(
     cfg = _config(config)
     if run_name is not None:
         _run_name(run_name)
-    st = _store(store)
     selected = [s.strip() for s in stages.split(",")] if stages else None
     for name in [*(selected or []), *([from_stage] if from_stage else [])]:
         _stage_entry(name)
+    st = _store(store)
     from flows.r1_pipeline import new_run_name, r1_pipeline
     from tasks.common import configure_stage_logging
 
