@@ -116,3 +116,24 @@ def test_status_of_an_unknown_run_names_the_store_and_lists_runs(tmp_path):
     assert line == f"error: no run 'exp-1' in store {empty}; it holds no runs yet; pass --store if the run is in another store"
     ok = CliRunner().invoke(app, ["status", "exp-1", "--store", str(tmp_path / "store")])
     assert ok.exit_code == 0 and "pending" in ok.output  # a run that exists still shows its stages
+
+
+def test_flows_refuse_a_bad_run_name_when_called_without_the_cli(tmp_path, monkeypatch):
+    """A deployment run passes its parameters straight to the flow: the run name is checked there too."""
+    import flows.r1_pipeline
+    from flows.r1_pipeline import r1_pipeline
+    from flows.stages import run_stage
+    from tasks.config import ConfigError
+
+    def planned(*_, **__):
+        raise AssertionError("the pipeline planned its stages")
+
+    monkeypatch.setattr(flows.r1_pipeline.Dispatcher, "plan", planned)
+    message = "run name '../escape' contains a path separator; use letters, digits, '-', '_' and '.', e.g. --run exp-1"
+    with pytest.raises(ConfigError) as err:
+        r1_pipeline.fn(run_name="../escape", store=str(tmp_path / "store"))
+    assert str(err.value) == message
+    with pytest.raises(ConfigError) as err:
+        run_stage("grpo_train", "../escape", store=str(tmp_path / "store"))
+    assert str(err.value) == message
+    assert _files_under(tmp_path) == []
