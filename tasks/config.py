@@ -11,6 +11,7 @@ YAML loader whose errors name the file, line and field. ``DEFAULT_CONFIG`` is th
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -216,6 +217,8 @@ def check_store_url(url: str) -> str:
     if not sep:
         if not url.strip():
             raise ConfigError(f"store URL is empty; use {STORE_SCHEMES}")
+        if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:", url):  # s3:/bucket, s3:bucket: a typo, not a folder to create
+            raise ConfigError(f"store URL {url!r} looks like a URL missing '://'; use {STORE_SCHEMES}")
         return url  # a local path
     if scheme in ("file", "local"):
         if not rest.strip("/"):

@@ -84,6 +84,8 @@ def test_bad_run_name_is_refused_and_nothing_is_written(tmp_path, monkeypatch, n
     ("s3://", "store URL 's3://' names no bucket; use s3://bucket or s3://bucket/prefix"),
     ("s3:///prefix", "store URL 's3:///prefix' names no bucket; use s3://bucket or s3://bucket/prefix"),
     ("file://", "store URL 'file://' names no folder; use file:///absolute/path or a plain path"),
+    ("s3:/bucket", "store URL 's3:/bucket' looks like a URL missing '://'; "
+                   "use a local folder, file:///path, or s3://bucket[/prefix]"),
 ])
 @pytest.mark.parametrize("command", ["run", "status"])
 def test_unsupported_store_url_is_refused_before_prefect(tmp_path, monkeypatch, no_pipeline, command, url, message):
