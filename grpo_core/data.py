@@ -10,7 +10,8 @@ plus any ``keep_columns`` of the source (e.g. ``tests`` for code rewards). Cold-
 Sources: local ``.jsonl``/``.json``/``.parquet``/``.csv`` files, or anything ``datasets.load_dataset``
 opens (a hub name such as ``openai/gsm8k``, or a local folder). Rows are validated one by one; a bad
 row raises a ``DataError`` naming file, row (the 1-based line for jsonl/csv) and field with how to fix
-it, or, with ``on_error="skip"``, is skipped and counted.
+it, or, with ``on_error="skip"``, is skipped and counted; a byte that is not UTF-8 makes its row bad.
+An empty file is an error of its own.
 
 Decontamination drops training rows that share a word n-gram (default 13, as in GPT-3's and the
 Llama reports' contamination checks) with any eval prompt; a prompt shorter than n words is compared

@@ -5,8 +5,9 @@
 The algorithm configs (``SFTConfig``, ``GRPOConfig``, ``DataConfig``, ``EvalConfig``,
 ``RejectionSamplingConfig``) live in ``grpo_core.config``; this module adds what only the pipeline knows:
 the base model, the consolidation stage's starting point, how stages execute (``RunSettings``), and the
-YAML loader whose errors name the file, line and field. ``DEFAULT_CONFIG`` is the embedded default that
-``r1 run`` and the ``r1-pipeline`` deployment use when given no config.
+YAML loader whose errors name the file, line and field (reward names are checked against the registry
+there), and the checks the CLI makes on a run's name and store URL before anything runs. ``DEFAULT_CONFIG``
+is the embedded default that ``r1 run`` and the ``r1-pipeline`` deployment use when given no config.
 """
 
 from __future__ import annotations
@@ -108,13 +109,14 @@ def unknown_rewards(config: "PipelineConfig") -> list[tuple[tuple, str]]:
     """(location, message) for every reward name in ``config`` that is not registered."""
     from grpo_core.rewards import REWARD_FUNCS
 
+    registered = ", ".join(sorted(REWARD_FUNCS))
     problems = []
     for section, field in REWARD_FIELDS:
         value = getattr(getattr(config, section), field)
         for i, name in (enumerate(value) if isinstance(value, list) else [(None, value)]):
             if name not in REWARD_FUNCS:
                 loc = (section, field) if i is None else (section, field, i)
-                problems.append((loc, f"unknown reward function {name!r}; registered: {', '.join(sorted(REWARD_FUNCS))} "
+                problems.append((loc, f"unknown reward function {name!r}; registered: {registered} "
                                       "(register your own with grpo_core.rewards.register_reward('name'))"))
     return problems
 
@@ -132,7 +134,8 @@ def parse_config(data: dict, source: str = "<config>", lines: dict[tuple, int] |
         for err in e.errors():
             unknown = err.get("ctx", {}).get("error")
             if isinstance(unknown, UnknownReward):  # one line per name, at its own YAML line
-                problems += [f"{source}{_at(lines, loc)}: {'.'.join(map(str, loc))}: {msg}" for loc, msg in unknown.problems]
+                problems += [f"{source}{_at(lines, loc)}: {'.'.join(map(str, loc))}: {msg}"
+                             for loc, msg in unknown.problems]
                 continue
             loc = tuple(err["loc"])
             where = ".".join(str(p) for p in loc) or "(top level)"

@@ -115,7 +115,8 @@ def test_status_of_an_unknown_run_names_the_store_and_lists_runs(tmp_path):
     assert _files_under(tmp_path) == before
     empty = tmp_path / "empty"
     line = _one_error_line(CliRunner().invoke(app, ["status", "exp-1", "--store", str(empty)]))
-    assert line == f"error: no run 'exp-1' in store {empty}; it holds no runs yet; pass --store if the run is in another store"
+    assert line == (f"error: no run 'exp-1' in store {empty}; it holds no runs yet; "
+                    "pass --store if the run is in another store")
     ok = CliRunner().invoke(app, ["status", "exp-1", "--store", str(tmp_path / "store")])
     assert ok.exit_code == 0 and "pending" in ok.output  # a run that exists still shows its stages
 

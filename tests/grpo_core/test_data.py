@@ -114,7 +114,8 @@ def test_non_utf8_byte_names_file_and_line_and_can_be_skipped(tmp_path, name):
                             "Or set on_error: skip to skip and count bad rows.")
     rows, stats = load_prompt_rows(DatasetSource(path=str(path)), on_error="skip")
     assert [r["answer"] for r in rows] == kept
-    assert stats.rows_skipped == (2 if name == "d.json" else 1) and stats.errors[0] == f"{path} {where}: byte 0xe9 is not UTF-8; {FIX}"
+    assert stats.rows_skipped == (2 if name == "d.json" else 1)
+    assert stats.errors[0] == f"{path} {where}: byte 0xe9 is not UTF-8; {FIX}"
     if name == "d.json":  # the next bad row is found at its own line, after a row with two bad bytes
         assert stats.errors[1] == f"{path} row 4 (line 5): byte 0xff is not UTF-8; {FIX}"
 
