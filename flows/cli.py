@@ -17,7 +17,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 
@@ -27,7 +27,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.echo(f"error: {message.strip().splitlines()[0] if message.strip() else 'failed'}", err=True)
     raise typer.Exit(1)
 
@@ -42,12 +42,35 @@ def _config(path: Optional[Path]) -> Any:
 
 
 def _store(url: Optional[str]) -> Any:
+    from tasks.config import ConfigError, check_store_url
     from tasks.store import Store, StoreError
 
+    url = url or os.environ.get("R1_STORE") or None
     try:
+        if url is not None:
+            check_store_url(url)  # before Store() touches anything
         return Store(url)
-    except StoreError as e:
+    except (ConfigError, StoreError) as e:
         _fail(str(e))
+
+
+def _run_name(name: str) -> str:
+    from tasks.config import ConfigError, check_run_name
+
+    try:
+        return check_run_name(name)
+    except ConfigError as e:
+        _fail(str(e))
+
+
+def _existing_run(st: Any, name: str) -> None:
+    """Fail unless the store holds run ``name``; the message lists a few runs it does hold."""
+    runs = st.runs()
+    if name in runs:
+        return
+    shown = ", ".join(runs[-5:]) + (f" (and {len(runs) - 5} more)" if len(runs) > 5 else "")
+    _fail(f"no run {name!r} in store {st.url}; " + (f"runs there: {shown}" if runs else "it holds no runs yet")
+          + "; pass --store if the run is in another store")
 
 
 def _run_flow(fn: Any, **params: Any) -> Any:
@@ -69,10 +92,12 @@ def run(
 ) -> None:
     """Run the whole R1 pipeline (stages whose committed output matches are reused)."""
     cfg = _config(config)
-    st = _store(store)
+    if run_name is not None:
+        _run_name(run_name)
     selected = [s.strip() for s in stages.split(",")] if stages else None
     for name in [*(selected or []), *([from_stage] if from_stage else [])]:
         _stage_entry(name)
+    st = _store(store)
     from flows.r1_pipeline import new_run_name, r1_pipeline
     from tasks.common import configure_stage_logging
 
@@ -93,6 +118,7 @@ def stage(
 ) -> None:
     """Run (or rerun) one stage of an existing run; upstream outputs come from the store."""
     _stage_entry(name)
+    _run_name(run_name)
     cfg = _config(config) if config else None
     st = _store(store)
     from flows.stages import stage_flow
@@ -109,7 +135,9 @@ def status(
     store: Optional[str] = typer.Option(None, "--store"),
 ) -> None:
     """The stages of a run: state, key metrics, URIs."""
+    _run_name(run_name)
     st = _store(store)
+    _existing_run(st, run_name)
     if as_json:
         from flows.report import stage_status
 
@@ -120,9 +148,9 @@ def status(
 
 def report(run_name: str = typer.Argument(..., metavar="NAME"), store: Optional[str] = typer.Option(None, "--store")) -> None:
     """Rebuild the run's report (emergence table + plots) in the store and print it."""
+    _run_name(run_name)
     st = _store(store)
-    if run_name not in st.runs():
-        _fail(f"no run {run_name!r} in {st.url}")
+    _existing_run(st, run_name)
     from flows.report import write_report
 
     rep = write_report(st, run_name)

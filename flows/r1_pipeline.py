@@ -23,7 +23,7 @@ from prefect import flow
 
 from flows.report import write_report
 from flows.stages import RUN_CONFIG, call_task, reuse, stage_flow
-from tasks.config import PipelineConfig, load_config
+from tasks.config import PipelineConfig, check_run_name, load_config
 from tasks.stages import Stage, all_stages, get_stage, stage_names
 from tasks.store import StageRef, Store
 
@@ -91,7 +91,7 @@ def r1_pipeline(config_path: str | None = None, run_name: str | None = None, sta
     embedded default (``configs/tiny-cpu.yaml``, what ``r1 run`` uses); returns
     ``{"run", "store", "stages": {stage: ref}, "report": uri}``."""
     cfg = pipeline_config(config, config_path)
-    run = run_name or new_run_name()
+    run = check_run_name(run_name) if run_name else new_run_name()
     st = Store(store)
     st.write_run_file(run, RUN_CONFIG, {"config": cfg.model_dump(mode="json")})
     stage = Dispatcher.plan(cfg, run, st.url, stages, from_stage, dispatch)

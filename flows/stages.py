@@ -16,7 +16,7 @@ from typing import Any
 from prefect import Flow, flow
 
 from tasks.common import StageFailed, cached, configure_stage_logging, stage_task_options
-from tasks.config import PipelineConfig, load_config
+from tasks.config import PipelineConfig, check_run_name, load_config
 from tasks.evaluate import evaluate
 from tasks.stages import get_stage, stage_names
 from tasks.store import StageRef, Store
@@ -57,6 +57,7 @@ def run_stage(stage: str, run: str, config: PipelineConfig | None = None, config
     """The body of every stage flow: inputs from the caller or the store, the task, then evaluation."""
     configure_stage_logging()  # a deployment run's process: no transformers bars in the log
     entry = get_stage(stage)
+    check_run_name(run)
     st = Store(store)
     cfg = resolve_config(config, config_path, run, st)
     given = {k: v if isinstance(v, StageRef) else StageRef.from_dict(v) for k, v in (inputs or {}).items()}

@@ -10,7 +10,8 @@ plus any ``keep_columns`` of the source (e.g. ``tests`` for code rewards). Cold-
 Sources: local ``.jsonl``/``.json``/``.parquet``/``.csv`` files, or anything ``datasets.load_dataset``
 opens (a hub name such as ``openai/gsm8k``, or a local folder). Rows are validated one by one; a bad
 row raises a ``DataError`` naming file, row (the 1-based line for jsonl/csv) and field with how to fix
-it, or, with ``on_error="skip"``, is skipped and counted.
+it, or, with ``on_error="skip"``, is skipped and counted; a byte that is not UTF-8 makes its row bad.
+An empty file is an error of its own.
 
 Decontamination drops training rows that share a word n-gram (default 13, as in GPT-3's and the
 Llama reports' contamination checks) with any eval prompt; a prompt shorter than n words is compared
@@ -27,7 +28,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Iterator, Literal
 
 from grpo_core.config import DataConfig, DatasetSource
 from grpo_core.rewards.base import prompt_text
@@ -81,14 +82,51 @@ def read_records(source: str | Path, *, split: str = "train", name: str | None =
 
 
 def _read_file(path: Path, on_error: OnError, stats: LoadStats) -> list[tuple[str, dict[str, Any]]]:
+    out = _read_rows(path, on_error, stats)
+    if not out and not stats.rows_skipped:
+        raise DataError(f"{path}: the file is empty (no rows); fill it or remove it from the data sources")
+    return out
+
+
+# Text files are decoded with errors="surrogateescape": a byte that is not UTF-8 becomes one character in
+# U+DC80..U+DCFF, so it is found in the line or row that holds it (a DataError there, or skipped), instead of
+# a UnicodeDecodeError from the middle of the file that names neither.
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
+
+
+def _not_utf8(where: str, text: str, what: str = "row") -> str:
+    bad = _NOT_UTF8.search(text)
+    byte = ord(bad.group()) - 0xDC00 if bad else 0
+    return (f"{where}: byte 0x{byte:02x} is not UTF-8; re-save the file as UTF-8 "
+            f"(e.g. iconv -f latin1 -t utf-8) or fix the {what}")
+
+
+def _bad_strings(obj: Any) -> Iterator[str]:
+    """The strings (keys included) inside a parsed record that hold bytes that were not UTF-8."""
+    if isinstance(obj, str):
+        if _NOT_UTF8.search(obj):
+            yield obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _bad_strings(k)
+            yield from _bad_strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _bad_strings(v)
+
+
+def _read_rows(path: Path, on_error: OnError, stats: LoadStats) -> list[tuple[str, dict[str, Any]]]:
     suffix = path.suffix.lower()
     out: list[tuple[str, dict[str, Any]]] = []
     if suffix == ".jsonl":
-        with path.open(encoding="utf-8") as f:
+        with path.open(encoding="utf-8", errors="surrogateescape") as f:
             for lineno, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
                 loc = f"{path} line {lineno}"
+                if _NOT_UTF8.search(line):
+                    _fail(_not_utf8(loc, line), on_error, stats)
+                    continue
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError as e:
@@ -101,8 +139,11 @@ def _read_file(path: Path, on_error: OnError, stats: LoadStats) -> list[tuple[st
                 out.append((loc, rec))
         return out
     if suffix == ".json":
+        text = path.read_text(encoding="utf-8", errors="surrogateescape")
+        if not text.strip():
+            return out
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(text)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
         if isinstance(data, dict):  # {"data": [...]} or {"rows": [...]}: the one list-valued key
@@ -112,9 +153,17 @@ def _read_file(path: Path, on_error: OnError, stats: LoadStats) -> list[tuple[st
             data = lists[0]
         if not isinstance(data, list):
             raise DataError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")
+        bad_lines = iter(text.count("\n", 0, m.start()) + 1 for m in _NOT_UTF8.finditer(text))
         for i, rec in enumerate(data, start=1):
             if not isinstance(rec, dict):
                 _fail(f"{path} row {i}: expected a JSON object, got {type(rec).__name__}", on_error, stats)
+                continue
+            bad = list(_bad_strings(rec))
+            if bad:  # rows and their bad bytes come in file order: this row's first one is the next line
+                line = next(bad_lines, None)
+                for _ in range(sum(len(_NOT_UTF8.findall(b)) for b in bad) - 1):
+                    next(bad_lines, None)
+                _fail(_not_utf8(f"{path} row {i}" + (f" (line {line})" if line else ""), bad[0]), on_error, stats)
                 continue
             out.append((f"{path} row {i}", rec))
         return out
@@ -122,11 +171,18 @@ def _read_file(path: Path, on_error: OnError, stats: LoadStats) -> list[tuple[st
         import pyarrow.parquet as pq
 
         return [(f"{path} row {i}", rec) for i, rec in enumerate(pq.read_table(path).to_pylist(), start=1)]
-    with path.open(encoding="utf-8", newline="") as f:  # .csv; header on line 1
+    with path.open(encoding="utf-8", errors="surrogateescape", newline="") as f:  # .csv; header on line 1
         reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        if any(_NOT_UTF8.search(h) for h in header if h):
+            raise DataError(_not_utf8(f"{path} line 1", " ".join(h for h in header if h), "header"))
         start = 2
         for rec in reader:
-            out.append((f"{path} line {start}", dict(rec)))
+            bad = list(_bad_strings(list(rec.values())))  # values beyond the header come as one list
+            if bad:
+                _fail(_not_utf8(f"{path} line {start}", bad[0]), on_error, stats)
+            else:
+                out.append((f"{path} line {start}", dict(rec)))
             start = reader.line_num + 1
     return out
 
@@ -384,6 +440,9 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
     if config.dedupe:
         train, stats["train_duplicates"] = dedupe_rows(train)
         eval_rows, stats["eval_duplicates"] = dedupe_rows(eval_rows)
+    if not train and config.on_error == "skip" and any(s["rows_skipped"] for s in stats["sources"].values()):
+        raise DataError("no training rows left: every row was skipped as bad (on_error: skip); "
+                        "see the skip reasons in the data stats, or set on_error: raise to stop at the first")
     if not eval_rows:
         train, eval_rows = split_rows(train, eval_fraction=config.eval_fraction, seed=config.seed)
     if config.decontaminate:

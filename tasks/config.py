@@ -5,12 +5,14 @@
 The algorithm configs (``SFTConfig``, ``GRPOConfig``, ``DataConfig``, ``EvalConfig``,
 ``RejectionSamplingConfig``) live in ``grpo_core.config``; this module adds what only the pipeline knows:
 the base model, the consolidation stage's starting point, how stages execute (``RunSettings``), and the
-YAML loader whose errors name the file, line and field. ``DEFAULT_CONFIG`` is the embedded default that
-``r1 run`` and the ``r1-pipeline`` deployment use when given no config.
+YAML loader whose errors name the file, line and field (reward names are checked against the registry
+there), and the checks the CLI makes on a run's name and store URL before anything runs. ``DEFAULT_CONFIG``
+is the embedded default that ``r1 run`` and the ``r1-pipeline`` deployment use when given no config.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -80,6 +82,44 @@ class PipelineConfig(_Strict):
     evaluate: EvalConfig = Field(default_factory=EvalConfig)
     run: RunSettings = Field(default_factory=RunSettings)
 
+    @model_validator(mode="after")
+    def _check_rewards(self) -> "PipelineConfig":
+        # Names resolve here, not in the stage that first scores (after two stages have committed).
+        # grpo_core's own configs do not check: there a notebook may pass the functions themselves.
+        problems = unknown_rewards(self)
+        if problems:
+            raise UnknownReward(problems)
+        return self
+
+
+# The config fields that name registered reward functions (grpo_core.rewards.register_reward).
+REWARD_FIELDS = (("grpo_train", "reward_funcs"), ("final_rl", "reward_funcs"),
+                 ("rejection_sample", "reward_func"), ("evaluate", "reward_func"))
+
+
+class UnknownReward(ValueError):
+    """Reward names the registry does not know; ``problems`` holds (field location, message) pairs."""
+
+    def __init__(self, problems: list[tuple[tuple, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in problems))
+
+
+def unknown_rewards(config: "PipelineConfig") -> list[tuple[tuple, str]]:
+    """(location, message) for every reward name in ``config`` that is not registered."""
+    from grpo_core.rewards import REWARD_FUNCS
+
+    registered = ", ".join(sorted(REWARD_FUNCS))
+    problems = []
+    for section, field in REWARD_FIELDS:
+        value = getattr(getattr(config, section), field)
+        for i, name in (enumerate(value) if isinstance(value, list) else [(None, value)]):
+            if name not in REWARD_FUNCS:
+                loc = (section, field) if i is None else (section, field, i)
+                problems.append((loc, f"unknown reward function {name!r}; registered: {registered} "
+                                      "(register your own with grpo_core.rewards.register_reward('name'))"))
+    return problems
+
 
 class ConfigError(ValueError):
     """A config file that does not validate; the message names each bad field by its YAML path and line."""
@@ -92,6 +132,11 @@ def parse_config(data: dict, source: str = "<config>", lines: dict[tuple, int] |
     except ValidationError as e:
         problems = []
         for err in e.errors():
+            unknown = err.get("ctx", {}).get("error")
+            if isinstance(unknown, UnknownReward):  # one line per name, at its own YAML line
+                problems += [f"{source}{_at(lines, loc)}: {'.'.join(map(str, loc))}: {msg}"
+                             for loc, msg in unknown.problems]
+                continue
             loc = tuple(err["loc"])
             where = ".".join(str(p) for p in loc) or "(top level)"
             line = _nearest_line(lines or {}, loc)
@@ -138,8 +183,53 @@ def _key_lines(node, prefix: tuple = ()) -> dict[tuple, int]:
     return out
 
 
+def _at(lines: dict[tuple, int] | None, loc: tuple) -> str:
+    line = _nearest_line(lines or {}, loc)
+    return f":{line}" if line else ""
+
+
 def _nearest_line(lines: dict[tuple, int], loc: tuple) -> int | None:
     for n in range(len(loc), 0, -1):
         if loc[:n] in lines:
             return lines[loc[:n]]
     return None
+
+
+# ---------------------------------------------------------------- the other inputs of a run: its name and store
+
+STORE_SCHEMES = "a local folder, file:///path, or s3://bucket[/prefix]"
+
+
+def check_run_name(name: str) -> str:
+    """A run name is one path segment of the store: refuse what would escape it or collide with its internals."""
+    problem = (
+        "is empty" if not name.strip() else
+        "contains a path separator" if "/" in name or "\\" in name else
+        "contains '..'" if ".." in name else
+        "starts with '_' or '.' (names the store keeps for itself)" if name.startswith(("_", ".")) else
+        "contains a control character" if any(ord(c) < 32 for c in name) else None
+    )
+    if problem:
+        raise ConfigError(f"run name {name!r} {problem}; use letters, digits, '-', '_' and '.', e.g. --run exp-1")
+    return name
+
+
+def check_store_url(url: str) -> str:
+    """A store root the Store supports (a local folder, ``file://``, ``s3://bucket[/prefix]``), before any I/O."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        if not url.strip():
+            raise ConfigError(f"store URL is empty; use {STORE_SCHEMES}")
+        if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:", url):  # s3:/bucket, s3:bucket: a typo, not a folder to create
+            raise ConfigError(f"store URL {url!r} looks like a URL missing '://'; use {STORE_SCHEMES}")
+        return url  # a local path
+    if scheme in ("file", "local"):
+        if not rest.strip("/"):
+            raise ConfigError(f"store URL {url!r} names no folder; use file:///absolute/path or a plain path")
+        return url
+    if scheme in ("s3", "s3a"):
+        bucket = rest.split("/", 1)[0]
+        if not bucket or any(c.isspace() for c in bucket):
+            raise ConfigError(f"store URL {url!r} names no bucket; use s3://bucket or s3://bucket/prefix")
+        return url
+    raise ConfigError(f"store URL {url!r}: scheme {scheme + '://'!r} is not supported; use {STORE_SCHEMES}")

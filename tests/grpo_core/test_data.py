@@ -91,6 +91,59 @@ def test_malformed_jsonl_lines(tmp_path):
     assert "line 3" in stats.errors[0] and "line 4" in stats.errors[1]
 
 
+GOOD = [json.dumps({"prompt": f"what is {i} plus {i}?", "answer": str(2 * i)}).encode() for i in range(4)]
+FIX = "re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8) or fix the row"
+LATIN1 = {  # a latin-1 "é" (0xe9) in the third row; each file's raised message and kept answers when skipped
+    "d.jsonl": (b"\n".join([*GOOD[:2], b'{"prompt": "caf\xe9?", "answer": "1"}', *GOOD[2:]]) + b"\n",
+                "line 3", ["0", "2", "4", "6"]),
+    "d.json": (b"[\n" + b",\n".join([*GOOD[:2], b'{"prompt": "caf\xe9 \xe9?", "answer": "1"}',
+                                      b'{"prompt": "x\xff?", "answer": "1"}', *GOOD[2:]]) + b"\n]\n",
+               "row 3 (line 4)", ["0", "2", "4", "6"]),
+    "d.csv": (b"prompt,answer\nwhat is 1?,1\ncaf\xe9?,2\nwhat is 3?,3\n", "line 3", ["1", "3"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LATIN1))
+def test_non_utf8_byte_names_file_and_line_and_can_be_skipped(tmp_path, name):
+    data, where, kept = LATIN1[name]
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(DataError) as e:
+        load_prompt_rows(DatasetSource(path=str(path)))
+    assert str(e.value) == (f"{path} {where}: byte 0xe9 is not UTF-8; {FIX}. "
+                            "Or set on_error: skip to skip and count bad rows.")
+    rows, stats = load_prompt_rows(DatasetSource(path=str(path)), on_error="skip")
+    assert [r["answer"] for r in rows] == kept
+    assert stats.rows_skipped == (2 if name == "d.json" else 1)
+    assert stats.errors[0] == f"{path} {where}: byte 0xe9 is not UTF-8; {FIX}"
+    if name == "d.json":  # the next bad row is found at its own line, after a row with two bad bytes
+        assert stats.errors[1] == f"{path} row 4 (line 5): byte 0xff is not UTF-8; {FIX}"
+
+
+def test_non_utf8_csv_header_cannot_be_skipped(tmp_path):
+    path = tmp_path / "h.csv"
+    path.write_bytes(b"pr\xe9mpt,answer\nwhat is 1?,1\n")
+    for on_error in ("raise", "skip"):
+        with pytest.raises(DataError) as e:
+            load_prompt_rows(DatasetSource(path=str(path)), on_error=on_error)
+        assert str(e.value) == (f"{path} line 1: byte 0xe9 is not UTF-8; "
+                                "re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8) or fix the header")
+
+
+@pytest.mark.parametrize("name, content", [("e.jsonl", b""), ("blank.jsonl", b"\n  \n"), ("e.json", b""),
+                                           ("list.json", b"[]"), ("e.csv", b"prompt,answer\n"), ("e.parquet", None)])
+def test_empty_file_says_it_is_empty(tmp_path, name, content):
+    path = tmp_path / name
+    if content is None:
+        write_parquet([], path)
+    else:
+        path.write_bytes(content)
+    for on_error in ("raise", "skip"):
+        with pytest.raises(DataError) as e:
+            load_prompt_rows(DatasetSource(path=str(path)), on_error=on_error)
+        assert str(e.value) == f"{path}: the file is empty (no rows); fill it or remove it from the data sources"
+
+
 def test_csv_and_bad_prompt_type(tmp_path):
     path = tmp_path / "d.csv"
     with path.open("w", newline="") as f:

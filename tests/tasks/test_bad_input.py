@@ -59,6 +59,37 @@ def test_bad_rows_can_be_skipped_and_counted(tmp_path):
     assert manifest["data_stats"]["sources"][f"train:{src}"]["rows_skipped"] == 2
 
 
+def test_non_utf8_byte_names_file_and_line_and_commits_nothing(tmp_path):
+    src = tmp_path / "qa.jsonl"
+    good = [json.dumps({"prompt": f"what is {i} plus {i}?", "answer": str(2 * i)}).encode() for i in range(6)]
+    src.write_bytes(b"\n".join(good[:3] + [b'{"prompt": "caf\xe9 plus 1?", "answer": "1"}'] + good[3:]) + b"\n")
+    with pytest.raises(DataError) as err:
+        prepare_data.fn(_data_config(src), "bad", str(tmp_path / "store"))
+    assert str(err.value).startswith(f"{src} line 4: byte 0xe9 is not UTF-8; re-save the file as UTF-8")
+    _nothing_committed(tmp_path / "store")
+    ref = prepare_data.fn(_data_config(src, on_error="skip"), "ok", str(tmp_path / "store"))
+    assert ref.metrics["data/num_train"] + ref.metrics["data/num_eval"] == 6
+    assert Store(tmp_path / "store").manifest(ref)["data_stats"]["sources"][f"train:{src}"]["rows_skipped"] == 1
+
+
+def test_empty_data_file_says_so_not_eval_fraction(tmp_path):
+    src = tmp_path / "qa.jsonl"
+    src.write_text("")
+    with pytest.raises(DataError) as err:
+        prepare_data.fn(_data_config(src), "bad", str(tmp_path / "store"))
+    assert str(err.value) == f"{src}: the file is empty (no rows); fill it or remove it from the data sources"
+    _nothing_committed(tmp_path / "store")
+
+
+def test_every_row_skipped_says_so_not_eval_fraction(tmp_path):
+    src = tmp_path / "qa.jsonl"
+    src.write_bytes(b'{"prompt": "caf\xe9?", "answer": "1"}\n{"prompt": "x"}\n')
+    with pytest.raises(DataError) as err:
+        prepare_data.fn(_data_config(src, on_error="skip"), "bad", str(tmp_path / "store"))
+    assert str(err.value).startswith("no training rows left: every row was skipped as bad (on_error: skip)")
+    _nothing_committed(tmp_path / "store")
+
+
 @pytest.mark.parametrize("stage, field, value, expect", [
     ("grpo_train", "bogus_field", "1", "unknown field"),
     ("grpo_train", "beta", "-0.5", "Input should be greater than or equal to 0 (got -0.5)"),
@@ -99,3 +130,49 @@ def test_cli_unreachable_store_is_one_line(monkeypatch):
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [result.output.strip()]
     assert "error: cannot reach S3 endpoint http://127.0.0.1:9" in result.output
+
+
+REGISTERED = ("chain_accuracy, chain_format, code_execution, format, language_consistency, math_accuracy, "
+              "overlong_penalty (register your own with grpo_core.rewards.register_reward('name'))")
+
+
+def test_unknown_reward_names_its_yaml_line_and_the_registered_names(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: {tiny: {}}\ngrpo_train:\n  reward_funcs:\n    - chain_accuracy\n    - mth_accuracy\n"
+                    "evaluate:\n  reward_func: acuracy\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (
+        f"{path}:5: grpo_train.reward_funcs.1: unknown reward function 'mth_accuracy'; registered: {REGISTERED}; "
+        f"{path}:7: evaluate.reward_func: unknown reward function 'acuracy'; registered: {REGISTERED}")
+
+
+@pytest.mark.parametrize("section, field, value", [
+    ("final_rl", "reward_funcs", ["chain_accuracy", "nope"]),
+    ("rejection_sample", "reward_func", "nope"),
+])
+def test_unknown_reward_is_refused_however_the_config_arrives(section, field, value):
+    """A deployment run validates the config it is given without the YAML loader: the check holds there too."""
+    with pytest.raises(ValueError, match=rf"{section}\.{field}(\.1)?: unknown reward function 'nope'; registered: "):
+        PipelineConfig.model_validate({"model": {"tiny": {}}, section: {field: value}})
+
+
+@pytest.fixture
+def no_pipeline(monkeypatch):
+    """The CLI must refuse before it starts the pipeline (and Prefect); if it gets there, fail at once."""
+    import flows.r1_pipeline
+
+    def started(**_):
+        raise AssertionError("the pipeline started")
+
+    monkeypatch.setattr(flows.r1_pipeline, "r1_pipeline", started)
+
+
+def test_cli_unknown_reward_fails_before_anything_runs(tmp_path, no_pipeline):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: {tiny: {}}\nfinal_rl:\n  reward_funcs: [chain_accuracy, chain_formt]\n")
+    result = CliRunner().invoke(app, ["run", "-c", str(path), "--store", str(tmp_path / "store"), "--run", "bad"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"error: {path}:3: final_rl.reward_funcs.1: unknown reward function 'chain_formt'; registered: {REGISTERED}"]
+    assert not (tmp_path / "store").exists()  # refused before the store was opened, let alone a stage
