@@ -100,7 +100,7 @@ def stage(
 
     configure_stage_logging()
     ref = _run_flow(stage_flow(name), run=run_name, config=cfg, store=st.url, force=True)
-    typer.echo(f"{name}: committed {ref['uri']}")
+    typer.echo(f"{name}: committed {st.uri_of(ref['path'])}")
 
 
 def status(

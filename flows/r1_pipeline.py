@@ -71,7 +71,7 @@ class Dispatcher:
         params = {"run": self.run, "config": self.config, "store": self.store,
                   "inputs": {k: v.to_dict() for k, v in inputs.items()}, "force": stage.name in self.forced}
         if self.dispatch == "inline":
-            return StageRef.from_dict(stage_flow(stage.name)(**params))
+            return StageRef.from_dict(stage_flow(stage.name)(**params), self.store)
         from flows.dispatch import run_stage_deployment  # the stage's deployment on its pool
 
         return run_stage_deployment(stage.name, {**params, "config": self.config.model_dump(mode="json")})

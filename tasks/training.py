@@ -60,9 +60,9 @@ def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOC
 
 
 def read_history(store: Any, ref: StageRef) -> list[dict[str, Any]]:
-    """The per-step metrics a training stage committed (``metrics.jsonl``)."""
+    """The per-step metrics a training stage committed (``metrics.jsonl``, checked against its manifest)."""
     try:
-        text = store.read_text(f"{ref.uri}/metrics.jsonl")
+        text = store.read_output(ref, "metrics.jsonl").decode()
     except FileNotFoundError:
         return []
     return [json.loads(line) for line in text.splitlines() if line.strip()]

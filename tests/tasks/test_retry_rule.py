@@ -23,7 +23,7 @@ def test_retry_condition(exc, retried):
 
 
 def _ref(version: str) -> StageRef:
-    return StageRef(run="r", stage="prepare_data", version=version, uri=f"/s/r/prepare_data/{version}",
+    return StageRef(run="r", stage="prepare_data", version=version, path=f"r/prepare_data/{version}",
                     fingerprint="f", created="t")
 
 
