@@ -225,21 +225,6 @@ class Store:
         except Exception as e:  # noqa: BLE001
             raise self._explain(e, f"uploading {Path(local).name}") from None
 
-    def get_dir(self, src: str, local_dir: Path) -> Path:
-        """Download everything under ``src`` into ``local_dir`` (created); returns ``local_dir``."""
-        src = self._strip(src).rstrip("/")
-        local_dir = Path(local_dir)
-        local_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            for rpath in self.fs.find(src):
-                rel = rpath[len(src) + 1:]
-                target = local_dir / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                self.fs.get_file(rpath, str(target))
-        except Exception as e:  # noqa: BLE001
-            raise self._explain(e, f"downloading {src}") from None
-        return local_dir
-
     def _identity(self, rpath: str) -> tuple[Any, ...]:
         """What changes when the file's bytes are replaced: ETag on S3; size, mtime, ctime, inode locally."""
         info = self.fs.info(rpath)
