@@ -105,7 +105,7 @@ def stage(
 
 def status(
     run_name: str = typer.Argument(..., metavar="NAME"),
-    as_json: bool = typer.Option(False, "--json", help="one JSON object: {run, stages: {stage: {state, uri, metrics}}}"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object: {run, stages: {stage: {state, uri, path, metrics}}}"),
     store: Optional[str] = typer.Option(None, "--store"),
 ) -> None:
     """The stages of a run: state, key metrics, URIs."""

@@ -226,7 +226,9 @@ class Store:
             raise self._explain(e, f"uploading {Path(local).name}") from None
 
     def _identity(self, rpath: str) -> tuple[Any, ...]:
-        """What changes when the file's bytes are replaced: ETag on S3; size, mtime, ctime, inode locally."""
+        """What changes when the file's bytes are replaced: ETag on S3; size, mtime, ctime, inode locally.
+        Asked of the store itself, never of a cached listing."""
+        self.fs.invalidate_cache(rpath)
         info = self.fs.info(rpath)
         keys = ("ETag", "LastModified") if self.protocol.startswith("s3") else ("mtime", "created", "ino")
         return (info.get("size"), *(str(info.get(k)) for k in keys))

@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
+from flows.report import write_report
 from tasks.cold_start_sft import cold_start_sft
 from tasks.common import StageFailed
 from tasks.config import PipelineConfig, load_config
@@ -142,8 +143,12 @@ def test_copied_store_reruns_a_stage_from_the_copy_and_leaves_the_original_untou
     assert ref.uri.startswith(str(copy)) and (copy / ref.path / MANIFEST).is_file()
     manifest = json.loads((copy / ref.path / MANIFEST).read_text())
     assert manifest["path"] == ref.path and str(tmp_path) not in json.dumps(manifest["parents"])
-    assert _snapshot(store_dir) == before
     assert len([p for p in (copy / RUN / "cold_start_sft").iterdir() if not p.name.startswith("_")]) == 2
+    write_report(Store(copy), RUN)
+    assert (copy / RUN / "_report" / "report.md").is_file()
+    assert _snapshot(store_dir) == before
+    for p in copy.rglob("*"):  # nothing persisted in the copy names where either store is
+        assert not p.is_file() or str(tmp_path).encode() not in p.read_bytes(), p
 
 
 def test_moved_store_still_works(store_dir, config, tmp_path):
