@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import secrets
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -264,8 +265,6 @@ class Store:
 
     def _stream_hashed(self, rpath: str, dest: Path) -> tuple[int, str, float]:
         """(size, sha256, hashing seconds) of the bytes copied from ``rpath`` to ``dest`` in one pass."""
-        import time
-
         h, size, hashed = hashlib.sha256(), 0, 0.0
         with self.fs.open(rpath, "rb", block_size=CHUNK) as src, open(dest, "wb") as out:
             while block := src.read(CHUNK):
@@ -286,6 +285,8 @@ class Store:
             raise IntegrityError(f"{self.uri_of(ref.path)} has no {name!r} in its manifest; {fix}")
         hashed = 0.0
         for rel, info in sorted(wanted.items()):
+            if rel.startswith("/") or ".." in rel.split("/"):  # a manifest never names a file outside its output
+                raise IntegrityError(f"{self.uri_of(ref.path)}/{MANIFEST} lists {rel!r}, outside the output; {fix}")
             target = dest if rel == name else dest / rel[len(name) + 1:]
             hashed += self._get_verified(self.path(ref.path, rel), target, info, fix)
         log.debug("verified %d file(s) of %s/%s (%.3f s hashing)", len(wanted), ref.path, name, hashed)
@@ -474,9 +475,12 @@ class Store:
         sizes and sha256 in its ``_COMPLETE`` marker."""
         path = self._strip(uri).rstrip("/")
         files = self.read_json(f"{path}/{COMPLETE}").get("files") or {}
-        fix = (f"delete {uri} to resume from the checkpoint before it (or rerun the stage with "
-               "`r1 stage <stage> --run <run>`)")
+        run, stage = path[len(self.root.rstrip("/")) + 1:].split("/")[:2]
+        fix = (f"delete {uri} to resume from the checkpoint before it (or start the stage over: "
+               f"`r1 stage {stage} --run {run}`)")
         for rel, info in sorted(files.items()):
+            if rel.startswith("/") or ".." in rel.split("/"):
+                raise IntegrityError(f"{uri}/{COMPLETE} lists {rel!r}, outside the checkpoint; {fix}")
             self._get_verified(f"{path}/{rel}", Path(local_dir) / rel, info, fix)
         return Path(local_dir)
 
@@ -514,8 +518,6 @@ def rerun_hint(ref: StageRef) -> str:
 
 
 def _timed_sha256(path: Path) -> tuple[float, str]:
-    import time
-
     t = time.perf_counter()
     digest = sha256_file(path)
     return time.perf_counter() - t, digest

@@ -129,7 +129,7 @@ def test_history_and_checkpoints_are_checked_too(store_dir, tmp_path):
     store.put_checkpoint(RUN, "grpo_train", "key", 2, ck)
     step, uri = store.latest_checkpoint(RUN, "grpo_train", "key")
     (Path(uri) / "state.pt").write_bytes(b"0123456780")
-    with pytest.raises(IntegrityError, match=f"state.pt does not match its manifest.*delete {uri}"):
+    with pytest.raises(IntegrityError, match=f"state.pt does not match its manifest.*delete {uri}.*r1 stage grpo_train --run {RUN}"):
         store.get_checkpoint(uri, tmp_path / "resume")
 
 
@@ -214,3 +214,15 @@ def test_store_synced_to_s3_is_verified_there(store_dir, s3_env, tmp_path):
     store.fs.put_file(str(local), store.path(ref.path, "model", "model.safetensors"))  # same size, new ETag
     with pytest.raises(IntegrityError, match="model.safetensors does not match its manifest"):
         store.get_output(ref, "model", tmp_path / "bad")
+
+
+def test_manifest_naming_a_file_outside_its_output_is_refused(store_dir, tmp_path):
+    store = Store(store_dir)
+    ref = store.latest(RUN, "cold_start_sft")
+    path = store_dir / ref.path / MANIFEST
+    m = json.loads(path.read_text())
+    m["files"]["model/../../../../escaped"] = m["files"]["model/model.safetensors"]
+    path.write_text(json.dumps(m))
+    with pytest.raises(IntegrityError, match="outside the output"):
+        store.get_output(ref, "model", tmp_path / "in" / "model")
+    assert not list(tmp_path.rglob("escaped"))
