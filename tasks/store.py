@@ -23,9 +23,11 @@ and the stage to rerun. A file already verified in this process is not hashed ag
 reports the same identity for it (size + mtime/ctime/inode locally, ETag on S3).
 
 Relocatable: manifests and ``StageRef`` hold store-relative paths (``run/stage/version``), resolved
-against the store they are read from, so a store folder copied, moved or synced to S3 works where it lands. Files stream between disk and store with fsspec ``put``/``get``
-(s3fs switches to multipart uploads for large files), with no extra local copy; sha256 is computed from
-the local file while uploading, so a multi-GB checkpoint is read once.
+against the store they are read from, so a store folder copied, moved or synced to S3 works where it lands.
+
+Files stream between disk and store (s3fs switches to multipart uploads for large files), with no extra
+local copy; sha256 is computed from the local file before uploading, and from the bytes as they arrive
+while downloading (no second pass over a downloaded file).
 """
 
 from __future__ import annotations

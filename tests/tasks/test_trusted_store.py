@@ -104,10 +104,12 @@ def test_a_file_verified_once_is_not_hashed_again_but_a_later_change_is_caught(s
     store.get_output(ref, "model", store_dir.parent / "a")
     hashed = []
     real = Store._stream_hashed
-    monkeypatch.setattr(Store, "_stream_hashed", lambda self, rpath, dest: hashed.append(rpath) or real(self, rpath, dest))
+    monkeypatch.setattr(Store, "_stream_hashed",
+                        lambda self, rpath, dest: hashed.append(rpath) or real(self, rpath, dest))
     out = store.get_output(ref, "model", store_dir.parent / "b")  # same bytes, same identity: copied, not hashed
-    assert hashed == [] and (out / "model.safetensors").read_bytes() == (store_dir / ref.path / "model" / "model.safetensors").read_bytes()
-    _flip_middle_byte(store_dir / ref.path / "model" / "model.safetensors")
+    weights = store_dir / ref.path / "model" / "model.safetensors"
+    assert hashed == [] and (out / "model.safetensors").read_bytes() == weights.read_bytes()
+    _flip_middle_byte(weights)
     with pytest.raises(IntegrityError, match="model.safetensors does not match its manifest"):
         store.get_output(ref, "model", store_dir.parent / "c")
     assert any(p.endswith("model/model.safetensors") for p in hashed)
@@ -120,7 +122,7 @@ def test_history_and_checkpoints_are_checked_too(store_dir, tmp_path):
     ref = store.latest(RUN, "cold_start_sft")
     assert [h["step"] for h in read_history(store, ref)] == [1, 2, 3, 4]
     (store_dir / ref.path / "metrics.jsonl").write_text("{}\n")
-    with pytest.raises(IntegrityError, match=f"metrics.jsonl does not match its manifest.*r1 stage cold_start_sft"):
+    with pytest.raises(IntegrityError, match="metrics.jsonl does not match its manifest.*r1 stage cold_start_sft"):
         read_history(store, ref)
 
     ck = tmp_path / "ck"
@@ -129,7 +131,8 @@ def test_history_and_checkpoints_are_checked_too(store_dir, tmp_path):
     store.put_checkpoint(RUN, "grpo_train", "key", 2, ck)
     step, uri = store.latest_checkpoint(RUN, "grpo_train", "key")
     (Path(uri) / "state.pt").write_bytes(b"0123456780")
-    with pytest.raises(IntegrityError, match=f"state.pt does not match its manifest.*delete {uri}.*r1 stage grpo_train --run {RUN}"):
+    fix = f"delete {uri} to resume from the checkpoint before it.*r1 stage grpo_train --run {RUN}"
+    with pytest.raises(IntegrityError, match=f"state.pt does not match its manifest.*{fix}"):
         store.get_checkpoint(uri, tmp_path / "resume")
 
 
