@@ -25,7 +25,8 @@ from flows.report import write_report
 from flows.stages import RUN_CONFIG, call_task, reuse, stage_flow
 from tasks.config import PipelineConfig, load_config
 from tasks.stages import Stage, all_stages, get_stage, stage_names
-from tasks.store import StageRef, Store
+from tasks.manifest import StageRef
+from tasks.store import Store
 
 Dispatch = Literal["inline", "deployments"]
 

@@ -21,7 +21,8 @@ from typing import Any
 from tasks.common import artifact_key, in_prefect_run
 from tasks.evaluate import output_name as eval_output
 from tasks.stages import all_stages
-from tasks.store import StageRef, Store
+from tasks.manifest import StageRef
+from tasks.store import Store
 from tasks.training import read_history
 
 REPORT_DIR = "_report"

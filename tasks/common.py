@@ -25,7 +25,8 @@ from typing import Any, Callable
 from pydantic import BaseModel
 
 from tasks.config import PipelineConfig
-from tasks.store import IntegrityError, StageRef, StageWriter, Store, TransientStoreError
+from tasks.manifest import StageRef
+from tasks.store import IntegrityError, StageWriter, Store, TransientStoreError
 
 
 Body = Callable[["StageContext", dict[str, StageRef], str], StageRef]

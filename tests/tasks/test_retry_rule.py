@@ -6,7 +6,8 @@ import pytest
 from prefect.states import Failed
 
 from tasks.common import StageFailed, WorkerCrashed, artifact_key, fingerprint, retry_on_crash
-from tasks.store import StageRef, StoreError, TransientStoreError
+from tasks.manifest import StageRef
+from tasks.store import StoreError, TransientStoreError
 
 
 @pytest.mark.parametrize("exc, retried", [

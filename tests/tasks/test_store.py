@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.store import MANIFEST, StageRef, Store, StoreError
+from tasks.manifest import StageRef
+from tasks.store import MANIFEST, Store, StoreError
 
 
 def _files(root: Path) -> Path:

@@ -22,7 +22,8 @@ from tasks.cold_start_sft import cold_start_sft
 from tasks.common import StageFailed
 from tasks.config import PipelineConfig, load_config
 from tasks.grpo_train import grpo_train
-from tasks.store import MANIFEST, IntegrityError, StageRef, Store
+from tasks.manifest import StageRef
+from tasks.store import MANIFEST, IntegrityError, Store
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "r"
