@@ -384,6 +384,22 @@ class Store:
         except FileNotFoundError:
             return None
 
+    def run_file(self, run: str, name: str) -> str:
+        """The path of a run-level file (``{run}/_run/{name}``)."""
+        return self.path(run, "_run", name)
+
+    def remove_run_file(self, run: str, name: str) -> None:
+        """Delete a run-level file; locally also the folders it leaves empty (a run is listed while its
+        folder exists)."""
+        path = self.run_file(run, name)
+        self.remove(path)
+        if self.protocol in ("file", "local"):
+            for folder in (Path(path).parent, Path(path).parent.parent):
+                try:
+                    folder.rmdir()
+                except OSError:  # not empty (or already gone)
+                    break
+
     def uncommitted(self, run: str, stage: str) -> list[str]:
         """Version folders without a readable manifest (a writer still running, one that died, a damaged
         manifest) and checkpoint keys."""
