@@ -26,6 +26,7 @@ from flows.report import evaluation_of
 from flows.stages import stage_flow
 from tasks.config import load_config
 from tasks.stages import stage_names
+from tasks.lease import LEASE
 from tasks.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,6 +176,7 @@ def test_stage_rerun_reuses_upstream(first_run, s3_store):
     before = {s: _versions(store, s) for s in STAGES}
     result = CliRunner().invoke(app, ["stage", "rejection_sample", "--run", RUN, "--store", s3_store])
     assert result.exit_code == 0, result.output
+    assert not store.exists(store.run_file(RUN, LEASE))  # the run's lease was held, then released
     after = {s: _versions(store, s) for s in STAGES}
     assert after == {**before, "rejection_sample": before["rejection_sample"] + 1}  # only it wrote a new output
     new = store.manifest(store.latest(RUN, "rejection_sample"))
