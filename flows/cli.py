@@ -4,11 +4,15 @@
     r1 run -c configs/qwen2.5-0.5b-gsm8k.yaml --run gsm8k-1 --store s3://bucket/r1
     r1 run --run X --from-stage rejection_sample
     r1 stage rejection_sample --run X
+    r1 run --run X --force-unlock           # take the run's lease from a writer that is gone
     r1 status X [--json]
     r1 report X
 
 Without ``PREFECT_API_URL`` Prefect runs ephemerally (a temporary local server for the run). Problems with
 the config, the store or the data end the command with one ``error:`` line and exit code 1.
+
+One writer per run: ``r1 run`` and ``r1 stage`` hold the run's lease (``tasks/lease.py``) while they run; a
+second writer on the same run fails at once, naming the holder.
 """
 
 from __future__ import annotations
@@ -73,6 +77,20 @@ def _existing_run(st: Any, name: str) -> None:
           + "; pass --store if the run is in another store")
 
 
+def _lease(st: Any, run_name: str, force: bool) -> Any:
+    """The run's lease (one writer per run), taken before any stage starts; enter it to keep it alive."""
+    from tasks.lease import acquire_lease
+    from tasks.store import StoreError
+
+    try:
+        return acquire_lease(st, run_name, force=force)
+    except StoreError as e:  # LeaseHeld names the holder and how to proceed
+        _fail(str(e))
+
+
+FORCE_UNLOCK = "take the run's lease even if another writer holds it (only when that writer is gone)"
+
+
 def _run_flow(fn: Any, **params: Any) -> Any:
     """Call a flow; a failure becomes one error line (Prefect's log above it has the traceback)."""
     state = fn(**params, return_state=True)
@@ -89,6 +107,7 @@ def run(
     stages: Optional[str] = typer.Option(None, "--stages", help="comma-separated stages to run; others are reused"),
     store: Optional[str] = typer.Option(None, "--store", help="store root: a folder or s3://bucket/prefix"),
     dispatch: str = typer.Option("inline", "--dispatch", help="inline (subflows here) or deployments"),
+    force_unlock: bool = typer.Option(False, "--force-unlock", help=FORCE_UNLOCK),
 ) -> None:
     """Run the whole R1 pipeline (stages whose committed output matches are reused)."""
     cfg = _config(config)
@@ -103,9 +122,10 @@ def run(
 
     configure_stage_logging()
     name = run_name or new_run_name()
-    typer.echo(f"run {name} -> {st.url}/{name}")
-    result = _run_flow(r1_pipeline, config=cfg, run_name=name, stages=selected, from_stage=from_stage,
-                       store=st.url, dispatch=dispatch)
+    with _lease(st, name, force_unlock):
+        typer.echo(f"run {name} -> {st.url}/{name}")
+        result = _run_flow(r1_pipeline, config=cfg, run_name=name, stages=selected, from_stage=from_stage,
+                           store=st.url, dispatch=dispatch)
     _print_status(st, name)
     typer.echo(f"report: {result['report']}")
 
@@ -115,6 +135,7 @@ def stage(
     run_name: str = typer.Option(..., "--run", help="the run whose committed upstream outputs this stage reads"),
     config: Optional[Path] = typer.Option(None, "-c", "--config", help="default: the config the run started with"),
     store: Optional[str] = typer.Option(None, "--store"),
+    force_unlock: bool = typer.Option(False, "--force-unlock", help=FORCE_UNLOCK),
 ) -> None:
     """Run (or rerun) one stage of an existing run; upstream outputs come from the store."""
     _stage_entry(name)
@@ -125,13 +146,14 @@ def stage(
     from tasks.common import configure_stage_logging
 
     configure_stage_logging()
-    ref = _run_flow(stage_flow(name), run=run_name, config=cfg, store=st.url, force=True)
-    typer.echo(f"{name}: committed {ref['uri']}")
+    with _lease(st, run_name, force_unlock):
+        ref = _run_flow(stage_flow(name), run=run_name, config=cfg, store=st.url, force=True)
+    typer.echo(f"{name}: committed {st.uri_of(ref['path'])}")
 
 
 def status(
     run_name: str = typer.Argument(..., metavar="NAME"),
-    as_json: bool = typer.Option(False, "--json", help="one JSON object: {run, stages: {stage: {state, uri, metrics}}}"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object: {run, stages: {stage: {state, uri, path, metrics}}}"),
     store: Optional[str] = typer.Option(None, "--store"),
 ) -> None:
     """The stages of a run: state, key metrics, URIs."""

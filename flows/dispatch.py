@@ -20,7 +20,8 @@ import os
 from typing import Any
 
 from tasks.stages import all_stages
-from tasks.store import StageRef, Store
+from tasks.manifest import StageRef
+from tasks.store import Store
 
 
 class StageRunFailed(RuntimeError):

@@ -25,7 +25,8 @@ from flows.report import write_report
 from flows.stages import RUN_CONFIG, call_task, reuse, stage_flow
 from tasks.config import PipelineConfig, check_run_name, load_config
 from tasks.stages import Stage, all_stages, get_stage, stage_names
-from tasks.store import StageRef, Store
+from tasks.manifest import StageRef
+from tasks.store import Store
 
 Dispatch = Literal["inline", "deployments"]
 
@@ -71,7 +72,7 @@ class Dispatcher:
         params = {"run": self.run, "config": self.config, "store": self.store,
                   "inputs": {k: v.to_dict() for k, v in inputs.items()}, "force": stage.name in self.forced}
         if self.dispatch == "inline":
-            return StageRef.from_dict(stage_flow(stage.name)(**params))
+            return StageRef.from_dict(stage_flow(stage.name)(**params), self.store)
         from flows.dispatch import run_stage_deployment  # the stage's deployment on its pool
 
         return run_stage_deployment(stage.name, {**params, "config": self.config.model_dump(mode="json")})

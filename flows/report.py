@@ -21,7 +21,8 @@ from typing import Any
 from tasks.common import artifact_key, in_prefect_run
 from tasks.evaluate import output_name as eval_output
 from tasks.stages import all_stages
-from tasks.store import StageRef, Store
+from tasks.manifest import StageRef
+from tasks.store import Store
 from tasks.training import read_history
 
 REPORT_DIR = "_report"
@@ -57,8 +58,9 @@ def evaluation_of(store: Store, ref: StageRef) -> StageRef | None:
 
 
 def stage_status(store: Store, run: str, refs: dict[str, StageRef | None] | None = None) -> dict[str, Any]:
-    """``{"run", "stages": {stage: {"state", "uri", "metrics"}}}`` (state: completed | incomplete | pending);
-    a model stage's metrics include its evaluation's (``eval/...``) and ``eval_uri``.
+    """``{"run", "stages": {stage: {"state", "uri", "path", "metrics"}}}`` (state: completed | incomplete |
+    pending; ``path`` store-relative, ``uri`` resolved in ``store``); a model stage's metrics include its
+    evaluation's (``eval/...``), with ``eval_uri`` and ``eval_path``.
 
     ``refs``: the stages' newest committed outputs when the caller has already read them (``latest_refs``)."""
     refs = latest_refs(store, run) if refs is None else refs
@@ -66,14 +68,15 @@ def stage_status(store: Store, run: str, refs: dict[str, StageRef | None] | None
     for entry in all_stages():
         stage, ref = entry.name, refs[entry.name]
         if ref is not None:
-            stages[stage] = {"state": "completed", "uri": ref.uri, "metrics": dict(ref.metrics)}
+            stages[stage] = {"state": "completed", "uri": ref.uri, "path": ref.path, "metrics": dict(ref.metrics)}
             evaluation = evaluation_of(store, ref) if entry.makes_model else None
             if evaluation is not None:
                 stages[stage]["metrics"].update(evaluation.metrics)
-                stages[stage]["eval_uri"] = evaluation.uri
+                stages[stage].update(eval_uri=evaluation.uri, eval_path=evaluation.path)
         else:
             pending = store.uncommitted(run, stage)
-            stages[stage] = {"state": "incomplete" if pending else "pending", "uri": None, "metrics": {}}
+            stages[stage] = {"state": "incomplete" if pending else "pending", "uri": None, "path": None,
+                             "metrics": {}}
     return {"run": run, "stages": stages}
 
 
@@ -164,7 +167,9 @@ def plot_histories(histories: dict[str, list[dict[str, Any]]], out_dir: Path) ->
 
 
 def write_report(store: Store, run: str) -> Report:
-    """Build the table and plots from the committed stages, save them to the store, publish an artifact."""
+    """Build the table and plots from the committed stages, save them to the store, publish an artifact.
+    What is saved refers to the store's files by relative paths (plots beside the report, stages as
+    ``run/stage/version``), so the report stays right when the store is copied or moved."""
     refs = latest_refs(store, run)  # read once, for the table and the stage list
     rows, histories = emergence_rows(store, run, refs=refs)
     status = stage_status(store, run, refs)
@@ -181,14 +186,17 @@ def write_report(store: Store, run: str) -> Report:
             "completion length (tokens, greedy). GRPO rows: accuracy reward and mean length of the sampled "
             "completions on training prompts at that step.",
             _markdown_table(rows),
-            "## Plots\n" + "\n".join(f"- [{name}]({uri})" for name, uri in uris.items()),
-            "## Stages\n" + "\n".join(f"- {s}: {v['state']} {v['uri'] or ''}" for s, v in status["stages"].items()),
+            "## Plots\n" + "\n".join(f"- [{name}]({name}.png)" for name in uris),
+            "## Stages\n" + "\n".join(f"- {s}: {v['state']} {v['path'] or ''}" for s, v in status["stages"].items()),
         ])
         md_path = Path(tmp) / "report.md"
         md_path.write_text(markdown + "\n")
         store.put_file(md_path, f"{base}/report.md")
         json_path = Path(tmp) / "report.json"
-        json_path.write_text(json.dumps({"run": run, "rows": rows, "plots": uris, "status": status}, indent=2))
+        relative = {"run": run, "stages": {s: {k: v for k, v in info.items() if k not in ("uri", "eval_uri")}
+                                           for s, info in status["stages"].items()}}
+        json_path.write_text(json.dumps({"run": run, "rows": rows, "plots": {name: f"{name}.png" for name in uris},
+                                         "status": relative}, indent=2))
         store.put_file(json_path, f"{base}/report.json")
     _publish(run, markdown)
     return Report(run=run, uri=store.uri(f"{base}/report.md"), markdown=markdown, rows=rows, plots=uris)

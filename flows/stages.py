@@ -19,7 +19,8 @@ from tasks.common import StageFailed, cached, configure_stage_logging, stage_tas
 from tasks.config import PipelineConfig, check_run_name, load_config
 from tasks.evaluate import evaluate
 from tasks.stages import get_stage, stage_names
-from tasks.store import StageRef, Store
+from tasks.manifest import StageRef
+from tasks.store import Store
 
 RUN_CONFIG = "config.json"
 _FLOWS: dict[str, Flow] = {}

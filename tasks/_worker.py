@@ -62,7 +62,7 @@ def fetch_checkpoint(spec: dict[str, Any], emit: Emit) -> int:
     if found is None:
         return 0
     step, uri = found
-    store.get_dir(uri, Path(spec["output_dir"]) / f"checkpoint-{step}")
+    store.get_checkpoint(uri, Path(spec["output_dir"]) / f"checkpoint-{step}")  # checked against _COMPLETE
     emit({"event": "resume", "step": step, "uri": uri})
     return step
 

@@ -7,7 +7,7 @@ and ``metrics.jsonl`` (one line per logged step).
 from __future__ import annotations
 
 from tasks.common import StageContext, stage_task
-from tasks.store import StageRef
+from tasks.manifest import StageRef
 from tasks.training import train_and_commit
 
 

@@ -25,7 +25,8 @@ from typing import Any, Callable
 from pydantic import BaseModel
 
 from tasks.config import PipelineConfig
-from tasks.store import StageRef, StageWriter, Store, TransientStoreError
+from tasks.manifest import StageRef
+from tasks.store import IntegrityError, StageWriter, Store, TransientStoreError
 
 
 Body = Callable[["StageContext", dict[str, StageRef], str], StageRef]
@@ -228,12 +229,13 @@ class StageContext:
 
     def fetch(self, ref: StageRef, name: str) -> Path:
         """Download ``name`` of an upstream output (a file such as ``train.parquet``, or a folder such as
-        ``model``) into the scratch folder."""
+        ``model``) into the scratch folder, resolved in this stage's store and checked file by file against
+        the output's manifest (size and sha256). A mismatch fails the stage without a retry."""
         dest = self.work / "inputs" / ref.stage / name
-        if Path(name).suffix:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            return _get_file(self.store, f"{ref.uri}/{name}", dest)
-        return self.store.get_dir(f"{ref.uri}/{name}", dest)
+        try:
+            return self.store.get_output(ref, name, dest)
+        except IntegrityError as e:
+            raise StageFailed(f"{self.stage}: upstream {ref.stage} output is not what was committed: {e}") from None
 
     def base_model(self, data: StageRef) -> str:
         """Local folder of the base model (the tiny one built by prepare_data) or its hub name."""
@@ -246,16 +248,6 @@ class StageContext:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)
-
-
-def _get_file(store: Store, src: str, dest: Path) -> Path:
-    try:
-        store.fs.get_file(store._strip(src), str(dest))
-    except FileNotFoundError:
-        raise StageFailed(f"upstream file {src} is missing; rerun the stage that writes it") from None
-    except Exception as e:  # noqa: BLE001
-        raise TransientStoreError(f"downloading {src}: {type(e).__name__}: {e}") from None
-    return dest
 
 
 def commit_stage(ctx: StageContext, writer: StageWriter, *, fp: str, section: BaseModel,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from grpo_core.data import read_parquet
 from tasks.common import StageContext, cached, commit_stage, fingerprint, logger, stage_task_options, write_jsonl
-from tasks.store import StageRef
+from tasks.manifest import StageRef
 
 STAGE = "evaluate"
 

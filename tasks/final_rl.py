@@ -6,7 +6,7 @@ Output: ``model/`` and ``metrics.jsonl``.
 from __future__ import annotations
 
 from tasks.common import StageContext, stage_task
-from tasks.store import StageRef
+from tasks.manifest import StageRef
 from tasks.training import train_and_commit
 
 

@@ -8,7 +8,7 @@ Output: ``model/`` and ``metrics.jsonl`` (reward, accuracy, completion length pe
 from __future__ import annotations
 
 from tasks.common import StageContext, stage_task
-from tasks.store import StageRef
+from tasks.manifest import StageRef
 from tasks.training import train_and_commit
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from grpo_core.data import prepare_datasets, write_parquet
 from tasks.common import StageContext, commit_stage, stage_task
-from tasks.store import StageRef
+from tasks.manifest import StageRef
 
 
 @stage_task("prepare_data", section="data", key_model=True)

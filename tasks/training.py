@@ -15,7 +15,7 @@ from typing import Any
 from grpo_core.config import GRPOConfig, SFTConfig
 from tasks.common import Progress, StageContext, commit_stage, logger
 from tasks._worker import run_training
-from tasks.store import StageRef
+from tasks.manifest import StageRef
 
 
 def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOConfig, model_path: str,
@@ -60,9 +60,9 @@ def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOC
 
 
 def read_history(store: Any, ref: StageRef) -> list[dict[str, Any]]:
-    """The per-step metrics a training stage committed (``metrics.jsonl``)."""
+    """The per-step metrics a training stage committed (``metrics.jsonl``, checked against its manifest)."""
     try:
-        text = store.read_text(f"{ref.uri}/metrics.jsonl")
+        text = store.read_output(ref, "metrics.jsonl").decode()
     except FileNotFoundError:
         return []
     return [json.loads(line) for line in text.splitlines() if line.strip()]

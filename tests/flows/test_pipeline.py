@@ -26,6 +26,7 @@ from flows.report import evaluation_of
 from flows.stages import stage_flow
 from tasks.config import load_config
 from tasks.stages import stage_names
+from tasks.lease import LEASE
 from tasks.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,9 +86,10 @@ def test_pipeline_commits_and_evaluates_every_stage(first_run, s3_store):
     assert list(refs) == list(STAGES)
     for stage in STAGES:
         manifest = store.manifest(store.latest(RUN, stage))
-        assert manifest["uri"] == refs[stage]["uri"] and manifest["uri"].startswith(s3_store)
+        assert manifest["path"] == refs[stage]["path"] == f"{RUN}/{stage}/{manifest['version']}"  # store-relative
+        assert refs[stage]["uri"] == store.uri_of(manifest["path"]) and refs[stage]["uri"].startswith(s3_store)
         for name, info in manifest["files"].items():  # every listed file exists with its size
-            assert store.fs.size(store._strip(f"{manifest['uri']}/{name}")) == info["size"]
+            assert store.fs.size(store.path(manifest["path"], name)) == info["size"]
         if stage in MODEL_STAGES:  # evaluated: its own output, whose parent is the model
             evaluation = store.manifest(evaluation_of(store, store.latest(RUN, stage)))
             assert evaluation["parents"]["model"]["version"] == manifest["version"]
@@ -99,7 +101,7 @@ def test_pipeline_commits_and_evaluates_every_stage(first_run, s3_store):
     assert grpo["parents"]["cold_start_sft"]["version"] == store.latest(RUN, "cold_start_sft").version
     consolidate = store.manifest(store.latest(RUN, "sft_consolidate"))
     assert set(consolidate["parents"]) == {"prepare_data", "rejection_sample", "grpo_train"}  # init_from grpo_train
-    history = store.read_text(f"{grpo['uri']}/metrics.jsonl").splitlines()
+    history = store.read_text(store.path(grpo["path"], "metrics.jsonl")).splitlines()
     assert [json.loads(line)["step"] for line in history] == [1, 2, 3, 4]
     print(f"ci-tiny pipeline on S3: {first_run['seconds']:.0f} s")
 
@@ -174,6 +176,7 @@ def test_stage_rerun_reuses_upstream(first_run, s3_store):
     before = {s: _versions(store, s) for s in STAGES}
     result = CliRunner().invoke(app, ["stage", "rejection_sample", "--run", RUN, "--store", s3_store])
     assert result.exit_code == 0, result.output
+    assert not store.exists(store.run_file(RUN, LEASE))  # the run's lease was held, then released
     after = {s: _versions(store, s) for s in STAGES}
     assert after == {**before, "rejection_sample": before["rejection_sample"] + 1}  # only it wrote a new output
     new = store.manifest(store.latest(RUN, "rejection_sample"))
@@ -228,7 +231,7 @@ def test_killed_grpo_worker_resumes_from_store_checkpoint(first_run, s3_store, c
     assert manifest["config"]["grpo_train"]["max_steps"] == 24
     resumed = manifest["training"]["resumed_from_step"]
     assert 2 <= resumed < 24
-    steps = [json.loads(line)["step"] for line in store.read_text(f"{manifest['uri']}/metrics.jsonl").splitlines()]
+    steps = [json.loads(line)["step"] for line in store.read_text(store.path(manifest["path"], "metrics.jsonl")).splitlines()]
     assert steps == list(range(1, 25))  # no step lost or repeated
     runs = [t for t in _task_runs(state.state_details.flow_run_id) if t.name.startswith("grpo_train")]
     assert len(runs) == 1 and runs[0].run_count == 2  # the task was retried once, in place

@@ -6,7 +6,8 @@ import pytest
 from prefect.states import Failed
 
 from tasks.common import StageFailed, WorkerCrashed, artifact_key, fingerprint, retry_on_crash
-from tasks.store import StageRef, StoreError, TransientStoreError
+from tasks.manifest import StageRef
+from tasks.store import StoreError, TransientStoreError
 
 
 @pytest.mark.parametrize("exc, retried", [
@@ -23,7 +24,7 @@ def test_retry_condition(exc, retried):
 
 
 def _ref(version: str) -> StageRef:
-    return StageRef(run="r", stage="prepare_data", version=version, uri=f"/s/r/prepare_data/{version}",
+    return StageRef(run="r", stage="prepare_data", version=version, path=f"r/prepare_data/{version}",
                     fingerprint="f", created="t")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.manifest import StageRef
 from tasks.store import MANIFEST, Store, StoreError
 
 
@@ -38,10 +39,12 @@ def _roundtrip(store: Store, tmp_path: Path) -> None:
     assert manifest["files"]["model/weights.bin"] == {"sha256": hashlib.sha256(weights).hexdigest(), "size": 10000}
     assert manifest["config"] == {"data": {"n": 1}} and manifest["metrics"] == {"data/num_train": 3}
     assert "torch" in manifest["packages"] and manifest["created"].endswith("Z")
-    out = store.get_dir(f"{ref.uri}/model", tmp_path / "dl")
+    out = store.get_output(ref, "model", tmp_path / "dl")  # checked against the manifest
     assert (out / "weights.bin").read_bytes() == weights
-    # JSON-serialisable reference
-    assert json.loads(json.dumps(ref.to_dict()))["uri"] == ref.uri
+    # JSON-serialisable reference; what is persisted is store-relative
+    assert StageRef.from_dict(json.loads(json.dumps(ref.to_dict()))) == ref
+    assert manifest["path"] == ref.path == f"r/prepare_data/{ref.version}" and "uri" not in manifest
+    assert ref.uri == store.uri_of(ref.path)
 
     # checkpoints: one without its completion marker is never resumed from
     ck = tmp_path / "ck"
@@ -52,7 +55,8 @@ def _roundtrip(store: Store, tmp_path: Path) -> None:
     assert store.latest_checkpoint("r", "grpo_train", "key")[0] == 2
     store.put_checkpoint("r", "grpo_train", "key", 6, ck)
     store.prune_checkpoints("r", "grpo_train", "key", keep=1)
-    assert store.latest_checkpoint("r", "grpo_train", "key")[0] == 6
+    step, uri = store.latest_checkpoint("r", "grpo_train", "key")
+    assert step == 6 and (store.get_checkpoint(uri, tmp_path / "ck6") / "state.pt").read_bytes() == b"s"
     assert not store.exists(store.path("r", "grpo_train", "_checkpoints", "key", "checkpoint-2"))
 
 
