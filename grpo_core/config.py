@@ -16,6 +16,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+LONG_PROMPTS_HELP = ("a prompt longer than max_prompt_length: truncate keeps its last max_prompt_length tokens "
+                     "(left truncation, as TRL and GRPO training always did), drop skips the row and counts it")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -73,7 +77,11 @@ class GRPOConfig(OptimConfig):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0, description="0 disables top-k")
-    max_prompt_length: int = Field(512, gt=0, description="prompts are left-truncated to this many tokens")
+    max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")
+    long_prompts: Literal["truncate", "drop"] = Field(
+        "truncate", description=LONG_PROMPTS_HELP + "; drop filters the training rows before the prompt stream is "
+        "built and logs their count as prompts/dropped",
+    )
     max_completion_length: int = Field(1024, gt=0)
     mask_truncated_completions: bool = Field(False, description="exclude completions that hit the length cap from the loss")
 
@@ -197,6 +205,8 @@ class EvalConfig(_Strict):
     reward_func: str = Field("chain_accuracy", description="registered reward that scores 1.0 for a correct completion")
     forced_reasoning: bool = Field(True, description="also measure greedy accuracy with an empty <think> banned")
     batch_size: int = Field(64, gt=0)
+    max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")
+    long_prompts: Literal["truncate", "drop"] = Field("truncate", description=LONG_PROMPTS_HELP)
     seed: int = 0
 
 
@@ -218,4 +228,6 @@ class RejectionSamplingConfig(_Strict):
         None, ge=0, le=1, description="drop completions whose language_consistency reward is below this"
     )
     drop_truncated: bool = True
+    max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")
+    long_prompts: Literal["truncate", "drop"] = Field("truncate", description=LONG_PROMPTS_HELP)
     seed: int = 0

@@ -17,6 +17,10 @@ Metrics (all over the same held-out rows):
   separates "RL taught better reasoning" from "RL taught the model to use the reasoning it already had"
   (the README's emergence table shows both). Needs ``<think>``/``</think>`` to be single tokens; otherwise NaN.
 
+Prompts longer than ``max_prompt_length`` are truncated or dropped by ``long_prompts``
+(``trainer.prompts.encode_prompts``, the call training makes); the counts are ``eval/prompts_truncated`` and
+``eval/prompts_dropped``, and every other metric is over the rows kept (``eval/num_rows``).
+
 Generation goes through a ``GenerationBackend`` (vLLM or transformers); scores through
 ``grpo_core.rewards.scoring.score_completions``, the trainer's own call, so evaluation scores exactly what
 training rewards.
@@ -37,7 +41,7 @@ from grpo_core.generation import GenerationBackend, Rollout, make_backend
 from grpo_core.rewards import get_reward_funcs
 from grpo_core.rewards.base import RewardFunc
 from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
-from grpo_core.trainer.prompts import encode_prompt
+from grpo_core.trainer.prompts import LongPrompts, all_dropped_error, encode_prompts
 
 DIRECT_ANSWER = re.compile(r"^\s*<think>\s*</think>")
 
@@ -69,6 +73,8 @@ def evaluate(
     seed: int = 0,
     forced_reasoning: bool = True,
     batch_size: int = 64,
+    max_prompt_length: int | None = 512,
+    long_prompts: LongPrompts = "truncate",
     return_rows: bool = False,
 ) -> dict[str, Any]:
     """Evaluate ``model`` on prompt rows ``{id, prompt, answer, ...}``; see the module docstring.
@@ -95,7 +101,11 @@ def evaluate(
         backend = make_backend("hf", str(path) if path else "", model=module, tokenizer=tokenizer)
     fn, name = resolve_reward(reward_func)
     format_fn = get_reward_funcs(["format"])[0]
-    prompt_ids = [encode_prompt(tokenizer, r["prompt"]) for r in rows]
+    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], max_prompt_length, long_prompts)
+    if not encoded.kept:
+        raise all_dropped_error("evaluate", len(rows), max_prompt_length)
+    row_ids = [str(rows[i].get("id", i)) for i in encoded.kept]  # seeds keep the row's original index
+    rows, prompt_ids = [rows[i] for i in encoded.kept], encoded.ids
 
     greedy = _generate(backend, prompt_ids, n=1, max_tokens=max_new_tokens, greedy=True, batch=batch_size)
     greedy_scores = score_completions([fn, format_fn], [name, "format"], rows, greedy, 1, max_new_tokens)  # [N, 2]
@@ -107,10 +117,11 @@ def evaluate(
         "eval/format_rate": _mean(formatted),
         "eval/direct_answer_rate": _mean([is_direct(t) for t in texts]),
         "eval/num_rows": len(rows),
+        **encoded.counts("eval/prompts_"),
     }
     sampled_ok: list[bool] = []
     if num_samples > 0:
-        seeds = [sample_seed(seed, str(r.get("id", i)), j) for i, r in enumerate(rows) for j in range(num_samples)]
+        seeds = [sample_seed(seed, row_id, j) for row_id in row_ids for j in range(num_samples)]
         sampled = _generate(backend, prompt_ids, n=num_samples, max_tokens=max_new_tokens, greedy=False,
                             batch=max(1, batch_size // num_samples), temperature=temperature, top_p=top_p, seeds=seeds)
         sampled_ok = passes(score_completions([fn], [name], rows, sampled, num_samples, max_new_tokens)[:, 0])
@@ -144,7 +155,8 @@ def evaluate_with_config(config: EvalConfig, model: str | Path | torch.nn.Module
     return evaluate(model, tokenizer, rows, reward_func=config.reward_func, num_samples=config.num_samples,
                     temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
                     backend=backend, seed=config.seed, forced_reasoning=config.forced_reasoning,
-                    batch_size=config.batch_size, return_rows=return_rows)
+                    batch_size=config.batch_size, max_prompt_length=config.max_prompt_length,
+                    long_prompts=config.long_prompts, return_rows=return_rows)
 
 
 def force_reasoning(model: torch.nn.Module | None, tokenizer: Any, backend: GenerationBackend,

@@ -11,6 +11,10 @@ The rewards (correctness, plus format and language consistency when those filter
 ``score_completions`` call, the one the trainer makes, and judged by ``passes``, as evaluation judges them.
 At most ``keep_per_prompt`` survive per prompt, in sample order (seeded, so the choice is deterministic).
 
+Prompts longer than ``max_prompt_length`` are truncated or dropped by ``long_prompts``
+(``trainer.prompts.encode_prompts``, the call training and evaluation make), counted in
+``rs/prompts_truncated`` and ``rs/prompts_dropped``; a dropped prompt is not sampled and has no ``per_prompt`` entry.
+
 The per-prompt pass rate (correct / n, before the other filters) is recorded for every prompt: it is
 the difficulty signal R1's data curation uses and the table a user looks at to see what the RL model
 can and cannot solve. Departure from R1: no LLM judge for non-verifiable data and no general-data mix
@@ -29,7 +33,7 @@ from grpo_core.generation import GenerationBackend
 from grpo_core.rewards import get_reward_funcs
 from grpo_core.rewards.base import RewardFunc
 from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
-from grpo_core.trainer.prompts import encode_prompt
+from grpo_core.trainer.prompts import LongPrompts, all_dropped_error, encode_prompts
 
 REJECT_REASONS = ("incorrect", "truncated", "format", "too_long", "language", "duplicate", "over_limit")
 
@@ -52,12 +56,14 @@ def rejection_sample(
     drop_truncated: bool = True,
     seed: int = 0,
     batch_size: int = 64,
+    max_prompt_length: int | None = 512,
+    long_prompts: LongPrompts = "truncate",
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``(sft_rows, stats)``: SFT rows ``{prompt, completion, id}`` and the filter statistics.
 
     ``stats`` has ``rs/num_prompts``, ``rs/num_samples``, ``rs/num_kept``, ``rs/mean_pass_rate``,
-    ``rs/prompts_with_kept`` and ``rs/rejected/{reason}`` counts, and ``per_prompt``: one
-    ``{"id", "pass_rate", "kept"}`` per prompt.
+    ``rs/prompts_with_kept``, ``rs/prompts_truncated``, ``rs/prompts_dropped`` and ``rs/rejected/{reason}``
+    counts, and ``per_prompt``: one ``{"id", "pass_rate", "kept"}`` per prompt sampled.
     """
     if n < 1 or keep_per_prompt < 1:
         raise ValueError(f"n ({n}) and keep_per_prompt ({keep_per_prompt}) must be >= 1")
@@ -70,8 +76,12 @@ def rejection_sample(
     if language_consistency_threshold is not None:
         funcs, names = funcs + get_reward_funcs(["language_consistency"]), names + ["language_consistency"]
 
-    prompt_ids = [encode_prompt(tokenizer, r["prompt"]) for r in rows]
-    seeds = [sample_seed(seed, str(r.get("id", i)), j) for i, r in enumerate(rows) for j in range(n)]
+    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], max_prompt_length, long_prompts)
+    if not encoded.kept:
+        raise all_dropped_error("rejection_sample", len(rows), max_prompt_length)
+    row_ids = [str(rows[i].get("id", i)) for i in encoded.kept]  # ids and seeds keep the row's original index
+    rows, prompt_ids = [rows[i] for i in encoded.kept], encoded.ids
+    seeds = [sample_seed(seed, row_id, j) for row_id in row_ids for j in range(n)]
     rollouts = _generate(backend, prompt_ids, n=n, max_tokens=max_new_tokens, greedy=False,
                          batch=max(1, batch_size // n), temperature=temperature, top_p=top_p, seeds=seeds)
     scores = score_completions(funcs, names, rows, rollouts, n, max_new_tokens)  # [N*n, R]
@@ -110,9 +120,9 @@ def rejection_sample(
                 rejected[reason] += 1
             else:
                 kept_texts.append(r.text)
-        kept_rows += [{"prompt": row["prompt"], "completion": t, "id": f"{row.get('id', i)}-rs{m}"}
+        kept_rows += [{"prompt": row["prompt"], "completion": t, "id": f"{row_ids[i]}-rs{m}"}
                       for m, t in enumerate(kept_texts)]
-        per_prompt.append({"id": row.get("id", str(i)), "pass_rate": sum(correct[i * n:(i + 1) * n]) / n,
+        per_prompt.append({"id": row.get("id", row_ids[i]), "pass_rate": sum(correct[i * n:(i + 1) * n]) / n,
                            "kept": len(kept_texts)})
 
     stats: dict[str, Any] = {
@@ -121,6 +131,7 @@ def rejection_sample(
         "rs/num_kept": len(kept_rows),
         "rs/mean_pass_rate": sum(p["pass_rate"] for p in per_prompt) / len(per_prompt),
         "rs/prompts_with_kept": sum(p["kept"] > 0 for p in per_prompt),
+        **encoded.counts("rs/prompts_"),
         "rs/mean_kept_length": (sum(len(tokenizer(r["completion"], add_special_tokens=False)["input_ids"])
                                     for r in kept_rows) / len(kept_rows)) if kept_rows else 0.0,
         **{f"rs/rejected/{reason}": rejected.get(reason, 0) for reason in REJECT_REASONS},
@@ -141,5 +152,6 @@ def rejection_sample_with_config(config: RejectionSamplingConfig, backend: Gener
         max_completion_tokens=config.max_completion_tokens,
         language_consistency_threshold=config.language_consistency_threshold,
         drop_truncated=config.drop_truncated, seed=config.seed, batch_size=batch_size,
+        max_prompt_length=config.max_prompt_length, long_prompts=config.long_prompts,
     )
 

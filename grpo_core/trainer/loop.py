@@ -9,6 +9,11 @@ TRL's ``steps_per_generation`` counts micro-batches where here it counts optimis
 Determinism: prompts come from a seeded stream and every completion's sampling seed is derived from
 ``(seed, step, stream position, j)``; so a run killed at any step and resumed from its checkpoint
 ends with the same weights as one that never stopped, and N processes give the curve of one.
+
+Over-long prompts (``trainer.prompts.encode_prompts``): under ``long_prompts: truncate`` each step logs
+``prompts/truncated``, its generated prompts cut to ``max_prompt_length``; under ``drop`` the rows over the
+limit are removed before the prompt stream is built (so every step keeps whole groups, and a resumed run
+streams the same rows), and ``prompts/dropped``, logged on every step, is how many were removed.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.trainer.distributed import gather_objects
 from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded, shard_model
 from grpo_core.trainer.metrics import completion_metrics, reward_metrics
-from grpo_core.trainer.prompts import PromptStream
+from grpo_core.trainer.prompts import PromptStream, all_dropped_error, encode_prompts
 from grpo_core.trainer.rollouts import collect_step_groups, generate_groups
 from grpo_core.trainer.skeleton import (
     TrainingRun,
@@ -62,6 +67,21 @@ def resolve_rewards(config: GRPOConfig, reward_funcs: RewardFuncs | None) -> tup
     names = [f if isinstance(f, str) else getattr(f, "__name__", f"reward_{i}") for i, f in enumerate(items)]
     weights = torch.tensor(config.reward_weights, dtype=torch.float32) if config.reward_weights is not None else None
     return funcs, names, weights
+
+
+def drop_long_prompts(tokenizer: Any, rows: list[dict[str, Any]], config: GRPOConfig
+                      ) -> tuple[list[dict[str, Any]], int]:
+    """``(rows, num_dropped)``: under ``long_prompts: drop`` the rows whose prompt is longer than
+    ``max_prompt_length`` removed (the same for every rank and every restart); else ``rows`` as given."""
+    if config.long_prompts != "drop":
+        return rows, 0
+    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], config.max_prompt_length, "drop")
+    if not encoded.kept:
+        raise all_dropped_error("train_grpo", len(rows), config.max_prompt_length)
+    if encoded.num_dropped:
+        logger.warning("dropped %d of %d training prompts longer than max_prompt_length (%d tokens)",
+                       encoded.num_dropped, len(rows), config.max_prompt_length)
+    return [rows[i] for i in encoded.kept], encoded.num_dropped
 
 
 def train_grpo(
@@ -97,6 +117,7 @@ def train_grpo(
     seed_everything(config.seed)
     configure_verifier(timeout=config.reward_timeout, num_workers=config.reward_num_workers)  # math_accuracy's pool
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    train_rows, num_dropped = drop_long_prompts(tokenizer, train_rows, config)
     model, loaded = load_policy("grpo", model_path, output_dir, config, ctx, resume=resume)
     ref_model = None
     if config.beta > 0.0:  # the reference model exists only when the KL term does
@@ -151,6 +172,8 @@ def train_grpo(
                 **reward_metrics(generated.rewards_per_func, names),
                 **event_counts,
                 **completion_metrics(generated.rollouts),
+                "prompts/truncated": float(sum(generated.truncated)),
+                "prompts/dropped": float(num_dropped),
                 **update_metrics,
                 "time/generate": timings.get("time/generate", 0.0),
                 "time/reward": timings.get("time/reward", 0.0),

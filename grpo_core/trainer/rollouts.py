@@ -26,7 +26,7 @@ from grpo_core.generation import GenerationBackend, Rollout
 from grpo_core.loss import combine_rewards
 from grpo_core.rewards.scoring import score_completions
 from grpo_core.trainer.distributed import DistContext, gather_objects, shard
-from grpo_core.trainer.prompts import PromptStream, completion_seed, encode_prompt
+from grpo_core.trainer.prompts import PromptStream, completion_seed, encode_prompts
 
 
 @dataclass
@@ -35,6 +35,7 @@ class ScoredGroups:
     rows: list[dict[str, Any]]  # [P] the dataset rows
     rollouts: list[Rollout]  # [P*G] a group's G completions contiguous
     rewards_per_func: torch.Tensor  # [P*G, R] NaN where a function returned None
+    truncated: list[bool]  # [P] whether the group's prompt was cut to max_prompt_length
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -46,6 +47,7 @@ class ScoredGroups:
             [self.rows[g] for g in groups],
             [self.rollouts[i] for i in seqs],
             self.rewards_per_func[seqs],
+            [self.truncated[g] for g in groups],
         )
 
     def extend(self, other: "ScoredGroups") -> "ScoredGroups":
@@ -54,6 +56,7 @@ class ScoredGroups:
             self.rows + other.rows,
             self.rollouts + other.rollouts,
             torch.cat([self.rewards_per_func, other.rewards_per_func]),
+            self.truncated + other.truncated,
         )
 
 
@@ -76,7 +79,10 @@ def generate_groups(
     positions = list(range(position, position + num_prompts))
     rows = [train_rows[i] for i in stream.rows_at(position, num_prompts)]
     local_positions, local_rows = shard(positions, ctx), shard(rows, ctx)
-    prompt_ids = [encode_prompt(tokenizer, row["prompt"], config.max_prompt_length) for row in local_rows]
+    # under long_prompts "drop" train_grpo removed the over-long rows before the stream was built (a prompt
+    # skipped here would leave the step a group short), so here the policy can only truncate
+    encoded = encode_prompts(tokenizer, [row["prompt"] for row in local_rows], config.max_prompt_length, "truncate")
+    prompt_ids = encoded.ids
     seeds = [completion_seed(config.seed, step, p, j) for p in local_positions for j in range(G)]
     start = time.perf_counter()
     rollouts = backend.generate(
@@ -92,10 +98,11 @@ def generate_groups(
     start = time.perf_counter()
     rewards = score_completions(reward_funcs, reward_names, local_rows, rollouts, G, config.max_completion_length)
     timings["time/reward"] = timings.get("time/reward", 0.0) + time.perf_counter() - start
-    gathered = gather_objects([(rollouts, rewards)], ctx)
-    all_rollouts = [r for part, _ in gathered for r in part]
-    all_rewards = torch.cat([rw for _, rw in gathered])  # [P*G, R]
-    return ScoredGroups(positions, rows, all_rollouts, all_rewards)
+    gathered = gather_objects([(rollouts, rewards, encoded.truncated)], ctx)
+    all_rollouts = [r for part, _, _ in gathered for r in part]
+    all_rewards = torch.cat([rw for _, rw, _ in gathered])  # [P*G, R]
+    all_truncated = [t for _, _, part in gathered for t in part]  # [P]
+    return ScoredGroups(positions, rows, all_rollouts, all_rewards, all_truncated)
 
 
 def informative_groups(rewards: torch.Tensor, num_generations: int) -> list[int]:

@@ -201,7 +201,8 @@ def _groups(positions: list[int], rewards: list[list[float]]) -> ScoredGroups:
     G = len(rewards[0])
     flat = [r for group in rewards for r in group]
     rollouts = [Rollout([p], [1], None, False, "") for p in positions for _ in range(G)]
-    return ScoredGroups(positions, [{"prompt": str(p)} for p in positions], rollouts, torch.tensor(flat)[:, None])
+    return ScoredGroups(positions, [{"prompt": str(p)} for p in positions], rollouts, torch.tensor(flat)[:, None],
+                        [False] * len(positions))
 
 
 def test_dynamic_sampling_drops_flat_groups_and_refills_with_a_cap():
