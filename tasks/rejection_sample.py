@@ -33,10 +33,12 @@ def _sample(ctx: StageContext, model_path: str, rows: list[dict[str, Any]]) -> t
     from grpo_core.generation import backend_kind, backend_options, make_backend
     from grpo_core.rejection import rejection_sample_with_config
 
-    grpo = ctx.config.grpo_train
+    grpo, rs = ctx.config.grpo_train, ctx.config.rejection_sample
     kind = backend_kind(grpo.use_vllm)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    opts = backend_options(grpo, kind, device, AutoConfig.from_pretrained(model_path))
+    # vLLM's context fits this stage's prompts (cut or dropped at rs.max_prompt_length) and samples
+    sizes = grpo.model_copy(update={"max_prompt_length": rs.max_prompt_length, "max_completion_length": rs.max_new_tokens})
+    opts = backend_options(sizes, kind, device, AutoConfig.from_pretrained(model_path))
     backend = make_backend(kind, model_path, tokenizer=tokenizer, **opts)
-    return rejection_sample_with_config(ctx.config.rejection_sample, backend, tokenizer, rows)
+    return rejection_sample_with_config(rs, backend, tokenizer, rows)
