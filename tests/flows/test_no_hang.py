@@ -81,3 +81,12 @@ def test_refused_connection_to_prefect_is_one_line_too(tmp_path):
     line, _ = _r1(tmp_path, ["deploy"], PREFECT_API_URL="http://127.0.0.1:9/api")
     assert line.startswith("error: cannot connect to the Prefect API at http://127.0.0.1:9/api (PREFECT_API_URL) (")
     assert line.endswith("); start it (prefect server start) or fix the URL")
+
+
+def test_a_server_that_answers_passes_the_probe():
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.prefect_api import check_prefect_api
+
+    assert PREFECT_API_URL.value()  # the session's test server (tests/flows/conftest.py)
+    check_prefect_api()
