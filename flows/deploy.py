@@ -7,7 +7,8 @@
 The deployments are the pipeline flow plus one per stage of ``tasks/stages.py`` (on the stage's pool), so
 a new table entry is deployed with no other edit. ``infra/prefect.yaml`` is this rendering, committed for
 users who run ``prefect deploy`` themselves; a test keeps it equal to the table. Needs a Prefect server
-(``PREFECT_API_URL``); deployments in the ephemeral mode would vanish with it. Registration wraps
+(``PREFECT_API_URL``; deployments in the ephemeral mode would vanish with it), asked first whether it answers
+(``flows/prefect_api.py``), so a silent server fails in seconds rather than after Prefect's retries. Registration wraps
 ``prefect --no-prompt deploy`` run from the repository root over a rendered temporary file. Pools are
 created from ``infra/work-pools/*.json``; an existing pool is never changed (its template may have been
 edited in the UI on purpose).
