@@ -101,9 +101,8 @@ def s3_timeouts() -> dict[str, float]:
     return out
 
 
-def _s3_options(attempts: int | None = None) -> dict[str, Any]:
-    """s3fs options; ``attempts`` overrides R1_S3_MAX_ATTEMPTS (the store check makes one)."""
-    t = s3_timeouts()
+def _s3_options(t: dict[str, float], attempts: int | None = None) -> dict[str, Any]:
+    """s3fs options for timeouts ``t`` (``s3_timeouts()``); ``attempts`` overrides ``t["attempts"]``."""
     # A fresh client per Store: the endpoint and credentials are read from the environment at creation.
     return {"config_kwargs": {"connect_timeout": t["connect"], "read_timeout": t["read"],
                               "retries": {"total_max_attempts": attempts or int(t["attempts"]), "mode": "standard"}},
@@ -131,7 +130,7 @@ class Store:
             self.check()
 
     def _filesystem(self, root: str, attempts: int | None = None) -> tuple[Any, str]:
-        options = _s3_options(attempts) if self.timeouts else {}
+        options = _s3_options(self.timeouts, attempts) if self.timeouts else {}
         try:
             fs, path = fsspec.url_to_fs(root, **options)
         except (ImportError, ValueError) as e:
