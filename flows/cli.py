@@ -8,8 +8,10 @@
     r1 status X [--json]
     r1 report X
 
-Without ``PREFECT_API_URL`` Prefect runs ephemerally (a temporary local server for the run). Problems with
-the config, the store or the data end the command with one ``error:`` line and exit code 1.
+Without ``PREFECT_API_URL`` Prefect runs ephemerally (a temporary local server for the run); with it, ``r1 run``
+and ``r1 stage`` first check that the server answers (``flows/prefect_api.py``, ``R1_PREFECT_PROBE_TIMEOUT``).
+Problems with the config, the store, the Prefect server or the data end the command with one ``error:`` line
+and exit code 1; no call waits without bound (S3 timeouts: ``tasks/store.py``).
 
 One writer per run: ``r1 run`` and ``r1 stage`` hold the run's lease (``tasks/lease.py``) while they run; a
 second writer on the same run fails at once, naming the holder.
@@ -55,6 +57,16 @@ def _store(url: Optional[str]) -> Any:
             check_store_url(url)  # before Store() touches anything
         return Store(url)
     except (ConfigError, StoreError) as e:
+        _fail(str(e))
+
+
+def _prefect_server() -> None:
+    """With ``PREFECT_API_URL`` set, fail in seconds (one line naming it) if that server does not answer."""
+    from flows.prefect_api import PrefectAPIUnreachable, check_prefect_api
+
+    try:
+        check_prefect_api()
+    except PrefectAPIUnreachable as e:
         _fail(str(e))
 
 
@@ -117,6 +129,7 @@ def run(
     for name in [*(selected or []), *([from_stage] if from_stage else [])]:
         _stage_entry(name)
     st = _store(store)
+    _prefect_server()  # before the lease and any flow
     from flows.r1_pipeline import new_run_name, r1_pipeline
     from tasks.common import configure_stage_logging
 
@@ -142,6 +155,7 @@ def stage(
     _run_name(run_name)
     cfg = _config(config) if config else None
     st = _store(store)
+    _prefect_server()  # before the lease and any flow
     from flows.stages import stage_flow
     from tasks.common import configure_stage_logging
 

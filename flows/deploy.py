@@ -7,7 +7,8 @@
 The deployments are the pipeline flow plus one per stage of ``tasks/stages.py`` (on the stage's pool), so
 a new table entry is deployed with no other edit. ``infra/prefect.yaml`` is this rendering, committed for
 users who run ``prefect deploy`` themselves; a test keeps it equal to the table. Needs a Prefect server
-(``PREFECT_API_URL``); deployments in the ephemeral mode would vanish with it. Registration wraps
+(``PREFECT_API_URL``; deployments in the ephemeral mode would vanish with it), asked first whether it answers
+(``flows/prefect_api.py``), so a silent server fails in seconds rather than after Prefect's retries. Registration wraps
 ``prefect --no-prompt deploy`` run from the repository root over a rendered temporary file. Pools are
 created from ``infra/work-pools/*.json``; an existing pool is never changed (its template may have been
 edited in the UI on purpose).
@@ -169,11 +170,17 @@ def deploy(cpu_pool: str = "cpu", gpu_pool: str = "gpu", gpu_pool_type: PoolType
     """Create missing pools, register the deployments; returns their ``flow/deployment`` names."""
     from prefect.settings import PREFECT_API_URL
 
+    from flows.prefect_api import PrefectAPIUnreachable, check_prefect_api
+
     if not PREFECT_API_URL.value():
         raise DeployError("no Prefect server: start one (`prefect server start`) and set PREFECT_API_URL, e.g. "
                           "`prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api`")
     if cpu_pool == gpu_pool:
         raise DeployError("--cpu-pool and --gpu-pool must differ (data preparation and training run on separate pools)")
+    try:
+        check_prefect_api(serverless_ok=False)
+    except PrefectAPIUnreachable as e:
+        raise DeployError(str(e)) from None
     ensure_pool(cpu_pool, "process", description="r1-pipeline: data preparation and the pipeline flow")
     ensure_pool(gpu_pool, gpu_pool_type, description="r1-pipeline: training, sampling and evaluation stages")
     register_deployments({"cpu": cpu_pool, "gpu": gpu_pool}, names=names)

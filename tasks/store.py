@@ -71,14 +71,47 @@ def _endpoint_name() -> str:
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "AWS S3 (default endpoint)"
 
 
-def _s3_options() -> dict[str, Any]:
-    # Short connect timeout and one attempt per request: an unreachable endpoint fails in seconds,
-    # not after botocore's and s3fs's retry loops multiply into minutes. Task-level retries handle
-    # transient errors mid-run.
+# Every S3 call is bounded: a socket that accepts and never answers must not hold a command for minutes.
+# read_timeout bounds each socket read (aiohttp's sock_read), not a whole transfer: a multipart upload of a
+# big checkpoint takes as long as it needs while bytes keep flowing, so 60 s is ample and a slow link is not
+# cut off. One request gives up after R1_S3_MAX_ATTEMPTS x (connect + read) s at worst; s3fs's own loop
+# (``S3_TRIES``) retries a failed call or body read once more on top; task-level retries cover the rest.
+S3_TIMEOUT_ENV = {"connect": ("R1_S3_CONNECT_TIMEOUT", 10.0), "read": ("R1_S3_READ_TIMEOUT", 60.0)}
+S3_ATTEMPTS_ENV = ("R1_S3_MAX_ATTEMPTS", 3)
+S3_TRIES = 2  # s3fs's ``retries``: tries per call (its default, 5 with backoff, multiplies into minutes)
+
+
+def _env_number(name: str, default: float, minimum: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= minimum:  # also NaN
+        raise StoreError(f"{name}={raw!r} is not a number >= {minimum:g}; unset it for the default ({default:g})")
+    return value
+
+
+def s3_timeouts() -> dict[str, float]:
+    """Connect and read timeouts (seconds) and attempts per request, from the ``R1_S3_*`` variables."""
+    out = {key: _env_number(env, default, 0.1) for key, (env, default) in S3_TIMEOUT_ENV.items()}
+    out["attempts"] = int(_env_number(S3_ATTEMPTS_ENV[0], S3_ATTEMPTS_ENV[1], 1))
+    return out
+
+
+def _s3_options(t: dict[str, float], attempts: int | None = None) -> dict[str, Any]:
+    """s3fs options for timeouts ``t`` (``s3_timeouts()``); ``attempts`` overrides ``t["attempts"]``."""
     # A fresh client per Store: the endpoint and credentials are read from the environment at creation.
-    return {"config_kwargs": {"connect_timeout": 3, "read_timeout": 60,
-                              "retries": {"max_attempts": 2, "mode": "standard"}},
+    return {"config_kwargs": {"connect_timeout": t["connect"], "read_timeout": t["read"],
+                              "retries": {"total_max_attempts": attempts or int(t["attempts"]), "mode": "standard"}},
             "skip_instance_cache": True}
+
+
+def _timed_out(e: BaseException) -> bool:
+    """A connect or read timeout from botocore, aiohttp or asyncio (s3fs passes each through)."""
+    return isinstance(e, TimeoutError) or "Timeout" in type(e).__name__ or "timeout on endpoint" in str(e).lower()
 
 
 class Store:
@@ -90,16 +123,21 @@ class Store:
         if protocol in ("file", "local"):
             root = str(Path(fsspec.utils.stringify_path(root).removeprefix("file://")).expanduser().resolve())
         self.protocol = protocol
-        options = _s3_options() if protocol in ("s3", "s3a") else {}
-        try:
-            self.fs, self.root = fsspec.url_to_fs(root, **options)
-        except (ImportError, ValueError) as e:
-            raise StoreError(f"store URL {root!r} is not usable: {e}") from None
-        if protocol in ("s3", "s3a"):
-            self.fs.retries = 2  # s3fs's own retry loop (default 5, with backoff)
+        self.timeouts = s3_timeouts() if protocol in ("s3", "s3a") else {}
+        self.fs, self.root = self._filesystem(root)
         self.url = root if protocol in ("file", "local") else f"{protocol}://{self.root}"
         if check:
             self.check()
+
+    def _filesystem(self, root: str, attempts: int | None = None) -> tuple[Any, str]:
+        options = _s3_options(self.timeouts, attempts) if self.timeouts else {}
+        try:
+            fs, path = fsspec.url_to_fs(root, **options)
+        except (ImportError, ValueError) as e:
+            raise StoreError(f"store URL {root!r} is not usable: {e}") from None
+        if self.timeouts:
+            fs.retries = 1 if attempts == 1 else S3_TRIES
+        return fs, path
 
     # ---- errors -------------------------------------------------------------------------------------
     def _explain(self, e: BaseException, action: str) -> StoreError:
@@ -108,6 +146,15 @@ class Store:
         if self.protocol.startswith("s3"):
             where = f"S3 endpoint {_endpoint_name()} for {self.url}"
             text = str(e)
+            if _timed_out(e):
+                if any(w in f"{type(e).__name__} {text}".lower() for w in ("connecttimeout", "connectiontimeout",
+                                                                            "connect timeout")):
+                    return StoreError(f"cannot reach {where} while {action}: no connection within "
+                                      f"{self.timeouts['connect']:g} s (R1_S3_CONNECT_TIMEOUT); check "
+                                      "AWS_ENDPOINT_URL_S3 and the network")
+                return TransientStoreError(f"cannot reach {where} while {action}: no answer within "
+                                           f"{self.timeouts['read']:g} s (R1_S3_READ_TIMEOUT); check "
+                                           "AWS_ENDPOINT_URL_S3 and the network")
             if isinstance(e, PermissionError) or any(s in text for s in ("AccessDenied", "InvalidAccessKeyId",
                                                                          "SignatureDoesNotMatch", "Forbidden")):
                 return StoreError(f"access denied by {where} while {action} ({msg}); check AWS_ACCESS_KEY_ID / "
@@ -122,11 +169,12 @@ class Store:
         return TransientStoreError(f"store {self.url}: error while {action} ({msg})")
 
     def check(self) -> None:
-        """Fail fast (seconds) if the root cannot be listed or created."""
+        """Fail fast if the root cannot be listed or created: on S3 one try, so an endpoint that never
+        answers fails within connect + read timeout, not after every retry."""
         try:
             if self.protocol.startswith("s3"):
                 bucket = self.root.split("/", 1)[0]
-                self.fs.ls(bucket, refresh=True)
+                self._filesystem(self.url, attempts=1)[0].ls(bucket, refresh=True)
             else:
                 self.fs.makedirs(self.root, exist_ok=True)
         except Exception as e:  # noqa: BLE001 - every backend error becomes one clear line

@@ -93,3 +93,34 @@ def s3_env(s3_server, monkeypatch):
     bucket = f"r1-test-{uuid.uuid4().hex[:8]}"
     boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=bucket)
     yield f"s3://{bucket}/runs"
+
+
+@pytest.fixture
+def black_hole():
+    """A TCP server on 127.0.0.1 (a free port) that accepts connections and never sends a byte; yields
+    ``(url, accepted)`` where ``accepted`` lists the connections it took. Closed at the end of the test."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0), backlog=64)
+    server.settimeout(0.2)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return
+
+    thread = threading.Thread(target=accept, name="black-hole", daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}", accepted
+    stop.set()
+    thread.join(5)
+    server.close()
+    for conn in accepted:
+        conn.close()

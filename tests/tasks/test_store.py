@@ -103,6 +103,58 @@ def test_unreachable_s3_endpoint_fails_fast_naming_it(monkeypatch):
     assert "supersecret" not in msg and "\n" not in msg
 
 
+def _within(seconds: float, fn):
+    """``fn()``'s result or exception, failing the test (not hanging it) if it takes longer than ``seconds``."""
+    import threading
+
+    out: dict = {}
+
+    def call():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            out["error"] = e
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"still waiting after {seconds} s")
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_s3_endpoint_that_never_answers_fails_within_the_timeouts(black_hole, monkeypatch):
+    url, accepted = black_hole
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "supersecret-value")
+    monkeypatch.setenv("R1_S3_CONNECT_TIMEOUT", "2")
+    monkeypatch.setenv("R1_S3_READ_TIMEOUT", "2")
+    start = time.monotonic()
+    with pytest.raises(StoreError) as err:
+        _within(30, lambda: Store("s3://some-bucket/prefix"))
+    assert time.monotonic() - start < 15 and len(accepted) == 1  # the check tries once
+    msg = str(err.value)
+    assert msg == (f"cannot reach S3 endpoint {url} for s3://some-bucket/prefix while opening the store: no answer "
+                   "within 2 s (R1_S3_READ_TIMEOUT); check AWS_ENDPOINT_URL_S3 and the network")
+    # later calls are bounded too: R1_S3_MAX_ATTEMPTS requests, each tried twice by s3fs
+    monkeypatch.setenv("R1_S3_MAX_ATTEMPTS", "1")
+    store = Store("s3://some-bucket/prefix", check=False)
+    with pytest.raises(StoreError, match="while checking .*: no answer within 2 s"):
+        _within(30, lambda: store.exists(store.path("r", "x")))
+    assert len(accepted) == 3
+
+
+@pytest.mark.parametrize("name, value", [("R1_S3_READ_TIMEOUT", "soon"), ("R1_S3_CONNECT_TIMEOUT", "0"),
+                                         ("R1_S3_MAX_ATTEMPTS", "-1")])
+def test_bad_s3_timeout_settings_are_refused_naming_the_variable(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(StoreError, match=f"^{name}='{value}' is not a number >= "):
+        Store("s3://some-bucket/prefix", check=False)
+
+
 def test_unauthorised_s3_fails_with_access_denied(s3_env, moto_auth):
     moto_auth(0)  # moto checks credentials from now on
     with pytest.raises(StoreError, match="access denied by S3 endpoint") as err:
