@@ -27,28 +27,16 @@ import subprocess
 import sys
 import time
 
-
-def read_status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
+from _memory import qwen_one_layer, read_status_kib, reset_peak_rss
 
 
 def run_child(args: argparse.Namespace) -> None:
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
 
     from grpo_core.logprobs import compute_token_logps
 
     torch.set_num_threads(args.threads)
-    config = Qwen2Config(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4864, num_hidden_layers=1,
-        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model = qwen_one_layer(args.vocab, args.hidden).eval()
     T = args.tokens
     input_ids = torch.randint(0, args.vocab, (args.batch, args.prompt + T))  # [B, L]
     attention_mask = torch.ones_like(input_ids)  # [B, L]
@@ -63,9 +51,7 @@ def run_child(args: argparse.Namespace) -> None:
     method = {"naive": naive, "chunked": chunked}[args.child]
     with torch.no_grad():
         method(input_ids[:1, -16:], attention_mask[:1, -16:], 8)  # warm-up: kernels, lazy init
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
-        before = read_status_kib("VmRSS")
+        before = reset_peak_rss()
         cpu0, wall0 = time.process_time(), time.perf_counter()
         logps = method(input_ids, attention_mask, T)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0

@@ -34,31 +34,19 @@ import subprocess
 import sys
 import time
 
+from _memory import qwen_one_layer, read_status_kib, reset_peak_rss
+
 IGNORE_INDEX = -100
-
-
-def read_status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
 
 
 def run_child(args: argparse.Namespace) -> None:
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
 
     from grpo_core.sft import completion_token_loss
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    config = Qwen2Config(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4864, num_hidden_layers=1,
-        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device).train()
+    model = qwen_one_layer(args.vocab, args.hidden).to(device).train()
     input_ids = torch.randint(0, args.vocab, (args.batch, args.prompt + args.tokens), device=device)  # [B, L]
     attention_mask = torch.ones_like(input_ids)  # [B, L]
     labels = input_ids.clone()  # [B, L]
@@ -88,9 +76,7 @@ def run_child(args: argparse.Namespace) -> None:
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated() / 2**10
     else:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
-        before = read_status_kib("VmRSS")
+        before = reset_peak_rss()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     loss = method(input_ids, attention_mask, labels)
     loss.backward()
