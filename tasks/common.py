@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,13 +115,8 @@ def logger() -> logging.Logger | logging.LoggerAdapter:
 def configure_stage_logging() -> None:
     """What a stage's log shows of progress: no transformers/hub progress bars ("Loading weights", "Writing
     model shards"; in a Prefect log each redraw is a line), but the trainers' own step lines: logger
-    ``grpo_core`` at INFO, through Prefect's handlers for extra loggers (as ``PREFECT_LOGGING_EXTRA_LOGGERS``
-    would attach them) when Prefect is set up in this process."""
-    target = logging.getLogger("grpo_core")
-    target.setLevel(logging.INFO)
-    for handler in logging.getLogger("prefect.extra").handlers:
-        if handler not in target.handlers:
-            target.addHandler(handler)
+    ``grpo_core`` at INFO, also sent to the run's Prefect log through Prefect's API handler (what
+    ``PREFECT_LOGGING_EXTRA_LOGGERS`` would attach) when Prefect is set up in this process."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         from transformers.utils import logging as hf_logging
@@ -128,6 +124,17 @@ def configure_stage_logging() -> None:
         hf_logging.disable_progress_bar()
     except ImportError:
         pass
+    target = logging.getLogger("grpo_core")
+    target.setLevel(logging.INFO)
+    if "prefect" not in sys.modules:  # the training child: its stdout is the log
+        return
+    from prefect.logging.handlers import APILogHandler
+
+    # Only the API handler: the terminal gets the lines through the root logger already, and whatever
+    # else sits on "prefect.extra" (a test harness's capture handlers, say) is not ours to copy.
+    for handler in logging.getLogger("prefect.extra").handlers:
+        if isinstance(handler, APILogHandler) and handler not in target.handlers:
+            target.addHandler(handler)
 
 
 def artifact_key(*parts: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.rewards.code import (
+    _ro_prefixes,
     SandboxLimits,
     SandboxUnavailable,
     code_execution,
@@ -207,7 +209,10 @@ def test_cannot_read_files_outside(tmp_path: Path) -> None:
         assert secret not in res.stdout
         assert res.stdout.count("FileNotFoundError") == len(files), res
         listing = res.stdout.splitlines()[-1]
-        assert "'work'" not in listing and "'home'" not in listing
+        # only the interpreter's own folders are bound (a venv under /work brings an empty /work/<path> skeleton)
+        bound = {Path(p).parts[1] for p in _ro_prefixes(sys.executable)}
+        for name in ("work", "home", "root"):
+            assert (f"'{name}'" in listing) <= (name in bound), (name, listing)
     finally:
         for d in dirs:
             shutil.rmtree(d, ignore_errors=True)
