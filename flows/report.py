@@ -57,19 +57,26 @@ def evaluation_of(store: Store, ref: StageRef) -> StageRef | None:
                         where=lambda m: (m.get("parents") or {}).get("model", {}).get("version") == ref.version)
 
 
-def stage_status(store: Store, run: str, refs: dict[str, StageRef | None] | None = None) -> dict[str, Any]:
+def latest_evaluations(store: Store, refs: dict[str, StageRef | None]) -> dict[str, StageRef | None]:
+    """The evaluation of each committed model stage in ``refs`` (``evaluation_of``), read once per stage."""
+    return {s.name: evaluation_of(store, refs[s.name]) for s in all_stages() if s.makes_model and refs[s.name]}
+
+
+def stage_status(store: Store, run: str, refs: dict[str, StageRef | None] | None = None,
+                 evaluations: dict[str, StageRef | None] | None = None) -> dict[str, Any]:
     """``{"run", "stages": {stage: {"state", "uri", "path", "metrics"}}}`` (state: completed | incomplete |
     pending; ``path`` store-relative, ``uri`` resolved in ``store``); a model stage's metrics include its
     evaluation's (``eval/...``), with ``eval_uri`` and ``eval_path``.
 
-    ``refs``: the stages' newest committed outputs when the caller has already read them (``latest_refs``)."""
+    ``refs``/``evaluations``: what the caller has already read (``latest_refs``, ``latest_evaluations``)."""
     refs = latest_refs(store, run) if refs is None else refs
+    evaluations = latest_evaluations(store, refs) if evaluations is None else evaluations
     stages: dict[str, Any] = {}
     for entry in all_stages():
         stage, ref = entry.name, refs[entry.name]
         if ref is not None:
             stages[stage] = {"state": "completed", "uri": ref.uri, "path": ref.path, "metrics": dict(ref.metrics)}
-            evaluation = evaluation_of(store, ref) if entry.makes_model else None
+            evaluation = evaluations.get(stage)
             if evaluation is not None:
                 stages[stage]["metrics"].update(evaluation.metrics)
                 stages[stage].update(eval_uri=evaluation.uri, eval_path=evaluation.path)
@@ -87,14 +94,17 @@ def _first(metrics: dict[str, Any], keys: tuple[str, ...]) -> float | None:
     return None
 
 
-def emergence_rows(store: Store, run: str, curve_points: int = 5, refs: dict[str, StageRef | None] | None = None
+def emergence_rows(store: Store, run: str, curve_points: int = 5, refs: dict[str, StageRef | None] | None = None,
+                   evaluations: dict[str, StageRef | None] | None = None
                    ) -> tuple[list[dict[str, Any]], dict[str, list]]:
     """Table rows (held-out evals and RL curve points) and the RL stages' histories used for the plots."""
+    refs = latest_refs(store, run) if refs is None else refs
+    evaluations = latest_evaluations(store, refs) if evaluations is None else evaluations
     rows: list[dict[str, Any]] = []
     histories: dict[str, list[dict[str, Any]]] = {}
     for entry in all_stages():
         stage = entry.name
-        ref = (store.latest(run, stage) if refs is None else refs[stage]) if entry.makes_model else None
+        ref = refs[stage] if entry.makes_model else None
         if ref is None:
             continue
         if entry.kind == "rl":
@@ -106,7 +116,7 @@ def emergence_rows(store: Store, run: str, curve_points: int = 5, refs: dict[str
                 rows.append({"stage / step": f"{stage} step {h['step']} (train samples)",
                              "accuracy": _first(h, ACCURACY_KEYS), "mean length": _first(h, LENGTH_KEYS)})
         row = {"stage / step": f"{stage} (held-out)"}
-        evaluation = evaluation_of(store, ref)
+        evaluation = evaluations.get(stage)
         for column, keys in EVAL_COLUMNS.items():
             row["accuracy" if column == "greedy accuracy" else column] = (
                 _first(evaluation.metrics, keys) if evaluation is not None else None)
@@ -171,8 +181,9 @@ def write_report(store: Store, run: str) -> Report:
     What is saved refers to the store's files by relative paths (plots beside the report, stages as
     ``run/stage/version``), so the report stays right when the store is copied or moved."""
     refs = latest_refs(store, run)  # read once, for the table and the stage list
-    rows, histories = emergence_rows(store, run, refs=refs)
-    status = stage_status(store, run, refs)
+    evaluations = latest_evaluations(store, refs)
+    rows, histories = emergence_rows(store, run, refs=refs, evaluations=evaluations)
+    status = stage_status(store, run, refs, evaluations)
     base = store.path(run, REPORT_DIR)
     with tempfile.TemporaryDirectory(prefix="r1-report-") as tmp:
         plots = plot_histories(histories, Path(tmp))

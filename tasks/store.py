@@ -302,33 +302,26 @@ class Store:
                                  f"{rerun_hint(ref)}")
         return data
 
-    def read_json(self, path: str) -> dict[str, Any]:
+    def _read(self, path: str, parse: Callable[[Any], Any]) -> Any:
+        """``parse(binary file)`` of ``path``; FileNotFoundError when it does not exist, any other failure
+        (the read or the parse) one store error naming the path."""
         try:
-            with self.fs.open(self._strip(path), "r") as f:
-                return json.load(f)
+            with self.fs.open(self._strip(path), "rb") as f:
+                return parse(f)
         except FileNotFoundError:
             raise
         except Exception as e:  # noqa: BLE001
             raise self._explain(e, f"reading {path}") from None
 
+    def read_json(self, path: str) -> dict[str, Any]:
+        return self._read(path, json.load)
+
     def _read_bytes(self, path: str) -> bytes:
-        try:
-            with self.fs.open(self._strip(path), "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise self._explain(e, f"reading {path}") from None
+        return self._read(path, lambda f: f.read())
 
     def read_text(self, path: str) -> str:
         """A text file's content; FileNotFoundError when it does not exist."""
-        try:
-            with self.fs.open(self._strip(path), "r") as f:
-                return f.read()
-        except FileNotFoundError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise self._explain(e, f"reading {path}") from None
+        return self._read(path, lambda f: f.read().decode("utf-8"))
 
     def write_json(self, path: str, obj: dict[str, Any]) -> None:
         """Write one JSON object atomically (S3 puts are atomic; locally write-then-rename)."""
