@@ -8,8 +8,10 @@
     r1 status X [--json]
     r1 report X
 
-Without ``PREFECT_API_URL`` Prefect runs ephemerally (a temporary local server for the run); with it, ``r1 run``
-and ``r1 stage`` first check that the server answers (``flows/prefect_api.py``, ``R1_PREFECT_PROBE_TIMEOUT``).
+Without ``PREFECT_API_URL`` ``r1 run`` and ``r1 stage`` start a temporary local Prefect server for the call;
+with it, they first check that the server answers (``flows/prefect_api.py``, ``R1_PREFECT_PROBE_TIMEOUT``).
+Ctrl-C stops a run in seconds: the training process group is taken down, the call's flow runs are marked
+Cancelled and the command exits 130; rerunning it resumes from the last stored checkpoint.
 Problems with the config, the store, the Prefect server or the data end the command with one ``error:`` line
 and exit code 1; no call waits without bound (S3 timeouts: ``tasks/store.py``).
 
@@ -21,9 +23,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Any, Iterator, NoReturn, Optional
 
 import typer
 
@@ -60,12 +65,15 @@ def _store(url: Optional[str]) -> Any:
         _fail(str(e))
 
 
-def _prefect_server() -> None:
-    """With ``PREFECT_API_URL`` set, fail in seconds (one line naming it) if that server does not answer."""
-    from flows.prefect_api import PrefectAPIUnreachable, check_prefect_api
+@contextmanager
+def _prefect_api() -> Iterator[None]:
+    """Flows inside report to ``PREFECT_API_URL``'s server once it answers (else one line naming it), or to a
+    temporary server of our own that a Ctrl-C does not kill before ``r1`` can record the interruption."""
+    from flows.prefect_api import PrefectAPIUnreachable, prefect_api
 
     try:
-        check_prefect_api()
+        with prefect_api():
+            yield
     except PrefectAPIUnreachable as e:
         _fail(str(e))
 
@@ -100,12 +108,47 @@ def _lease(st: Any, run_name: str, force: bool) -> Any:
         _fail(str(e))
 
 
+INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C while flows ran, after their runs were marked Cancelled; the message says so."""
+
+
+@contextmanager
+def _interruptible() -> Iterator[None]:
+    """Outermost around a command's flows: Ctrl-C ends the command with one line and exit code 130, once the
+    contexts inside have unwound (lease released, temporary server stopped)."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        typer.echo(str(e) if isinstance(e, Interrupted) else "interrupted before any stage started", err=True)
+        raise typer.Exit(INTERRUPTED) from None
+
+
 FORCE_UNLOCK = "take the run's lease even if another writer holds it (only when that writer is gone)"
 
 
 def _run_flow(fn: Any, **params: Any) -> Any:
-    """Call a flow; a failure becomes one error line (Prefect's log above it has the traceback)."""
-    state = fn(**params, return_state=True)
+    """Call a flow; a failure becomes one error line (Prefect's log above it has the traceback).
+
+    Ctrl-C: the task in progress takes its training process group down (``tasks/launch.py``), Prefect records the
+    runs as Crashed, and we mark this call's flow runs Cancelled (found by a tag given to them here) and exit 130.
+    The next ``r1 run``/``r1 stage`` with the same run resumes from the last stored checkpoint."""
+    import prefect
+
+    tag = f"r1-call-{uuid.uuid4().hex[:12]}"
+    try:
+        with prefect.tags(tag):
+            state = fn(**params, return_state=True)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        from flows.prefect_api import cancel_flow_runs
+
+        cancelled = cancel_flow_runs(tag)
+        raise Interrupted(f"interrupted: {cancelled} flow run(s) marked Cancelled; rerun the same command to resume "
+                          "from the last checkpoint") from None
     if state.is_completed():
         return state.result()
     exc = state.result(raise_on_failure=False)
@@ -129,13 +172,12 @@ def run(
     for name in [*(selected or []), *([from_stage] if from_stage else [])]:
         _stage_entry(name)
     st = _store(store)
-    _prefect_server()  # before the lease and any flow
     from flows.r1_pipeline import new_run_name, r1_pipeline
     from tasks.common import configure_stage_logging
 
     configure_stage_logging()
     name = run_name or new_run_name()
-    with _lease(st, name, force_unlock):
+    with _interruptible(), _prefect_api(), _lease(st, name, force_unlock):  # the API before the lease and any flow
         typer.echo(f"run {name} -> {st.url}/{name}")
         result = _run_flow(r1_pipeline, config=cfg, run_name=name, stages=selected, from_stage=from_stage,
                            store=st.url, dispatch=dispatch)
@@ -155,12 +197,11 @@ def stage(
     _run_name(run_name)
     cfg = _config(config) if config else None
     st = _store(store)
-    _prefect_server()  # before the lease and any flow
     from flows.stages import stage_flow
     from tasks.common import configure_stage_logging
 
     configure_stage_logging()
-    with _lease(st, run_name, force_unlock):
+    with _interruptible(), _prefect_api(), _lease(st, run_name, force_unlock):
         ref = _run_flow(stage_flow(name), run=run_name, config=cfg, store=st.url, force=True)
     typer.echo(f"{name}: committed {st.uri_of(ref['path'])}")
 
@@ -240,8 +281,17 @@ def build_app() -> typer.Typer:
 app = build_app()
 
 
-def main() -> None:  # python -m flows.cli
-    app()
+def main() -> None:
+    """The ``r1`` console script. After a Ctrl-C has been handled (exit 130) it skips the interpreter's teardown
+    of torch, transformers and Prefect, which alone can take seconds on a busy machine."""
+    try:
+        app()
+    except SystemExit as e:
+        if e.code == INTERRUPTED:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(INTERRUPTED)
+        raise
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def record_failure(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if os.environ.get(ERROR_DIR_ENV):  # started by ``launch``
-            _die_with_parent()
+            die_with_parent()
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
@@ -100,7 +100,7 @@ def _load_prctl() -> Callable[..., int] | None:
 _PRCTL = _load_prctl()  # looked up once: between fork and exec only the C call itself may run
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """SIGKILL this process when its parent dies, so a killed worker leaves no trainer behind.
 
     Called between fork and exec for the direct child, and again by each torchrun rank (whose parent is the
@@ -128,7 +128,7 @@ def launch(
         logger.info("launching %s", " ".join(cmd[1:] if nproc_per_node > 1 else cmd))
         tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                env=child_env, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent)
+                                env=child_env, cwd=cwd, start_new_session=True, preexec_fn=die_with_parent)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
