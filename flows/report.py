@@ -304,14 +304,15 @@ def plot_reflection(histories: dict[str, list[dict[str, Any]]], aha: dict[str, i
     out_dir.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
     offset = 0
-    for stage, hist in histories.items():
+    for i, (stage, hist) in enumerate(histories.items()):
         for keys, style, label in (((REFLECTION_KEY,), "-", "reflection rate"), (ACCURACY_KEYS, ":", "accuracy reward")):
             points = [(offset + h["step"], _first(h, keys)) for h in hist]
             points = [(x, y) for x, y in points if y is not None]
             if points:
-                ax.plot(*zip(*points), style, marker="." if len(points) < 40 else None, label=f"{stage} {label}")
+                ax.plot(*zip(*points), style, color=f"C{i}", marker="." if len(points) < 40 else None,
+                        label=f"{stage} {label}")
         if aha.get(stage) is not None:
-            ax.axvline(offset + aha[stage], color="red", linestyle="--", alpha=0.7, label=f"{stage} aha? step {aha[stage]}")
+            ax.axvline(offset + aha[stage], color=f"C{i}", linestyle="--", label=f"{stage} aha? step {aha[stage]}")
         offset += max((h["step"] for h in hist), default=0)
     ax.set_xlabel("GRPO step (final_rl continues after grpo_train)")
     ax.set_ylabel("share of completions")
