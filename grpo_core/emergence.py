@@ -59,7 +59,7 @@ PHASES = ("direct answers with little reasoning", "simple calculation steps",
 AHA_WINDOW = 5
 AHA_DELTA = 0.1
 
-_DIRECT = re.compile(r"^\s*<think>\s*</think>")  # the same test as evaluation.is_direct (kept import-light)
+_DIRECT = re.compile(r"^\s*<think>\s*</think>")  # evaluation.is_direct is this function
 _ANSWER = re.compile(r"<answer>.*?</answer>", re.S)
 _STEP_SPLIT = re.compile(r"[\n;；。！？]|[.!?](?=\s|$)")
 _WORDLIKE = re.compile(r"\w")
