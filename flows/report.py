@@ -282,7 +282,7 @@ def emergence_section(measured: dict[str, Any]) -> str:
         "accuracy split by whether the completion reflects.",
         "\n".join(lines),
         f"Phase rule (first that holds): direct answers >= {emergence.DIRECT_PHASE_MIN_DIRECT_RATE:.0%} or mean "
-        f"steps < {emergence.DIRECT_PHASE_MAX_STEPS:g}: *{emergence.PHASES[0]}*; else reflection < "
+        f"steps < {emergence.LITTLE_REASONING_MAX_STEPS:g}: *{emergence.PHASES[0]}*; else reflection < "
         f"{emergence.SELF_CHECK_MIN_REFLECTION_RATE:.0%}: *{emergence.PHASES[1]}*; else backtracking < "
         f"{emergence.BACKTRACK_MIN_RATE:.0%}: *{emergence.PHASES[2]}*; else *{emergence.PHASES[3]}*.",
         f"Aha rule: over each RL stage's logged `{REFLECTION_KEY}` (the training samples of each step), m(t) is "

@@ -49,7 +49,7 @@ BACKTRACK_PHRASES: tuple[str, ...] = (
 
 # phase_label's thresholds (shares of responses, steps per response).
 DIRECT_PHASE_MIN_DIRECT_RATE = 0.5
-DIRECT_PHASE_MAX_STEPS = 1.0
+LITTLE_REASONING_MAX_STEPS = 2.0  # below: one piece of reasoning or none
 SELF_CHECK_MIN_REFLECTION_RATE = 0.1
 BACKTRACK_MIN_RATE = 0.05
 PHASES = ("direct answers with little reasoning", "simple calculation steps",
@@ -148,11 +148,11 @@ def emergence_metrics(texts: Sequence[str], *, correct: Sequence[bool] | None = 
 def phase_label(direct_rate: float, mean_steps: float, reflection_rate: float, backtrack_rate: float) -> str:
     """The seed's phase for measured features; the first rule that holds wins:
 
-    1. direct_rate >= 0.5 or mean_steps < 1: direct answers with little reasoning;
+    1. direct_rate >= 0.5 or mean_steps < 2: direct answers with little reasoning;
     2. reflection_rate < 0.1: simple calculation steps;
     3. backtrack_rate < 0.05: step-by-step with self-checking;
     4. otherwise: structured reasoning with backtracking and verification."""
-    if direct_rate >= DIRECT_PHASE_MIN_DIRECT_RATE or mean_steps < DIRECT_PHASE_MAX_STEPS:
+    if direct_rate >= DIRECT_PHASE_MIN_DIRECT_RATE or mean_steps < LITTLE_REASONING_MAX_STEPS:
         return PHASES[0]
     if reflection_rate < SELF_CHECK_MIN_REFLECTION_RATE:
         return PHASES[1]

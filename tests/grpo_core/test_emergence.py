@@ -115,7 +115,8 @@ def test_phrase_lists_are_configurable():
 
 def test_phase_rule():
     assert phase_label(0.9, 0.2, 0.0, 0.0) == PHASES[0]
-    assert phase_label(0.0, 0.5, 0.0, 0.0) == PHASES[0]  # reasoning with under one step is little reasoning
+    assert phase_label(0.0, 1.5, 0.0, 0.0) == PHASES[0]  # under two steps on average is little reasoning
+    assert phase_label(0.0, 2.0, 0.0, 0.0) == PHASES[1]
     assert phase_label(0.0, 3.0, 0.05, 0.0) == PHASES[1]
     assert phase_label(0.0, 6.0, 0.4, 0.01) == PHASES[2]
     assert phase_label(0.0, 9.0, 0.4, 0.2) == PHASES[3]
