@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -153,3 +155,26 @@ def test_grpo_step_metrics_carry_the_features():
     assert m["completions/direct_rate"] == pytest.approx(1 / 3) and m["completions/backtrack_rate"] == 0.0
     assert m["completions/mean_length"] == pytest.approx(8.0)  # tokens, as before
     assert completion_metrics(rollouts, ["7+8"], [])["completions/reflection_rate"] == pytest.approx(1 / 3)
+
+
+QWEN_OUTPUTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "qwen25math_math_cot_100_outputs.jsonl"
+
+
+def test_real_sampled_solutions():
+    """Qwen2.5-Math's sampled CoT on MATH (8 per problem, graded by Qwen's own grader): a real self-correction is
+    found, and the accuracy split by reflection adds back up to the overall accuracy."""
+    if not QWEN_OUTPUTS.exists():
+        pytest.skip(f"{QWEN_OUTPUTS} not found (real data lives in ../shared/data, see its PROVENANCE.md)")
+    texts, correct = [], []
+    for line in QWEN_OUTPUTS.read_text().splitlines():
+        row = json.loads(line)
+        texts += row["code"]
+        correct += [bool(s) for s in row["score"]]
+    corrected = next(t for t in texts if "This is incorrect; let's re-evaluate the division" in t)
+    f = response_features(corrected)
+    assert f.reflection and f.backtrack and not f.direct and f.steps > 5
+    m = emergence_metrics(texts, correct=correct)
+    with_r = round(m["reflection_rate"] * len(texts))
+    total = m["accuracy_with_reflection"] * with_r + m["accuracy_without_reflection"] * (len(texts) - with_r)
+    assert total == pytest.approx(sum(correct))
+    assert 0 < with_r < len(texts) and m["direct_rate"] == 0.0  # no think tags: all reasoning, never direct
