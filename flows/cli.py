@@ -245,7 +245,7 @@ def _print_status(st: Any, run_name: str) -> None:
     typer.echo(f"{'stage':<18}{'state':<12}{'metrics':<58}uri")
     for stage_name, s in info["stages"].items():
         shown = [f"{k.split('/')[-1]}={_short(v)}" for k, v in s["metrics"].items()
-                 if k in KEY_METRICS or k.startswith("eval/accuracy")][:4]
+                 if k in KEY_METRICS or (k.startswith("eval/accuracy") and "reflection" not in k)][:4]
         typer.echo(f"{stage_name:<18}{s['state']:<12}{' '.join(shown):<58}{s['uri'] or ''}")
 
 

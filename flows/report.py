@@ -7,6 +7,11 @@ completion length, format rate), plus the GRPO stages' training curve at a few s
 and mean completion length of the sampled completions, on training prompts). Plots (PNG, matplotlib Agg)
 of reward, accuracy and length over GRPO steps go to ``{root}/{run}/_report/`` next to ``report.md``;
 inside a Prefect run the report is also a markdown artifact linking them.
+
+"Emergence, measured" (``emergence_section``): the seed's phase table rebuilt from each evaluated stage's
+measured response features (``grpo_core.emergence``: phase by ``phase_label``'s stated rule), and
+``reflection.png``, reflection rate and accuracy over GRPO steps with the candidate "aha" step of each RL
+stage marked by ``find_aha_step``'s stated rule.
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_core import emergence
 from tasks.common import artifact_key, in_prefect_run
 from tasks.evaluate import output_name as eval_output
 from tasks.stages import all_stages
@@ -44,6 +50,7 @@ class Report:
     markdown: str
     rows: list[dict[str, Any]]
     plots: dict[str, str]
+    emergence: dict[str, Any] = field(default_factory=dict)
 
 
 def latest_refs(store: Store, run: str) -> dict[str, StageRef | None]:
@@ -187,6 +194,8 @@ def write_report(store: Store, run: str) -> Report:
     base = store.path(run, REPORT_DIR)
     with tempfile.TemporaryDirectory(prefix="r1-report-") as tmp:
         plots = plot_histories(histories, Path(tmp))
+        measured = measured_emergence(evaluations, histories)
+        plots["reflection"] = plot_reflection(histories, measured["aha"], Path(tmp))
         uris = {}
         for name, path in plots.items():
             store.put_file(path, f"{base}/{name}.png")
@@ -197,6 +206,7 @@ def write_report(store: Store, run: str) -> Report:
             "completion length (tokens, greedy). GRPO rows: accuracy reward and mean length of the sampled "
             "completions on training prompts at that step.",
             _markdown_table(rows),
+            emergence_section(measured),
             "## Plots\n" + "\n".join(f"- [{name}]({name}.png)" for name in uris),
             "## Stages\n" + "\n".join(f"- {s}: {v['state']} {v['path'] or ''}" for s, v in status["stages"].items()),
         ])
@@ -207,10 +217,114 @@ def write_report(store: Store, run: str) -> Report:
         relative = {"run": run, "stages": {s: {k: v for k, v in info.items() if k not in ("uri", "eval_uri")}
                                            for s, info in status["stages"].items()}}
         json_path.write_text(json.dumps({"run": run, "rows": rows, "plots": {name: f"{name}.png" for name in uris},
-                                         "status": relative}, indent=2))
+                                         "emergence": measured, "status": relative}, indent=2))
         store.put_file(json_path, f"{base}/report.json")
     _publish(run, markdown)
-    return Report(run=run, uri=store.uri(f"{base}/report.md"), markdown=markdown, rows=rows, plots=uris)
+    return Report(run=run, uri=store.uri(f"{base}/report.md"), markdown=markdown, rows=rows, plots=uris,
+                  emergence=measured)
+
+
+# ---- Emergence, measured: the seed's phase table and the "aha" step ---------------------------------------
+REFLECTION_KEY = "completions/reflection_rate"
+# column -> evaluation key(s), the first present wins; features of the sampled held-out completions
+MEASURED_COLUMNS = {"direct answers": ("eval/direct_rate",), "mean steps": ("eval/mean_steps",),
+                    "reflection": ("eval/reflection_rate",), "backtracking": ("eval/backtrack_rate",),
+                    "mean length": ("eval/mean_length_sampled", "eval/mean_length"), "pass@1": ("eval/pass@1",),
+                    "accuracy with reflection": ("eval/accuracy_with_reflection",),
+                    "accuracy without reflection": ("eval/accuracy_without_reflection",),
+                    "greedy accuracy": ("eval/accuracy",)}
+NOT_MEASURED = "not measured (evaluated before the emergence features existed; `r1 run` this run again)"
+
+
+def measured_emergence(evaluations: dict[str, StageRef | None], histories: dict[str, list[dict[str, Any]]],
+                       window: int = emergence.AHA_WINDOW, delta: float = emergence.AHA_DELTA) -> dict[str, Any]:
+    """``{"rows": [...], "aha": {rl_stage: step | None}, "rules": {...}}``: one row per evaluated model stage
+    with its phase and features; per RL stage, ``find_aha_step`` over its logged ``completions/reflection_rate``
+    (a stage that logged none is absent from ``aha``)."""
+    rows = []
+    for stage, evaluation in evaluations.items():
+        if evaluation is None:
+            continue
+        row: dict[str, Any] = {"stage": stage}
+        for column, keys in MEASURED_COLUMNS.items():
+            row[column] = _first(evaluation.metrics, keys)
+        features = [row[c] for c in ("direct answers", "mean steps", "reflection", "backtracking")]
+        row["phase"] = NOT_MEASURED if None in features else emergence.phase_label(*features)
+        rows.append(row)
+    aha = {}
+    for stage, hist in histories.items():
+        points = [(h["step"], h[REFLECTION_KEY]) for h in hist if h.get(REFLECTION_KEY) is not None]
+        if points:
+            aha[stage] = emergence.find_aha_step([s for s, _ in points], [v for _, v in points], window, delta)
+    return {"rows": rows, "aha": aha, "rules": {"aha_window": window, "aha_delta": delta}}
+
+
+def emergence_section(measured: dict[str, Any]) -> str:
+    """The report's "Emergence, measured" section: the phase table, the rules, the aha verdict per RL stage."""
+    window, delta = measured["rules"]["aha_window"], measured["rules"]["aha_delta"]
+    columns = ["stage", "phase", *MEASURED_COLUMNS]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in measured["rows"]:
+        cells = [r["stage"], r["phase"]]
+        for c in MEASURED_COLUMNS:
+            v = r.get(c)
+            cells.append("" if v is None else f"{v:.1f}" if c in ("mean steps", "mean length") else f"{100 * v:.1f}%")
+        lines.append("| " + " | ".join(cells) + " |")
+    aha = [f"- {stage}: candidate aha step **{step}**" if step is not None else
+           f"- {stage}: no aha step found under the rule (window {window}, delta {delta})"
+           for stage, step in measured["aha"].items()] or ["- no RL stage logged `completions/reflection_rate`"]
+    return "\n\n".join([
+        "## Emergence, measured\nThe seed's phases, read off each evaluated stage's sampled held-out completions "
+        "(`grpo_core/emergence.py`): direct answers = share opening with an empty `<think></think>`; steps = "
+        "non-empty pieces of the reasoning between line breaks, `;` and sentence ends; reflection / backtracking "
+        "= share whose reasoning holds a phrase of the configured lists (`emergence.reflection_phrases` / "
+        "`backtrack_phrases`: whole English words, Chinese anywhere, case-insensitive); mean length in tokens; "
+        "accuracy split by whether the completion reflects.",
+        "\n".join(lines),
+        f"Phase rule (first that holds): direct answers >= {emergence.DIRECT_PHASE_MIN_DIRECT_RATE:.0%} or mean "
+        f"steps < {emergence.LITTLE_REASONING_MAX_STEPS:g}: *{emergence.PHASES[0]}*; else reflection < "
+        f"{emergence.SELF_CHECK_MIN_REFLECTION_RATE:.0%}: *{emergence.PHASES[1]}*; else backtracking < "
+        f"{emergence.BACKTRACK_MIN_RATE:.0%}: *{emergence.PHASES[2]}*; else *{emergence.PHASES[3]}*.",
+        f"Aha rule: over each RL stage's logged `{REFLECTION_KEY}` (the training samples of each step), m(t) is "
+        f"the mean of the {window} steps ending at t; the first t where m(t) exceeds the lowest earlier m by more "
+        f"than {delta} triggers, and the step marked is the first step of that window whose own reflection rate "
+        f"is that far above the lowest m. [reflection.png](reflection.png) plots reflection rate and accuracy "
+        f"against GRPO step with the marked step.\n" + "\n".join(aha),
+    ])
+
+
+def plot_reflection(histories: dict[str, list[dict[str, Any]]], aha: dict[str, int | None], out_dir: Path) -> Path:
+    """reflection.png: reflection rate and accuracy reward per GRPO step (RL stages one after the other, as
+    ``plot_histories``), a dashed line at each stage's candidate aha step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    offset = 0
+    for i, (stage, hist) in enumerate(histories.items()):
+        for keys, style, label in (((REFLECTION_KEY,), "-", "reflection rate"), (ACCURACY_KEYS, ":", "accuracy reward")):
+            points = [(offset + h["step"], _first(h, keys)) for h in hist]
+            points = [(x, y) for x, y in points if y is not None]
+            if points:
+                ax.plot(*zip(*points), style, color=f"C{i}", marker="." if len(points) < 40 else None,
+                        label=f"{stage} {label}")
+        if aha.get(stage) is not None:
+            ax.axvline(offset + aha[stage], color=f"C{i}", linestyle="--", label=f"{stage} aha? step {aha[stage]}")
+        offset += max((h["step"] for h in hist), default=0)
+    ax.set_xlabel("GRPO step (final_rl continues after grpo_train)")
+    ax.set_ylabel("share of completions")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    path = out_dir / "reflection.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def _publish(run: str, markdown: str) -> None:

@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from grpo_core.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES
+
 
 LONG_PROMPTS_HELP = ("a prompt longer than max_prompt_length: truncate keeps its last max_prompt_length tokens "
                      "(left truncation, as TRL and GRPO training always did), drop skips the row and counts it")
@@ -53,6 +55,21 @@ class OptimConfig(_Strict):
         "ddp", description="under torchrun: ddp = replicated weights + gradient all-reduce; fsdp = FSDP2 "
         "sharded weights, gradients and optimizer state (models that do not fit replicated)",
     )
+
+
+class EmergenceConfig(_Strict):
+    """The phrase lists of the emergence features (``grpo_core.emergence``), for evaluation and GRPO's logs.
+
+    Matching: case-insensitive; a phrase with a CJK character anywhere, any other as whole words."""
+
+    reflection_phrases: list[str] = Field(
+        default_factory=lambda: list(REFLECTION_PHRASES),
+        description="self-verification/reconsideration phrases (reflection rate); default English + Chinese, "
+        "grpo_core.emergence.REFLECTION_PHRASES")
+    backtrack_phrases: list[str] = Field(
+        default_factory=lambda: list(BACKTRACK_PHRASES),
+        description="phrases that abandon a line of reasoning (backtracking rate); default "
+        "grpo_core.emergence.BACKTRACK_PHRASES")
 
 
 class SFTConfig(OptimConfig):
@@ -100,6 +117,9 @@ class GRPOConfig(OptimConfig):
     reward_weights: list[float] | None = None
     reward_timeout: float = Field(3.0, gt=0, description="seconds allowed per math answer check before it scores 0")
     reward_num_workers: int = Field(2, ge=1, description="math answer-check worker processes")
+
+    emergence: EmergenceConfig = Field(
+        default_factory=EmergenceConfig, description="phrase lists of completions/reflection_rate and the rest")
 
     # --- DAPO dynamic sampling ---
     dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal and refill the batch")
@@ -207,6 +227,8 @@ class EvalConfig(_Strict):
     batch_size: int = Field(64, gt=0)
     max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")
     long_prompts: Literal["truncate", "drop"] = Field("truncate", description=LONG_PROMPTS_HELP)
+    emergence: EmergenceConfig = Field(
+        default_factory=EmergenceConfig, description="phrase lists of eval/reflection_rate and the rest")
     seed: int = 0
 
 

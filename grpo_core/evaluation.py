@@ -16,6 +16,11 @@ Metrics (all over the same held-out rows):
   everything except ``</think>`` and greedy decoding continues. Compared with ``eval/accuracy`` it
   separates "RL taught better reasoning" from "RL taught the model to use the reasoning it already had"
   (the README's emergence table shows both). Needs ``<think>``/``</think>`` to be single tokens; otherwise NaN.
+- The seed's emergence features (``grpo_core.emergence``) of the sampled completions (the greedy ones when
+  ``num_samples`` is 0): ``eval/direct_rate``, ``eval/mean_steps``, ``eval/reflection_rate``,
+  ``eval/backtrack_rate``, and the sampled accuracy split by reflection, ``eval/accuracy_with_reflection`` /
+  ``eval/accuracy_without_reflection`` (NaN where no completion falls in the group). Their mean length is
+  ``eval/mean_length_sampled`` (``eval/mean_length`` without samples).
 
 Prompts longer than ``max_prompt_length`` are truncated or dropped by ``long_prompts``
 (``trainer.prompts.encode_prompts``, the call training makes); the counts are ``eval/prompts_truncated`` and
@@ -30,25 +35,18 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from grpo_core.config import EvalConfig
+from grpo_core.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES, emergence_metrics, is_direct
 from grpo_core.generation import GenerationBackend, Rollout, make_backend
 from grpo_core.rewards import get_reward_funcs
 from grpo_core.rewards.base import RewardFunc
 from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
 from grpo_core.trainer.prompts import LongPrompts, all_dropped_error, encode_prompts
-
-DIRECT_ANSWER = re.compile(r"^\s*<think>\s*</think>")
-
-
-def is_direct(text: str) -> bool:
-    return bool(DIRECT_ANSWER.match(text))
-
 
 def sample_seed(seed: int, row_id: str, j: int) -> int:
     """Seed of sample ``j`` of a row: independent of batch composition and row order."""
@@ -75,6 +73,8 @@ def evaluate(
     batch_size: int = 64,
     max_prompt_length: int | None = 512,
     long_prompts: LongPrompts = "truncate",
+    reflection_phrases: list[str] | tuple[str, ...] = REFLECTION_PHRASES,
+    backtrack_phrases: list[str] | tuple[str, ...] = BACKTRACK_PHRASES,
     return_rows: bool = False,
 ) -> dict[str, Any]:
     """Evaluate ``model`` on prompt rows ``{id, prompt, answer, ...}``; see the module docstring.
@@ -120,6 +120,7 @@ def evaluate(
         **encoded.counts("eval/prompts_"),
     }
     sampled_ok: list[bool] = []
+    population, population_ok = greedy, greedy_ok  # what the emergence features describe
     if num_samples > 0:
         seeds = [sample_seed(seed, row_id, j) for row_id in row_ids for j in range(num_samples)]
         sampled = _generate(backend, prompt_ids, n=num_samples, max_tokens=max_new_tokens, greedy=False,
@@ -127,6 +128,10 @@ def evaluate(
         sampled_ok = passes(score_completions([fn], [name], rows, sampled, num_samples, max_new_tokens)[:, 0])
         metrics["eval/pass@1"] = _mean(sampled_ok)
         metrics["eval/mean_length_sampled"] = _mean([completion_length(s) for s in sampled])
+        population, population_ok = sampled, sampled_ok
+    features = emergence_metrics([r.text for r in population], correct=population_ok,
+                                 reflection_phrases=reflection_phrases, backtrack_phrases=backtrack_phrases)
+    metrics.update({f"eval/{k}": v for k, v in features.items() if k != "mean_length"})  # length: above
     forced_texts, forced_ok = texts, greedy_ok
     if forced_reasoning:
         forced = force_reasoning(module, tokenizer, backend, prompt_ids, greedy, max_new_tokens, batch_size)
@@ -156,7 +161,8 @@ def evaluate_with_config(config: EvalConfig, model: str | Path | torch.nn.Module
                     temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
                     backend=backend, seed=config.seed, forced_reasoning=config.forced_reasoning,
                     batch_size=config.batch_size, max_prompt_length=config.max_prompt_length,
-                    long_prompts=config.long_prompts, return_rows=return_rows)
+                    long_prompts=config.long_prompts, reflection_phrases=config.emergence.reflection_phrases,
+                    backtrack_phrases=config.emergence.backtrack_phrases, return_rows=return_rows)
 
 
 def force_reasoning(model: torch.nn.Module | None, tokenizer: Any, backend: GenerationBackend,

@@ -6,6 +6,11 @@ appears twice; TensorBoard events past the resumed step are purged (``purge_step
 
 ``tokens_per_second`` counts prompt + completion tokens of every generated sequence over the step's
 wall time (generation, rewards and training together).
+
+``completions/reflection_rate``, ``completions/mean_steps``, ``completions/backtrack_rate`` and
+``completions/direct_rate`` are the seed's emergence features (``grpo_core.emergence``) of the step's
+generated completions, with the phrase lists of ``GRPOConfig.emergence``; the report's "aha" step is read
+off ``completions/reflection_rate``.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
+from grpo_core.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES, emergence_metrics
 from grpo_core.generation import Rollout
 
 logger = logging.getLogger(__name__)
@@ -35,9 +41,13 @@ def reward_metrics(rewards_per_func: torch.Tensor, names: list[str]) -> dict[str
     return out
 
 
-def completion_metrics(rollouts: list[Rollout]) -> dict[str, float]:
+def completion_metrics(rollouts: list[Rollout], reflection_phrases: Sequence[str] = REFLECTION_PHRASES,
+                       backtrack_phrases: Sequence[str] = BACKTRACK_PHRASES) -> dict[str, float]:
     lengths = [len(r.completion_ids) for r in rollouts]
+    features = emergence_metrics([r.text for r in rollouts], reflection_phrases=reflection_phrases,
+                                 backtrack_phrases=backtrack_phrases)
     return {
+        **{f"completions/{k}": features[k] for k in ("reflection_rate", "mean_steps", "backtrack_rate", "direct_rate")},
         "completions/mean_length": sum(lengths) / len(lengths),
         "completions/min_length": float(min(lengths)),
         "completions/max_length": float(max(lengths)),

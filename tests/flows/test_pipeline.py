@@ -103,6 +103,7 @@ def test_pipeline_commits_and_evaluates_every_stage(first_run, s3_store):
     assert set(consolidate["parents"]) == {"prepare_data", "rejection_sample", "grpo_train"}  # init_from grpo_train
     history = store.read_text(store.path(grpo["path"], "metrics.jsonl")).splitlines()
     assert [json.loads(line)["step"] for line in history] == [1, 2, 3, 4]
+    assert all(0.0 <= json.loads(line)["completions/reflection_rate"] <= 1.0 for line in history)
     print(f"ci-tiny pipeline on S3: {first_run['seconds']:.0f} s")
 
 
@@ -126,6 +127,9 @@ def test_status_json_shape(first_run, s3_store):
         assert info["state"] == "completed" and info["uri"].startswith(s3_store)
         assert isinstance(info["metrics"], dict)
     assert "eval/accuracy" in status["stages"]["final_rl"]["metrics"]
+    for key in ("eval/reflection_rate", "eval/mean_steps", "eval/backtrack_rate", "eval/direct_rate",
+                "eval/accuracy_with_reflection", "eval/accuracy_without_reflection"):
+        assert key in status["stages"]["final_rl"]["metrics"], key
     table = CliRunner().invoke(app, ["status", RUN, "--store", s3_store])
     assert table.exit_code == 0 and all(s in table.output for s in STAGES)
 
@@ -139,8 +143,16 @@ def test_report_prints_table_and_plots_open(first_run, s3_store, tmp_path):
     for stage in MODEL_STAGES:
         assert f"{stage} (held-out)" in result.output
     assert "grpo_train step 4 (train samples)" in result.output
+    # the seed's phase table from measured features, one measured row per evaluated stage, and the aha verdict
+    from grpo_core.emergence import PHASES
+
+    assert "## Emergence, measured" in result.output
+    for stage in MODEL_STAGES:
+        assert any(f"| {stage} | {phase} |" in result.output for phase in PHASES), stage
+    for stage in ("grpo_train", "final_rl"):  # 4 and 2 steps: fewer than one window of the rule
+        assert f"- {stage}: no aha step found under the rule" in result.output
     store = Store(s3_store)
-    for name in ("reward", "accuracy", "length"):
+    for name in ("reward", "accuracy", "length", "reflection"):
         data = store.fs.cat_file(store._strip(f"{s3_store}/{RUN}/_report/{name}.png"))
         with Image.open(io.BytesIO(data)) as img:
             assert img.format == "PNG" and img.size[0] > 100

@@ -153,3 +153,34 @@ def test_forced_reasoning_needs_single_token_tags(tiny):
     m = evaluate(tiny, NoTags(), rows, num_samples=0, max_new_tokens=4)
     assert math.isnan(m["eval/accuracy_forced_reasoning"])
     assert m["eval/accuracy"] == 0.0  # an untrained model
+
+
+def test_emergence_features_of_the_sampled_completions(tiny):
+    """eval/reflection_rate and the rest describe the sampled completions (greedy ones without samples)."""
+    tok = AutoTokenizer.from_pretrained(tiny)
+    rows = [{"id": f"r{i}", "prompt": [{"role": "user", "content": p}], "answer": a, "task": "chain"}
+            for i, (p, a) in enumerate([("1+2+3=", "6"), ("2*3*4=", "24")])]
+    greedy = ["<think></think><answer>6</answer>", "<think></think><answer>24</answer>"]
+    sampled = [["<think>1+2=3;3+3=6. Wait, let me check: 6.</think><answer>6</answer>",  # reflection, correct
+                "<think>1+2=4. Actually, that's wrong</think><answer>5</answer>"],  # backtracking, wrong
+               ["<think>2*3=6;6*4=24</think><answer>24</answer>",  # plain steps, correct
+                "<think></think><answer>20</answer>"]]  # direct, wrong
+    from grpo_core.trainer.prompts import encode_prompt
+
+    def run(num_samples, **phrases):
+        backend = ScriptedBackend(tok, greedy, sampled)
+        backend.prompts = [encode_prompt(tok, r["prompt"]) for r in rows]
+        return evaluate(tiny, tok, rows, num_samples=num_samples, backend=backend, forced_reasoning=False, **phrases)
+
+    m = run(2)
+    assert m["eval/direct_rate"] == pytest.approx(1 / 4) and m["eval/direct_answer_rate"] == 1.0  # sampled vs greedy
+    assert m["eval/mean_steps"] == pytest.approx((3 + 2 + 2 + 0) / 4)
+    assert m["eval/reflection_rate"] == pytest.approx(1 / 4)
+    assert m["eval/backtrack_rate"] == pytest.approx(1 / 4)
+    assert m["eval/accuracy_with_reflection"] == 1.0
+    assert m["eval/accuracy_without_reflection"] == pytest.approx(1 / 3)
+    custom = run(2, reflection_phrases=["actually"], backtrack_phrases=[])
+    assert custom["eval/accuracy_with_reflection"] == 0.0 and custom["eval/backtrack_rate"] == 0.0
+    greedy_only = run(0)
+    assert greedy_only["eval/direct_rate"] == 1.0 and greedy_only["eval/mean_steps"] == 0.0
+    assert math.isnan(greedy_only["eval/accuracy_with_reflection"]) and greedy_only["eval/accuracy_without_reflection"] == 1.0

@@ -120,7 +120,8 @@ def test_metrics_and_off_policy_iterations(tmp_path, tiny_path):
         "completions/mean_length", "completions/max_length", "completions/clipped_ratio", "kl", "entropy",
         "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "grad_norm", "learning_rate",
         "loss", "time/generate", "time/reward", "time/train", "tokens_per_second",
-        "sampling/logprob_diff_mean", "sampling/logprob_diff_max",
+        "sampling/logprob_diff_mean", "sampling/logprob_diff_max", "completions/reflection_rate",
+        "completions/mean_steps", "completions/backtrack_rate", "completions/direct_rate",
     }
     assert expected <= set(metrics[0])
     # 4 optimiser steps per step; warmup 1 then cosine over 8: step 1 averages lr 0, 1.0, cos(1/7 pi)...

@@ -1,0 +1,97 @@
+"""The report's "Emergence, measured" section on a run written into a local store through the store's own API.
+
+The stages' outputs are what the pipeline commits (a GRPO stage's ``metrics.jsonl``, an evaluation whose
+parent is the model it scored), with measured-looking numbers chosen so each phase rule and both aha outcomes
+appear: grpo_train's reflection rate jumps at step 30, final_rl's stays flat. The real pipeline's report is
+checked in test_pipeline.py (ci-tiny) as well.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.report import NOT_MEASURED, write_report
+from grpo_core.emergence import PHASES
+from tasks.evaluate import output_name
+from tasks.store import Store
+
+RUN = "emerge"
+
+
+def _commit(store: Store, stage: str, parents: dict, metrics: dict, files: dict[str, Path] | None = None):
+    writer = store.begin(RUN, stage)
+    for name, path in (files or {}).items():
+        writer.put_file(path, name)
+    return writer.commit(fingerprint=stage, config={}, parents=parents, metrics=metrics)
+
+
+def _history(path: Path, reflection, accuracy) -> Path:
+    rows = [{"step": s, "reward": a, "rewards/chain_accuracy/mean": a, "completions/mean_length": 20.0,
+             "completions/reflection_rate": r, "completions/mean_steps": 3.0} for s, r, a in zip(range(1, 61), reflection, accuracy)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _eval(direct, steps, reflection, backtrack, with_r, without_r, accuracy):
+    return {"eval/accuracy": accuracy, "eval/pass@1": accuracy, "eval/mean_length": 12.0,
+            "eval/mean_length_sampled": 14.0, "eval/direct_rate": direct, "eval/mean_steps": steps,
+            "eval/reflection_rate": reflection, "eval/backtrack_rate": backtrack,
+            "eval/accuracy_with_reflection": with_r, "eval/accuracy_without_reflection": without_r}
+
+
+def test_report_has_the_measured_phase_table_and_the_aha_plot(tmp_path):
+    from PIL import Image
+
+    store = Store(tmp_path / "store")
+    jump = _history(tmp_path / "grpo.jsonl", [0.02 if s < 30 else 0.6 for s in range(1, 61)],
+                    [0.2 if s < 30 else 0.7 for s in range(1, 61)])
+    flat = _history(tmp_path / "final.jsonl", [0.5] * 60, [0.7] * 60)
+    evals = {"cold_start_sft": _eval(0.9, 0.3, 0.0, 0.0, math.nan, 0.2, 0.2),
+             "grpo_train": _eval(0.0, 4.0, 0.4, 0.01, 0.8, 0.5, 0.65),
+             "sft_consolidate": {"eval/accuracy": 0.6, "eval/mean_length": 12.0},  # evaluated before the features
+             "final_rl": _eval(0.0, 6.0, 0.5, 0.2, 0.8, 0.6, 0.7)}
+    refs = {}
+    for stage, files in (("cold_start_sft", None), ("grpo_train", {"metrics.jsonl": jump}), ("sft_consolidate", None),
+                         ("final_rl", {"metrics.jsonl": flat})):
+        refs[stage] = _commit(store, stage, {}, {}, files)
+        _commit(store, output_name(stage), {"model": refs[stage]}, evals[stage])
+
+    report = write_report(store, RUN)
+
+    rows = {r["stage"]: r for r in report.emergence["rows"]}
+    assert [rows[s]["phase"] for s in refs] == [PHASES[0], PHASES[2], NOT_MEASURED, PHASES[3]]
+    assert rows["grpo_train"]["reflection"] == 0.4 and rows["grpo_train"]["mean length"] == 14.0
+    assert report.emergence["aha"] == {"grpo_train": 30, "final_rl": None}
+    md = report.markdown
+    assert "## Emergence, measured" in md
+    assert f"| grpo_train | {PHASES[2]} | 0.0% | 4.0 | 40.0% | 1.0% | 14.0 | 65.0% | 80.0% | 50.0% | 65.0% |" in md
+    assert f"| cold_start_sft | {PHASES[0]} | 90.0% | 0.3 | 0.0% | 0.0% | 14.0 | 20.0% |  | 20.0% | 20.0% |" in md
+    assert "- grpo_train: candidate aha step **30**" in md
+    assert "- final_rl: no aha step found under the rule (window 5, delta 0.1)" in md
+    assert "Phase rule (first that holds)" in md and "Aha rule:" in md and "[reflection.png](reflection.png)" in md
+    with Image.open(io.BytesIO(store.fs.cat_file(store.path(RUN, "_report", "reflection.png")))) as img:
+        assert img.format == "PNG" and img.size[0] > 100
+    saved = json.loads(store.read_text(store.path(RUN, "_report", "report.json")))
+    assert saved["plots"]["reflection"] == "reflection.png" and saved["emergence"]["aha"]["grpo_train"] == 30
+    assert "## Emergence, measured" in store.read_text(store.path(RUN, "_report", "report.md"))
+
+    status = CliRunner().invoke(app, ["status", RUN, "--json", "--store", str(store.url)])
+    assert status.exit_code == 0, status.output
+    metrics = json.loads(status.output)["stages"]["grpo_train"]["metrics"]
+    assert metrics["eval/reflection_rate"] == 0.4 and metrics["eval/mean_steps"] == 4.0
+
+
+def test_a_run_without_reflection_logs_says_so(tmp_path):
+    store = Store(tmp_path / "store")
+    ref = _commit(store, "cold_start_sft", {}, {})
+    _commit(store, output_name("cold_start_sft"), {"model": ref}, _eval(0.0, 3.0, 0.0, 0.0, math.nan, 0.5, 0.5))
+    report = write_report(store, RUN)
+    assert report.emergence["aha"] == {} and "- no RL stage logged `completions/reflection_rate`" in report.markdown
+    assert f"| cold_start_sft | {PHASES[1]} |" in report.markdown
+    assert store.exists(store.path(RUN, "_report", "reflection.png"))
