@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 LONG_PROMPTS_HELP = ("a prompt longer than max_prompt_length: truncate keeps its last max_prompt_length tokens "
@@ -240,6 +240,24 @@ class EvalConfig(_Strict):
     vllm_tensor_parallel_size: int = Field(1, ge=1)
     vllm_kv_cache_memory_bytes: int | None = Field(None, gt=0, description="fixed KV cache size (needed on CPU)")
     bf16: bool = Field(False, description="bf16 on GPU (vLLM dtype is bf16 on GPU either way)")
+
+    @field_validator("benchmarks", mode="before")
+    @classmethod
+    def _fill_builtin(cls, value: object) -> object:
+        """A source naming a built-in benchmark takes the built-in's fields it does not set, here, so the saved
+        config (a full dump) reads the same file the same way again."""
+        from grpo_core.benchmarks import BENCHMARKS
+
+        if not isinstance(value, list):
+            return value
+        out = []
+        for item in value:
+            if isinstance(item, BenchmarkSource):
+                item = item.model_dump(exclude_unset=True)
+            if isinstance(item, dict) and item.get("benchmark") in BENCHMARKS:
+                item = {**BENCHMARKS[item["benchmark"]].model_dump(), **item}
+            out.append(item)
+        return out
 
     @model_validator(mode="after")
     def _check(self) -> "EvalConfig":
