@@ -204,6 +204,7 @@ def eval_model(
     k: Optional[str] = typer.Option(None, "--k", help="comma-separated k for pass@k and maj@k, e.g. 1,4,16 (each <= n)"),
     limit: Optional[int] = typer.Option(None, "--limit", help="first N problems of each benchmark"),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens"),
+    max_prompt_length: Optional[int] = typer.Option(None, "--max-prompt-length", help="longer prompts keep their last N tokens"),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="default 0.6 (R1 protocol)"),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="default 0.95 (R1 protocol)"),
     vllm: Optional[bool] = typer.Option(None, "--vllm/--no-vllm", help="sample with vLLM (default: the config's use_vllm)"),
@@ -221,7 +222,7 @@ def eval_model(
     from grpo_core.config import EvalConfig
 
     options = {"benchmarks": _benchmark_args(benchmarks), "num_samples": num_samples, "k": _ints(k, "--k"),
-               "limit": limit, "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+               "limit": limit, "max_new_tokens": max_new_tokens, "max_prompt_length": max_prompt_length, "temperature": temperature, "top_p": top_p,
                "use_vllm": vllm}
     options = {key: v for key, v in options.items() if v is not None}
     folder = Path(target)

@@ -97,3 +97,22 @@ def test_r1_eval_refuses_bad_targets_and_options(run_with_model):
     for args, message in cases:
         result = runner.invoke(app, args)
         assert result.exit_code == 1 and message in result.output, (args, result.output)
+
+
+def test_r1_eval_on_a_model_folder_writes_results_there(run_with_model, tmp_path):
+    from grpo_core.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "my-model", hidden_size=32, num_layers=1, num_heads=2, max_position_embeddings=64)
+    out = tmp_path / "results"
+    result = CliRunner().invoke(app, ["eval", str(model), "--benchmarks", f"math500={run_with_model['slice']}",
+                                      "-n", "3", "--k", "2,3", "--limit", "2", "--max-new-tokens", "6",
+                                      "--max-prompt-length", "32", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "metrics.json").read_text())
+    assert {"eval/math500/pass@1", "eval/math500/pass@2", "eval/math500/pass@3", "eval/math500/maj@3",
+            "eval/math500/greedy"} <= set(saved["metrics"])
+    assert (saved["config"]["temperature"], saved["config"]["top_p"]) == (0.6, 0.95)  # the R1 protocol by default
+    assert len((out / "math500.jsonl").read_text().splitlines()) == 2
+    assert "eval/math500/pass@1" in result.output
+    nothing = CliRunner().invoke(app, ["eval", str(model)])
+    assert nothing.exit_code == 1 and "name benchmarks with --benchmarks" in nothing.output
