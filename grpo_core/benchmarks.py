@@ -29,14 +29,14 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_core.config import BenchmarkSource, EvalConfig
-from grpo_core.generation import GenerationBackend, make_backend
 from grpo_core.passk import maj_at_k, pass_at_k
 from grpo_core.rewards.extract import ExtractedAnswer, extract_answer
-from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
-from grpo_core.trainer.prompts import all_dropped_error, encode_prompts
+
+if TYPE_CHECKING:  # the registry is imported by config validation: torch and the generation stack load on use
+    from grpo_core.generation import GenerationBackend
 
 R1_PROMPT = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
@@ -106,6 +106,8 @@ def evaluate_benchmark(
     """``(metrics, per-problem results)`` of one benchmark: ``pass@1``, ``pass@{k}``, ``maj@{k}`` for each
     ``config.ks``, ``greedy``, ``mean_length``, ``num_rows`` (keys without the ``eval/{benchmark}/`` prefix)."""
     from grpo_core.evaluation import _generate, _mean, completion_length, sample_seed
+    from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
+    from grpo_core.trainer.prompts import all_dropped_error, encode_prompts
 
     if not rows:
         raise ValueError("the benchmark has no problems")
@@ -185,6 +187,8 @@ def evaluate_benchmarks(
 
         tokenizer = AutoTokenizer.from_pretrained(model)
     if backend is None:
+        from grpo_core.generation import make_backend
+
         backend = make_backend("hf", str(model), tokenizer=tokenizer)
     metrics: dict[str, float] = {}
     results: dict[str, list[dict[str, Any]]] = {}
