@@ -140,3 +140,22 @@ def test_protocol_numbers_by_hand(tmp_path):
     assert metrics["greedy"] == 0.5 and [r["greedy_correct"] for r in results] == [True, False]
     assert results[0]["extracted"] == ["2", "0.5", "\\frac{1}{2}", "\\frac{2}{4}"]
     assert metrics["num_rows"] == 2.0
+
+
+def test_a_local_copy_of_a_builtin_keeps_its_schema_through_a_saved_config():
+    cfg = EvalConfig(benchmarks=[{"benchmark": "gsm8k", "path": "/data/gsm8k_test.jsonl"}])
+    again = EvalConfig.model_validate(cfg.model_dump(mode="json"))  # what the store saves and a stage reads back
+    for c in (cfg, again):
+        src = c.benchmarks[0]
+        assert (src.path, src.field_map, src.answer_format) == ("/data/gsm8k_test.jsonl",
+                                                               {"prompt": "question", "answer": "answer"}, "gsm8k")
+        assert resolve_benchmark(src) == src
+
+
+def test_per_source_only_when_there_are_several():
+    from grpo_core.benchmarks import per_source
+
+    rows = [{"source": "a", "pass@1": 1.0, "greedy_correct": True}, {"source": "a", "pass@1": 0.5, "greedy_correct": False},
+            {"source": "b", "pass@1": 0.0, "greedy_correct": False}]
+    assert per_source(rows) == {"a/pass@1": 0.75, "a/greedy": 0.5, "b/pass@1": 0.0, "b/greedy": 0.0}
+    assert per_source(rows[:2]) == {}
