@@ -239,6 +239,8 @@ def eval_model(
             typer.echo(f"{key:<40}{_short(v)}")
         typer.echo(f"results: {out}")
         return
+    if folder.exists() or target.startswith((".", "/", "~")):
+        _fail(f"{target} is not a model folder (no config.json there); give a saved model folder or RUN/STAGE")
     run_part, _, stage_part = target.rpartition("/")
     run_part = run_part or run_name
     if not run_part:

@@ -90,6 +90,7 @@ def test_r1_eval_refuses_bad_targets_and_options(run_with_model):
     cases = [
         (["eval", f"{RUN}/prepare_data", "--store", store], "makes no model"),
         (["eval", "nowhere", "--store", store], "neither a model folder"),
+        (["eval", str(run_with_model["slice"].parent), "--store", store], "is not a model folder (no config.json there)"),
         (["eval", f"{RUN}/cold_start_sft", "--benchmarks", "math5000", "--store", store], "unknown benchmark 'math5000'"),
         (["eval", f"{RUN}/cold_start_sft", "--benchmarks", "math500", "-n", "2", "--k", "4", "--store", store],
          "k=4 is outside 1..num_samples"),
