@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,6 +152,57 @@ def _markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- benchmarks beside published numbers
+
+BENCHMARK_METRIC = re.compile(r"^eval/(?P<bench>[^/]+)/(?P<metric>pass@\d+|maj@\d+|greedy)$")
+
+
+def _metric_order(metric: str) -> tuple[int, int]:
+    kind, _, k = metric.partition("@")
+    return ({"pass": 0, "maj": 1}.get(kind, 2), int(k) if k else 0)
+
+
+def benchmark_table(store: Store, evaluations: dict[str, StageRef | None]) -> str:
+    """Markdown: per benchmark, one row per evaluated stage (pass@1, pass@k, maj@k, greedy in percent) and a
+    row of the published numbers the evaluation's config names (``evaluate.reference``), then the last
+    stage's distance to them in points. Empty when no evaluation scored a benchmark."""
+    numbers: dict[str, dict[str, dict[str, float]]] = {}  # benchmark -> stage -> metric -> value
+    references: dict[str, dict[str, float | str]] = {}
+    for stage, ref in evaluations.items():
+        if ref is None:
+            continue
+        for key, value in ref.metrics.items():
+            if (m := BENCHMARK_METRIC.match(key)) is not None:
+                numbers.setdefault(m["bench"], {}).setdefault(stage, {})[m["metric"]] = 100 * float(value)
+        if any(BENCHMARK_METRIC.match(k) for k in ref.metrics):
+            section = store.manifest(ref).get("config", {}).get(eval_output(stage), {})
+            references.update(section.get("reference") or {})
+    if not numbers:
+        return ""
+    lines = []
+    for bench, stages in numbers.items():
+        reference = references.get(bench, {})
+        metrics = sorted({m for values in stages.values() for m in values}
+                         | {m for m in reference if m != "label"}, key=_metric_order)
+        lines += [f"\n**{bench}**\n", "| benchmark | model | " + " | ".join(metrics) + " |",
+                  "|" + "---|" * (len(metrics) + 2)]
+        for stage, values in stages.items():
+            lines.append(f"| {bench} | {stage} | " + " | ".join(_pct(values.get(m)) for m in metrics) + " |")
+        if reference:
+            label = f"{reference.get('label', 'published')} (reference)"
+            lines.append(f"| {bench} | {label} | " + " | ".join(_pct(reference.get(m)) for m in metrics) + " |")
+            last, values = list(stages.items())[-1]
+            gaps = [None if not isinstance(reference.get(m), (int, float)) or m not in values
+                    else values[m] - float(reference[m]) for m in metrics]
+            lines.append(f"| {bench} | {last} minus reference | "
+                         + " | ".join("" if g is None else f"{g:+.1f} pts" for g in gaps) + " |")
+    return "\n".join(lines)
+
+
+def _pct(value: Any) -> str:
+    return f"{float(value):.1f}%" if isinstance(value, (int, float)) else ""
+
+
 def plot_histories(histories: dict[str, list[dict[str, Any]]], out_dir: Path) -> dict[str, Path]:
     """reward.png, accuracy.png, length.png: the RL stages one after the other on a shared step axis."""
     import matplotlib
@@ -207,6 +259,10 @@ def write_report(store: Store, run: str) -> Report:
             "completions on training prompts at that step.",
             _markdown_table(rows),
             emergence_section(measured),
+            *([f"## Benchmarks (R1 protocol)\nPer benchmark: pass@1 = mean correctness of n samples, pass@k "
+                 f"(unbiased estimator), maj@k (majority over math-verify-equivalent answers), greedy accuracy; "
+                 f"in percent, beside the published numbers the evaluate config's `reference` names.\n{bench}"]
+              if (bench := benchmark_table(store, evaluations)) else []),
             "## Plots\n" + "\n".join(f"- [{name}]({name}.png)" for name in uris),
             "## Stages\n" + "\n".join(f"- {s}: {v['state']} {v['path'] or ''}" for s, v in status["stages"].items()),
         ])

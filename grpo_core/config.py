@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from grpo_core.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES
 
@@ -214,12 +214,28 @@ class DataConfig(_Strict):
         return self
 
 
-class EvalConfig(_Strict):
-    """evaluate: greedy accuracy, pass@1 over k samples, length, format and direct-answer rates."""
+class BenchmarkSource(DatasetSource):
+    """A benchmark: a hub dataset or local file (``DatasetSource`` fields), the name its metrics go under
+    (``eval/{benchmark}/pass@1``) and the reward that decides correctness. Naming a built-in benchmark
+    (``grpo_core.benchmarks.BENCHMARKS``) with only ``path`` set reads that file with the built-in's schema."""
 
-    num_samples: int = Field(4, ge=0, description="k sampled completions per prompt for pass@1; 0 = greedy only")
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    benchmark: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="name in metric keys, e.g. math500")
+    split: str = "test"
+    reward_func: str = Field("math_accuracy", description="registered reward that scores 1.0 for a correct answer")
+
+
+REFERENCE_METRIC = r"^(pass@[1-9][0-9]*|maj@[1-9][0-9]*|greedy)$"
+
+
+class EvalConfig(_Strict):
+    """evaluate: the held-out set (greedy accuracy, pass@1 over ``num_samples``, length, format and
+    direct-answer rates) and the named ``benchmarks`` under the R1 paper's protocol (``grpo_core.benchmarks``):
+    ``num_samples`` samples per problem at temperature 0.6 / top-p 0.95, pass@1, pass@k and maj@k for each
+    ``k``, greedy accuracy beside them."""
+
+    num_samples: int = Field(4, ge=0, description="n sampled completions per prompt for pass@1; 0 = greedy only")
+    temperature: float = Field(0.6, gt=0, description="sampling temperature (R1 protocol: 0.6)")
+    top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling (R1 protocol: 0.95)")
     max_new_tokens: int = Field(64, gt=0)
     max_rows: int | None = Field(None, gt=0, description="evaluate on the first N held-out rows")
     reward_func: str = Field("chain_accuracy", description="registered reward that scores 1.0 for a correct completion")
@@ -230,6 +246,74 @@ class EvalConfig(_Strict):
     emergence: EmergenceConfig = Field(
         default_factory=EmergenceConfig, description="phrase lists of eval/reflection_rate and the rest")
     seed: int = 0
+    # --- benchmarks (R1 protocol) ---
+    benchmarks: list[str | BenchmarkSource] = Field(
+        default_factory=list, description="built-in names (math500, gsm8k, aime24, aime25) or sources with a "
+        "benchmark name and field_map; each is scored besides the held-out set",
+    )
+    k: list[int] | None = Field(None, description="pass@k and maj@k for each k (1 <= k <= num_samples); None = [num_samples]")
+    limit: int | None = Field(None, gt=0, description="first N problems of each benchmark")
+    reference: dict[str, dict[str, float | str]] = Field(
+        default_factory=dict, description="published numbers in percent per benchmark for the report, e.g. "
+        "{math500: {label: DeepSeek-R1, pass@1: 97.3}}",
+    )
+    use_vllm: bool | None = Field(False, description="sample with vLLM; None: vLLM when importable")
+    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    vllm_tensor_parallel_size: int = Field(1, ge=1)
+    vllm_kv_cache_memory_bytes: int | None = Field(None, gt=0, description="fixed KV cache size (needed on CPU)")
+    bf16: bool = Field(False, description="bf16 on GPU (vLLM dtype is bf16 on GPU either way)")
+
+    @field_validator("benchmarks", mode="before")
+    @classmethod
+    def _fill_builtin(cls, value: object) -> object:
+        """A source naming a built-in benchmark takes the built-in's fields it does not set, here, so the saved
+        config (a full dump) reads the same file the same way again."""
+        from grpo_core.benchmarks import BENCHMARKS
+
+        if not isinstance(value, list):
+            return value
+        out = []
+        for item in value:
+            if isinstance(item, BenchmarkSource):
+                item = item.model_dump(exclude_unset=True)
+            if isinstance(item, dict) and item.get("benchmark") in BENCHMARKS:
+                item = {**BENCHMARKS[item["benchmark"]].model_dump(), **item}
+            out.append(item)
+        return out
+
+    @model_validator(mode="after")
+    def _check(self) -> "EvalConfig":
+        import re
+
+        if self.benchmarks and self.num_samples < 1:
+            raise ValueError("benchmarks need num_samples >= 1 (pass@k and maj@k are over sampled answers)")
+        for k in self.k or []:
+            if not 1 <= k <= max(self.num_samples, 1):
+                raise ValueError(f"k={k} is outside 1..num_samples ({self.num_samples}); pass@k needs k <= n "
+                                 f"samples: lower k or raise num_samples")
+        names = [b if isinstance(b, str) else b.benchmark for b in self.benchmarks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"benchmarks names one benchmark twice: {names}")
+        from grpo_core.benchmarks import BENCHMARKS
+
+        for name in (b for b in self.benchmarks if isinstance(b, str)):
+            if name not in BENCHMARKS:
+                raise ValueError(f"unknown benchmark {name!r}; built-in: {', '.join(BENCHMARKS)}; for a file give "
+                                 f"{{benchmark: NAME, path: FILE, field_map: {{prompt: COLUMN, answer: COLUMN}}}}")
+        for bench, numbers in self.reference.items():
+            for key, value in numbers.items():
+                if key == "label":
+                    if not isinstance(value, str):
+                        raise ValueError(f"reference.{bench}.label must be text, got {value!r}")
+                elif not re.match(REFERENCE_METRIC, key) or isinstance(value, str):
+                    raise ValueError(f"reference.{bench}.{key}: use label: TEXT and numbers (percent) for "
+                                     f"pass@K, maj@K or greedy, e.g. {{label: DeepSeek-R1, pass@1: 97.3}}")
+        return self
+
+    @property
+    def ks(self) -> list[int]:
+        """The k values of pass@k / maj@k."""
+        return sorted(set(self.k)) if self.k else [max(self.num_samples, 1)]
 
 
 class RejectionSamplingConfig(_Strict):

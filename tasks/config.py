@@ -118,6 +118,10 @@ def unknown_rewards(config: "PipelineConfig") -> list[tuple[tuple, str]]:
                 loc = (section, field) if i is None else (section, field, i)
                 problems.append((loc, f"unknown reward function {name!r}; registered: {registered} "
                                       "(register your own with grpo_core.rewards.register_reward('name'))"))
+    for i, bench in enumerate(config.evaluate.benchmarks):
+        if not isinstance(bench, str) and bench.reward_func not in REWARD_FUNCS:
+            problems.append((("evaluate", "benchmarks", i, "reward_func"),
+                             f"unknown reward function {bench.reward_func!r}; registered: {registered}"))
     return problems
 
 

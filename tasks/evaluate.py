@@ -1,13 +1,21 @@
-"""evaluate: score a stage's model on the held-out set; a committed output of its own.
+"""evaluate: score a stage's model on the held-out set and the configured benchmarks; a committed output of
+its own.
 
-Greedy accuracy, pass@1 over k samples, mean completion length, format rate and the rest of
-grpo_core.evaluation's metrics. The output lives at ``{run}/evaluate/{stage}/{version}/`` with
-``results.jsonl`` (per prompt) and a manifest whose parents are the model it scored and the eval set;
-the scored stage's own manifest is never touched (a committed manifest is written once). The fingerprint
-(eval config + model version + eval set version) makes a second evaluation of the same model a cache hit.
+Held-out set: greedy accuracy, pass@1 over k samples, mean completion length, format rate and the rest of
+grpo_core.evaluation's metrics (``eval/...``), per source too when the set has several
+(``eval/source/{source}/accuracy``). Benchmarks (``evaluate.benchmarks``, grpo_core.benchmarks): the R1
+protocol's ``eval/{benchmark}/pass@1``, ``pass@{k}``, ``maj@{k}`` and ``greedy``. The output lives at
+``{run}/evaluate/{stage}/{version}/`` with ``results.jsonl`` (held-out, per prompt), ``benchmarks/{name}.jsonl``
+(per problem: samples, extracted answers, verdicts) and a manifest whose parents are the model it scored and
+the eval set; the scored stage's own manifest is never touched (a committed manifest is written once). The
+fingerprint (eval config + model version + eval set version + each benchmark's rows) makes a second evaluation
+of the same model a cache hit.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
 
 from grpo_core.data import read_parquet
 from tasks.common import StageContext, cached, commit_stage, fingerprint, logger, stage_task_options, write_jsonl
@@ -23,24 +31,81 @@ def output_name(stage: str) -> str:
 
 @stage_task_options(STAGE)
 def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRef, force: bool = False) -> StageRef:
-    """Evaluate the model committed as ``model`` on ``data``'s held-out rows (``eval.parquet``)."""
+    """Evaluate the model committed as ``model`` on ``data``'s held-out rows (``eval.parquet``) and on
+    ``config.evaluate.benchmarks``."""
     ctx = StageContext.open(config, run, store, output_name(model.stage))
     try:
         cfg = ctx.config.evaluate
         parents = {"model": model, "prepare_data": data}
-        fp = fingerprint(STAGE, cfg, parents)
+        benchmark_rows = load_benchmarks(cfg)
+        extra = {"benchmarks": {name: _digest(rows) for name, rows in benchmark_rows.items()}} if benchmark_rows else None
+        fp = fingerprint(STAGE, cfg, parents, extra)
         if (ref := ctx.reuse(fp, force)) is not None:
             return cached(ref, "this model was already evaluated with this config")
+        from grpo_core.benchmarks import evaluate_benchmarks, per_source
         from grpo_core.evaluation import evaluate_with_config
 
         rows = read_parquet(ctx.fetch(data, "eval.parquet"))
-        result = evaluate_with_config(cfg, str(ctx.fetch(model, "model")), rows, return_rows=True)
-        results_path = write_jsonl(result.pop("rows"), ctx.work / "out" / "results.jsonl")
+        model_path = str(ctx.fetch(model, "model"))
+        module, tokenizer, backend = make_eval_backend(cfg, model_path)
+        result = evaluate_with_config(cfg, module if module is not None else model_path, rows, tokenizer=tokenizer,
+                                      backend=backend, return_rows=True)
+        held_out = result.pop("rows")
+        sources = {str(r.get("id")): r.get("source") for r in rows}
+        for r in held_out:
+            r["source"] = sources.get(str(r["id"]))
         metrics = {k: float(v) for k, v in result.items() if isinstance(v, (int, float))}
+        metrics.update({f"eval/source/{k}": v for k, v in
+                        per_source(held_out, {"correct": "accuracy", "pass@1": "pass@1"}).items()})
+        out = ctx.work / "out"
+        files = {"results.jsonl": write_jsonl(held_out, out / "results.jsonl")}
+        if benchmark_rows:
+            bench_metrics, bench_results = evaluate_benchmarks(cfg, model_path, tokenizer=tokenizer, backend=backend,
+                                                               benchmark_rows=benchmark_rows)
+            metrics.update(bench_metrics)
+            for name, results in bench_results.items():
+                files[f"benchmarks/{name}.jsonl"] = write_jsonl(results, out / "benchmarks" / f"{name}.jsonl")
         with ctx.begin() as writer:
-            writer.put_file(results_path, "results.jsonl")
+            for name, path in files.items():
+                writer.put_file(path, name)
             ref = commit_stage(ctx, writer, fp=fp, section=cfg, parents=parents, metrics=metrics)
         logger().info(f"evaluate {model.stage}: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
         return ref
     finally:
         ctx.cleanup()
+
+
+def load_benchmarks(cfg: Any) -> dict[str, list[dict[str, Any]]]:
+    """``{benchmark: rows}`` of ``cfg.benchmarks`` (the first ``cfg.limit`` problems of each)."""
+    from grpo_core.benchmarks import load_benchmark, resolve_benchmark
+
+    return {resolve_benchmark(b).benchmark: load_benchmark(b, cfg.limit) for b in cfg.benchmarks}
+
+
+def _digest(rows: list[dict[str, Any]]) -> str:
+    from grpo_core.benchmarks import rows_digest
+
+    return rows_digest(rows)
+
+
+def make_eval_backend(cfg: Any, model_path: str) -> tuple[Any, Any, Any]:
+    """``(module or None, tokenizer, backend)``: vLLM where ``cfg.use_vllm`` selects it and it is installed
+    (then the held-out set's forced-reasoning pass loads its own module), else transformers sampling with the
+    model loaded once (on the GPU when there is one)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_core.generation import backend_kind, backend_options, make_backend
+
+    kind = backend_kind(cfg.use_vllm)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    sizes = SimpleNamespace(max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_new_tokens,
+                            vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                            vllm_tensor_parallel_size=cfg.vllm_tensor_parallel_size,
+                            vllm_kv_cache_memory_bytes=cfg.vllm_kv_cache_memory_bytes, seed=cfg.seed, bf16=cfg.bf16)
+    opts = backend_options(sizes, kind, device, AutoConfig.from_pretrained(model_path))
+    if kind == "vllm":
+        return None, tokenizer, make_backend("vllm", model_path, tokenizer=tokenizer, **opts)
+    module = AutoModelForCausalLM.from_pretrained(model_path).to(device)
+    return module, tokenizer, make_backend("hf", model_path, model=module, tokenizer=tokenizer, **opts)
