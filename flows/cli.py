@@ -300,12 +300,11 @@ def eval_model(
     except StageFailed as e:
         _fail(str(e))
     pipeline = pipeline.model_copy(update={"evaluate": _eval_config(pipeline.evaluate, options)})
-    _prefect_server()
     from flows.evaluate import evaluate_flow
     from tasks.common import configure_stage_logging
 
     configure_stage_logging()
-    with _lease(st, run_part, force_unlock):
+    with _interruptible(), _prefect_api(), _lease(st, run_part, force_unlock):
         ref = _run_flow(evaluate_flow, run=run_part, stage=stage_part, store=st.url, config=pipeline, force=force)
     for key, v in sorted(ref["metrics"].items()):
         if key.startswith("eval/"):
