@@ -32,7 +32,7 @@ import re
 import sys
 import unicodedata
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 MAX_TAIL_CHARS = 4000
 
@@ -44,9 +44,11 @@ _ANSWER_OPEN = re.compile(r"<answer\s*>", re.IGNORECASE)
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _FINAL_ANSWER = re.compile(r"final answer.{0,100}?\s+is", re.IGNORECASE | re.DOTALL)  # as math-verify anchors it
 # math-verify's rule (latex2sympy2_extended ``extract_boxed_content``) for boxes that are one answer: fewer
-# than 10 characters apart, or fewer than 70 with a separator between them and a different content.
+# than 10 characters apart, or fewer than 70 with a separator between them and a different content. One
+# departure: boxes fewer than 10 apart with a word between them ("\boxed{1} then \boxed{2}") are not joined.
 _NEAR_BOXES, _FAR_BOXES = 10, 70
 _BOX_SEPARATOR = re.compile(r"\b(?:and|or)\b|,|;")
+_WORD = re.compile(r"(?<!\\)\b[^\W\d_]+")  # letters not part of a \command such as \quad
 # A number as written in prose: optional sign and currency, thousands groups or plain digits, decimals, %.
 _THOUSANDS = re.compile(r"[-+]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")  # "1,234" / "-12,345.5", not "0,111"
 _NUMBER = re.compile(
@@ -98,22 +100,24 @@ def find_last_boxed(text: str) -> str | None:
 
 def find_last_boxed_span(text: str) -> tuple[int, int] | None:
     """``(start, end)`` of the last balanced box's content (``text[end]`` is its closing ``}``)."""
-    spans = _boxed_spans(text)
-    return (spans[-1][1], spans[-1][2]) if spans else None
+    last = next(_boxed_spans_from_last(text), None)
+    return None if last is None else (last[1], last[2])
 
 
-def _boxed_spans(text: str) -> list[tuple[int, int, int]]:
-    """``(command start, content start, content end)`` of every balanced box, left to right.
+def _boxed_spans_from_last(text: str) -> Iterator[tuple[int, int, int]]:
+    """``(command start, content start, content end)`` of every balanced box, last first.
 
     One forward scan pairs every ``{`` with its ``}`` through a stack (escaped ``\\{`` / ``\\}`` are
     literal braces), so nesting 5,000 deep or 500 unclosed boxes still cost one pass over the text.
     """
     opens = list(_BOX_OPEN.finditer(text))
     if not opens:
-        return []
+        return
     closing = _match_braces(text)
-    spans = [(m.start(), m.end(), closing.get(m.end() - 1)) for m in opens]
-    return [(c, s, e) for c, s, e in spans if e is not None]
+    for m in reversed(opens):
+        end = closing.get(m.end() - 1)
+        if end is not None:
+            yield m.start(), m.end(), end
 
 
 def find_boxed_answer(text: str) -> str | None:
@@ -124,20 +128,20 @@ def find_boxed_answer(text: str) -> str | None:
 
 def boxed_answer_span(text: str) -> tuple[str, int] | None:
     """``(answer, end)``: the last balanced box's content, joined (``", "``) with the boxes before it that
-    math-verify reads as parts of the same answer (fewer than 10 characters apart, or fewer than 70 with
-    "and", "or", "," or ";" between them): several boxes are one set-valued answer. Consecutive repeats are
+    math-verify reads as parts of the same answer (fewer than 10 characters apart with no word between them,
+    or fewer than 70 with "and", "or", "," or ";" between them): several boxes are one set-valued answer. Consecutive repeats are
     dropped; a box further away is an earlier attempt and does not count. ``text[end]`` is the last box's
     closing brace."""
-    spans = _boxed_spans(text)
-    if not spans:
+    spans = _boxed_spans_from_last(text)
+    last = next(spans, None)
+    if last is None:
         return None
-    command, start, end = spans[-1]
-    last_end = end
-    parts = [text[start:end].strip()]
-    for prev_command, prev_start, prev_end in reversed(spans[:-1]):
+    command, start, last_end = last
+    parts = [text[start:last_end].strip()]
+    for prev_command, prev_start, prev_end in spans:
         between = text[prev_end + 1 : command]
         content = text[prev_start:prev_end].strip()
-        near = len(between) < _NEAR_BOXES or (
+        near = (len(between) < _NEAR_BOXES and not _WORD.search(between)) or (
             len(between) < _FAR_BOXES and content != parts[-1] and _BOX_SEPARATOR.search(between)
         )
         if prev_end >= command or not near:

@@ -1,10 +1,14 @@
 """``math_accuracy``: 1.0 when the completion's final answer equals the ground truth, decided by math-verify.
 
 Pipeline per completion: ``parse_gold_answer`` on the ground truth, ``extract_answer`` on the completion
-(last ``<answer>``, else last ``\\boxed{}``, else last number; tail only) -> fast paths in this process (equal
-plain numbers, distinct integers, identical strings) -> otherwise math-verify in a ``VerifierPool`` worker with a
-hard deadline. A timeout or a failed check scores 0.0 and is counted (``rewards/math_accuracy/timeouts`` |
-``errors``); a row without ground truth scores ``None``.
+(last ``<answer>``, else the last box(es), else the tail; see ``extract``) -> fast paths in this process (equal
+plain numbers, distinct integers, identical strings; never for a tail) -> otherwise math-verify in a
+``VerifierPool`` worker with a hard deadline: a box is parsed as ``\\boxed{answer}``, a tail by math-verify's
+own LaTeX + expression extraction, whose answer is final when it finds one (the last number counts only when
+it finds none). A gold without math delimiters is read as ``$gold$``. A timeout or a failed check scores 0.0
+and is counted (``rewards/math_accuracy/timeouts`` | ``errors``); a row without ground truth scores ``None``.
+In a process that cannot start workers (a ``multiprocessing.Pool`` worker, ``datasets.map(num_proc=N)``) the
+checks run in-process under their own time bound (``pool.call_in_process``), with the same scores.
 
 Departures from the seed's ``math_reward``: the LAST box counts (models revise), boxes nest, equality is
 symbolic (``0.5`` = ``\\frac{1}{2}``, ``1,000`` = ``1000``, ``25\\%`` = ``25``, intervals, sets), and every
