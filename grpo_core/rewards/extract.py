@@ -129,9 +129,9 @@ def find_boxed_answer(text: str) -> str | None:
 def boxed_answer_span(text: str) -> tuple[str, int] | None:
     """``(answer, end)``: the last balanced box's content, joined (``", "``) with the boxes before it that
     math-verify reads as parts of the same answer (fewer than 10 characters apart with no word between them,
-    or fewer than 70 with "and", "or", "," or ";" between them): several boxes are one set-valued answer. Consecutive repeats are
-    dropped; a box further away is an earlier attempt and does not count. ``text[end]`` is the last box's
-    closing brace."""
+    or fewer than 70 with "and", "or", "," or ";" between them): several boxes are one set-valued answer.
+    Consecutive repeats are dropped; a box further away is an earlier attempt and does not count.
+    ``text[end]`` is the last box's closing brace."""
     spans = _boxed_spans_from_last(text)
     last = next(spans, None)
     if last is None:
@@ -209,9 +209,9 @@ def parse_gold_answer(answer: Any, answer_format: GoldFormat = "auto") -> str:
     ``"so \\boxed{\\frac{1}{2}}."`` -> ``"\\frac{1}{2}"``, ``"$5$"`` -> ``"5"``.
 
     ``raw``: the text stripped, nothing else. ``gsm8k``: the text after the last ``####`` (ValueError without
-    one). ``boxed``: the last balanced ``\\boxed{}``/``\\fbox{}`` content, joined with the boxes a separator
-    alone parts from it, as for completions (``find_boxed_answer``; ValueError without one). ``auto``: the
-    ``####`` tail when there is one, then the boxed answer when there is one. After that (all but
+    one). ``boxed``: the last balanced ``\\boxed{}``/``\\fbox{}`` content, joined with the boxes before it
+    that belong to the same answer, as for completions (``find_boxed_answer``; ValueError without one).
+    ``auto``: the ``####`` tail when there is one, then the boxed answer when there is one. After that (all but
     ``raw``) thousands commas of a plain number are dropped and one ``$...$`` pair is unwrapped.
     """
     text = to_safe_text(answer if isinstance(answer, (str, bytes)) else str(answer), sys.maxsize).strip()

@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT / "tests" / "grpo_core" / "rewards"))
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--timeout", type=float, default=5.0, help="seconds per check, for both (math-verify's default)")
+    ap.add_argument("--timeout", type=float, default=5.0,
+                    help="seconds per check, for both (math-verify's default)")
     ap.add_argument("--sets", default="verify,golds,labelled", help="comma list of: verify, golds, labelled")
     ap.add_argument("--misses", type=int, default=0, help="also print up to N disagreements per data set")
     args = ap.parse_args()
@@ -55,7 +56,8 @@ def main() -> None:
             agree = sum(s == c.label for s, c in zip(ours, cases))
             plain_agree = sum(s == c.label for s, c in zip(plain, cases))
             print(json.dumps({"data_set": name, "cases": n, "ours": round(agree / n, 4),
-                              "math_verify": round(plain_agree / n, 4), "ours_n": agree, "math_verify_n": plain_agree,
+                              "math_verify": round(plain_agree / n, 4), "ours_n": agree,
+                              "math_verify_n": plain_agree,
                               "ours_s": round(ours_s, 1), "math_verify_s": round(plain_s, 1),
                               "reward_events": pop_reward_stats()}), flush=True)
             shown = 0

@@ -5,7 +5,6 @@ Run: python -m pytest tests/grpo_core/rewards/test_math_accuracy.py -q -s   (-s 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
