@@ -19,6 +19,7 @@ or a GSM8K solution ending ``#### 72``.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import threading
 from dataclasses import dataclass
@@ -44,6 +45,16 @@ class VerifyOptions:
 
 
 # -- the worker side (runs inside VerifierPool processes; imports SymPy there, never here) --------------
+
+
+def _not_timeout_notice(record: logging.LogRecord) -> bool:
+    """math-verify warns once per process that its own (signal) timeout is off; every check here is bounded by
+    the pool's deadline or the in-process alarm instead, so the notice is noise in users' logs."""
+    return not str(record.msg).startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_not_timeout_notice)
 
 
 def _extraction_config(match_types: tuple[str, ...]) -> list[Any] | None:
