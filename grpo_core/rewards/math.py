@@ -1,10 +1,14 @@
 """``math_accuracy``: 1.0 when the completion's final answer equals the ground truth, decided by math-verify.
 
 Pipeline per completion: ``parse_gold_answer`` on the ground truth, ``extract_answer`` on the completion
-(last ``<answer>``, else last ``\\boxed{}``, else last number; tail only) -> fast paths in this process (equal
-plain numbers, distinct integers, identical strings) -> otherwise math-verify in a ``VerifierPool`` worker with a
-hard deadline. A timeout or a failed check scores 0.0 and is counted (``rewards/math_accuracy/timeouts`` |
-``errors``); a row without ground truth scores ``None``.
+(last ``<answer>``, else the last box(es), else the tail; see ``extract``) -> fast paths in this process (equal
+plain numbers, distinct integers, identical strings; never for a tail) -> otherwise math-verify in a
+``VerifierPool`` worker with a hard deadline: a box is parsed as ``\\boxed{answer}``, a tail by math-verify's
+own LaTeX + expression extraction, whose answer is final when it finds one (the last number counts only when
+it finds none). A gold without math delimiters is read as ``$gold$``. A timeout or a failed check scores 0.0
+and is counted (``rewards/math_accuracy/timeouts`` | ``errors``); a row without ground truth scores ``None``.
+In a process that cannot start workers (a ``multiprocessing.Pool`` worker, ``datasets.map(num_proc=N)``) the
+checks run in-process under their own time bound (``pool.call_in_process``), with the same scores.
 
 Departures from the seed's ``math_reward``: the LAST box counts (models revise), boxes nest, equality is
 symbolic (``0.5`` = ``\\frac{1}{2}``, ``1,000`` = ``1000``, ``25\\%`` = ``25``, intervals, sets), and every
@@ -15,6 +19,7 @@ or a GSM8K solution ending ``#### 72``.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import threading
 from dataclasses import dataclass
@@ -40,6 +45,16 @@ class VerifyOptions:
 
 
 # -- the worker side (runs inside VerifierPool processes; imports SymPy there, never here) --------------
+
+
+def _not_timeout_notice(record: logging.LogRecord) -> bool:
+    """math-verify warns once per process that its own (signal) timeout is off; every check here is bounded by
+    the pool's deadline or the in-process alarm instead, so the notice is noise in users' logs."""
+    return not str(record.msg).startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_not_timeout_notice)
 
 
 def _extraction_config(match_types: tuple[str, ...]) -> list[Any] | None:
@@ -72,7 +87,7 @@ def _parse_gold(gold: str, match_types: tuple[str, ...]) -> tuple[Any, ...]:
     """math-verify's parse of a gold answer (already bare: ``parse_gold_answer`` ran in the trainer), cached
     per worker: the G completions of a prompt share one gold."""
     config = _extraction_config(match_types)
-    gold_text = gold if any(d in gold for d in _LATEX_DELIMS) else f"${gold}$"
+    gold_text = gold if _LATEX_DELIMS.search(gold) else f"${gold}$"
     return tuple(_parse(gold_text, config) or _parse(gold, config))
 
 
@@ -93,19 +108,28 @@ def _equal(gold: list[Any], pred: list[Any], opts: VerifyOptions) -> bool:
     )
 
 
-_LATEX_DELIMS = ("$", "\\(", "\\[", "\\boxed", "\\fbox")
+_LATEX_DELIMS = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\boxed|\\fbox")  # math mode opens (an escaped \$ is a dollar)
 _PROSE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")  # a word that is not a \command
 
 
-def check_answer(gold: str, pred: str, pred_kind: str, opts: VerifyOptions) -> float:
-    """(worker) 1.0 if the extracted ``pred`` equals ``gold`` under math-verify, else 0.0."""
+def check_answer(gold: str, pred: str, pred_kind: str, opts: VerifyOptions, tail: str = "") -> float:
+    """(worker) 1.0 if the extracted answer equals ``gold`` under math-verify, else 0.0.
+
+    ``pred_kind`` ``"tail"`` (no tag, no box): math-verify's own extraction reads ``tail`` first, and its
+    answer is final when it finds one; the last number ``pred`` (the seed's fallback) counts only when it finds
+    nothing at all.
+    """
     config = _extraction_config(opts.match_types)
     gold_parsed = list(_parse_gold(gold, tuple(opts.match_types)))
+    if pred_kind == "tail":
+        found = _parse(tail, config)
+        if found or not pred:
+            return 1.0 if _equal(gold_parsed, found, opts) else 0.0
     pred_parsed = _parse(f"\\boxed{{{pred}}}", config)
     if _equal(gold_parsed, pred_parsed, opts):
         return 1.0
     # <answer> content may be prose ("The answer is $5$"): let math-verify find the answer inside it.
-    if pred_kind == "answer" and (any(d in pred for d in _LATEX_DELIMS) or _PROSE.search(pred)):
+    if pred_kind == "answer" and (_LATEX_DELIMS.search(pred) or _PROSE.search(pred)):
         return 1.0 if _equal(gold_parsed, _parse(pred, config), opts) else 0.0
     return 0.0
 
@@ -169,7 +193,7 @@ _PLAIN_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?")
 
 
 def _as_number(text: str) -> Decimal | None:
-    s = text.replace("\\$", "").replace("$", "").replace(" ", "").rstrip(".")
+    s = text.replace("\\$", "").replace("$", "").strip().rstrip(".")  # "32, 349" is a set, not 32349
     if not s or not _PLAIN_NUMBER.fullmatch(s) or not any(c.isdigit() for c in s):
         return None
     try:
@@ -206,14 +230,14 @@ def score_answers(
     for i, (pred, gold) in enumerate(zip(preds, golds, strict=True)):
         if gold is None:
             continue
-        if pred is None or not pred.text:
+        if pred is None or not (pred.text or pred.tail):
             scores[i] = 0.0
             continue
-        verdict = fast_verdict(gold, pred.text)
+        verdict = None if pred.kind == "tail" else fast_verdict(gold, pred.text)  # a tail needs math-verify
         if verdict is not None:
             scores[i] = verdict
         else:
-            jobs.append((i, ("answer", gold, pred.text, pred.kind, options)))
+            jobs.append((i, ("answer", gold, pred.text, pred.kind, options, pred.tail)))
     _run_jobs(jobs, scores, timeout, reward_name)
     return scores
 

@@ -12,7 +12,11 @@ C code such as GMP computing ``9^{9^9}``), so the only hard bound is a parent-si
 - Inside a worker a soft ``setitimer`` alarm (a ``BaseException`` so library ``except Exception`` blocks do
   not swallow it) usually ends a slow Python-level check cleanly, which saves a respawn.
 - Results are plain picklable values (the check returns floats); parsed objects never cross the pipe and are
-  never ``str()``-ed or logged (printing a parsed ``9^{9^9}`` hangs). There is no in-process fallback.
+  never ``str()``-ed or logged (printing a parsed ``9^{9^9}`` hangs).
+- A process that cannot have children (a daemonic ``multiprocessing.Pool`` worker, which is where
+  ``datasets.map(num_proc=N)`` runs a reward) checks in-process instead, each item under its own bound: a
+  ``setitimer`` alarm in the main thread, else a watchdog thread that abandons a check past its deadline.
+  Weaker than SIGKILL (a check stuck in C code ends late, and no memory cap applies), but it never raises.
 - ``close()`` runs at exit (``atexit``), and workers are daemonic, so pytest and training scripts never hang.
 """
 
@@ -49,6 +53,66 @@ class Outcome:
 
 class _SoftTimeout(BaseException):
     """Raised by the worker's own alarm; BaseException so ``except Exception`` in libraries lets it through."""
+
+
+def can_start_workers() -> bool:
+    """False in a daemonic process (``multiprocessing`` or ``multiprocess`` pool workers): Python forbids it
+    children (``AssertionError: daemonic processes are not allowed to have children``)."""
+    for name in ("multiprocessing", "multiprocess"):  # datasets.map(num_proc=N) runs on multiprocess
+        module = sys.modules.get(name)
+        if module is not None and module.current_process().daemon:
+            return False
+    return True
+
+
+def _call_with_alarm(fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> Outcome:
+    """``fn(*args)`` in this (main) thread, interrupted by SIGALRM after ``timeout`` s; the caller's own
+    handler and pending timer are restored afterwards."""
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise _SoftTimeout()
+
+    old_handler = signal.signal(signal.SIGALRM, on_alarm)
+    start = time.monotonic()
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        try:
+            return Outcome("ok", fn(*args))
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _SoftTimeout:
+        return Outcome("timeout")
+    except BaseException as e:  # noqa: BLE001 - any failure of untrusted input scores as an error
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        return Outcome("error", error=type(e).__name__)
+    finally:
+        signal.signal(signal.SIGALRM, old_handler)
+        if old_delay > 0:  # the caller's timer keeps running from where it was
+            signal.setitimer(signal.ITIMER_REAL, max(old_delay - (time.monotonic() - start), 1e-3), old_interval)
+
+
+def _call_with_watchdog(fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> Outcome:
+    """``fn(*args)`` in a daemon thread, given up on (left to finish in the background) after ``timeout`` s."""
+    box: list[Outcome] = []
+
+    def target() -> None:
+        try:
+            box.append(Outcome("ok", fn(*args)))
+        except BaseException as e:  # noqa: BLE001
+            box.append(Outcome("error", error=type(e).__name__))
+
+    thread = threading.Thread(target=target, name="verifier-check", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return box[0] if box else Outcome("timeout")
+
+
+def call_in_process(fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> Outcome:
+    """``fn(*args)`` in this process within ``timeout`` s; never raises because of ``args``."""
+    if threading.current_thread() is threading.main_thread():
+        return _call_with_alarm(fn, args, timeout)
+    return _call_with_watchdog(fn, args, timeout)
 
 
 def _worker_main(
@@ -191,15 +255,30 @@ class VerifierPool:
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self.stats = {"timeouts": 0, "errors": 0, "restarts": 0}
+        self.stats = {"timeouts": 0, "errors": 0, "restarts": 0, "in_process": 0}
+        self._warm_pid: int | None = None  # the process whose in-process checks have run the warm-up
+        self._no_workers_pid: int | None = None  # a process where starting workers failed
         _LIVE_POOLS.add(self)
 
     def map(self, items: Sequence[tuple[Any, ...]], timeout: float | None = None) -> list[Outcome]:
-        """One ``Outcome`` per item, in order; never raises because of an item."""
+        """One ``Outcome`` per item, in order; never raises because of an item. In a process that cannot
+        start workers (``can_start_workers``), or when starting them fails, the items run in-process."""
         if not items:
             return []
+        timeout = self.timeout if timeout is None else float(timeout)
         with self._lock:
-            return self._map(items, self.timeout if timeout is None else float(timeout))
+            if self._no_workers_pid != os.getpid() and can_start_workers():
+                try:
+                    return self._map(items, timeout)
+                except Exception:  # noqa: BLE001 - e.g. a forkserver inherited through fork: ChildProcessError
+                    self._no_workers_pid = os.getpid()  # do not try again in this process
+                    for w in self._workers:
+                        try:
+                            w.kill()
+                        except Exception:  # noqa: BLE001
+                            pass
+                    self._workers = []
+            return self._map_in_process(items, timeout)
 
     def close(self) -> None:
         with self._lock:
@@ -209,6 +288,17 @@ class VerifierPool:
             self._workers = []
 
     # -- internals -------------------------------------------------------------------------------------
+
+    def _map_in_process(self, items: Sequence[tuple[Any, ...]], timeout: float) -> list[Outcome]:
+        if self._warm_pid != os.getpid() and self.warmup is not None:  # builds caches, as a worker's warm-up
+            call_in_process(self.fn, self.warmup, STARTUP_TIMEOUT_S / 2)
+            self._warm_pid = os.getpid()
+        outcomes = [call_in_process(self.fn, tuple(item), timeout) for item in items]
+        for out in outcomes:
+            if out.status != "ok":
+                self.stats[out.status + "s"] += 1
+        self.stats["in_process"] += len(items)
+        return outcomes
 
     def _spawn(self) -> _Worker:
         return _Worker(self._ctx, self.fn, self.memory_limit, self.warmup)

@@ -5,7 +5,9 @@ Answers are the real GSM8K / MATH-500 gold answers (../shared/data), written as 
 (boxed, some in another spelling such as \\dfrac or 1,000), half wrong (another problem's answer). Rows:
 - gsm8k end-to-end: math_accuracy as the trainer calls it (plain numbers take the in-process fast path);
 - gsm8k via pool: the same pairs forced through math-verify workers (what a number costs without the fast path);
-- math end-to-end: MATH-500 LaTeX answers (most go to math-verify in the workers).
+- math end-to-end: MATH-500 LaTeX answers (most go to math-verify in the workers);
+- gsm8k unboxed end-to-end: the GSM8K pairs as "The answer is $1,000." with no box (math-verify's extraction
+  reads the tail in the workers before the last number counts).
 Prints a table and one JSON line. Not a test: numbers depend on the machine and its load.
 """
 
@@ -30,6 +32,10 @@ def gsm8k_cases() -> tuple[list[str], list[str]]:
         pred = shown if i % 2 == 0 else golds[(i + 1) % len(golds)]
         completions.append(f"Step 1: 3 + 4 = 7. Step 2: more work.\nThe answer is \\boxed{{{pred}}}.")
     return completions, golds
+
+
+def unboxed(completions: list[str]) -> list[str]:
+    return [c.replace("\\boxed{", "$").replace("}.", ".") for c in completions]
 
 
 def math_cases() -> tuple[list[str], list[str]]:
@@ -76,6 +82,8 @@ def main() -> None:
         measure("gsm8k via pool (no fast path)", lambda: [o.value for o in pool.map(g_jobs)], len(g_jobs),
                 args.repeat),
         measure("math end-to-end", lambda: math_accuracy(m_comp, answer=m_gold), len(m_comp), args.repeat),
+        measure("gsm8k unboxed end-to-end", lambda: math_accuracy(unboxed(g_comp), answer=g_gold), len(g_comp),
+                args.repeat),
     ]
     stats = pop_reward_stats()
     print(f"workers={args.workers} timeout={args.timeout}s cpu_count={os.cpu_count()} "

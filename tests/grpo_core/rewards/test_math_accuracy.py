@@ -5,7 +5,6 @@ Run: python -m pytest tests/grpo_core/rewards/test_math_accuracy.py -q -s   (-s 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,16 +17,18 @@ from grpo_core.rewards import math as math_reward
 from grpo_core.rewards.extract import seed_math_reward
 from grpo_core.rewards.math import VerifyOptions, verify_texts
 
+from .labelled_cases import GOLD_SELF, LABELLED, Case, plain_math_verify, verify_case_rows, verify_cases
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 AGREEMENT_MIN = 0.99
-
-
-@dataclass
-class Case:
-    completion: str
-    gold: str
-    label: float  # the data set's verdict: 1.0 correct, 0.0 wrong
-    source: str = ""
+VERIFY_CASES_MIN = 0.97  # math-verify's own parse + verify with defaults agrees on 97.0% (261 of 269)
+# Agreement before math-verify's extraction joined the chain (last number before LaTeX), as measured then:
+# extraction changes must not lose any of it.
+AGREED_BEFORE = {"gsm8k gold as model answers": 6595, "math500 gold as model answers": 1950,
+                 "gsm8k gpt-3 solutions (is_correct)": 5276, "qwen2.5-math math outputs (score)": 797}
+# Per-check deadline here: agreement is about extraction, and a check's first SymPy path (a Sum) takes
+# seconds on a loaded 2-core machine (test_adversarial.py tests the deadline itself).
+AGREEMENT_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -66,76 +67,6 @@ def _report(aggs: list[Agreement]) -> str:
     return text
 
 
-# -- data sets -> labelled cases -------------------------------------------------------------------------
-
-
-def _gsm8k_gold(row: dict[str, Any]) -> str:
-    return row["answer"].rsplit("####", 1)[1].strip().replace(",", "")
-
-
-def gsm8k_gold_cases(data: Path) -> list[Case]:
-    """GSM8K gold answers written as a model would, right (label 1) and off by one (label 0)."""
-    rows = [json.loads(line) for line in (data / "gsm8k_test.jsonl").open()]
-    cases = []
-    for row in rows:
-        gold = _gsm8k_gold(row)
-        shown = f"{int(gold):,}" if gold.lstrip("-").isdigit() else gold  # 1,000 as models write it
-        wrong = str(int(gold) + 1) if gold.lstrip("-").isdigit() else gold + "1"
-        cases += [
-            Case(f"Let me compute step by step. ... so the total is {gold}.\n\\boxed{{{gold}}}", gold, 1.0),
-            Case(f"<think>reasoning about 3 and 4</think>\n<answer>{shown}</answer>", gold, 1.0),
-            Case(f"First 2 + 3 = 5. Then more steps.\nThe answer is ${shown}.", gold, 1.0),
-            Case(f"Adding up gives 7 apples.\nThe answer is {wrong}.", gold, 0.0),
-            Case(f"The first try gave \\boxed{{{gold}}}, but checking again: \\boxed{{{wrong}}}", gold, 0.0),
-        ]
-    return cases
-
-
-def math500_gold_cases(data: Path) -> list[Case]:
-    """MATH-500 LaTeX gold answers in a box / <answer> tag (label 1) and another problem's answer (label 0)."""
-    rows = json.loads((data / "math500_test.json").read_text())
-    cases = []
-    for i in range(len(rows)):
-        gold = rows[i]["answer"]
-        styled = gold.replace("\\frac", "\\dfrac").replace(", ", ",")  # same answer, other spelling
-        cases += [
-            Case(f"Thus the answer is $\\boxed{{{gold}}}$.", gold, 1.0),
-            Case(f"<think>...</think>\n<answer>{styled}</answer>", gold, 1.0),
-            Case(f"So we get\n\\[\\boxed{{{styled}}}\\]", gold, 1.0),
-        ]
-        other = rows[(i + 1) % len(rows)]["answer"]
-        g, o = "".join(gold.split()), "".join(other.split())
-        if g not in o and o not in g:  # skip look-alikes such as 5 vs x=5 (same answer)
-            cases.append(Case(f"Therefore the answer is $\\boxed{{{other}}}$.", gold, 0.0))
-    return cases
-
-
-def gpt3_solution_cases(data: Path) -> list[Case]:
-    """GPT-3 GSM8K solutions (4 models per problem) with OpenAI's ``is_correct``; gold from the test split."""
-    golds = {r["question"]: _gsm8k_gold(r) for r in map(json.loads, (data / "gsm8k_test.jsonl").open())}
-    rows = [json.loads(line) for line in (data / "gsm8k_example_model_solutions.jsonl").open()]
-    cases = []
-    for row in rows:
-        for key in ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification"):
-            sol = row[key]
-            cases.append(Case(sol["solution"], golds[row["question"]], float(sol["is_correct"]), key))
-    return cases
-
-
-def qwen_math_cases(data: Path) -> list[Case]:
-    """Qwen2.5-Math chain-of-thought outputs on MATH with the ``score`` of Qwen's own grader."""
-    rows = [json.loads(line) for line in (data / "qwen25math_math_cot_100_outputs.jsonl").open()]
-    return [
-        Case(resp, str(row["gt"]), float(score), row["idx"])
-        for row in rows
-        for resp, score in zip(row["code"], row["score"], strict=True)
-    ]
-
-
-def verify_case_rows(data: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (data / "verify_cases.jsonl").open()]
-
-
 def _options(row: dict[str, Any]) -> VerifyOptions:
     o = row["options"]
     types = o["match_types"]
@@ -152,20 +83,14 @@ def _options(row: dict[str, Any]) -> VerifyOptions:
 
 @pytest.fixture(scope="module", autouse=True)
 def _two_workers():
-    settings = math_reward.configure(timeout=5.0, num_workers=2)
+    settings = math_reward.configure(timeout=AGREEMENT_TIMEOUT_S, num_workers=2)
     yield settings
     pop_reward_stats()
 
 
 def _agreement_on_labelled(data: Path) -> list[Agreement]:
-    builders = {
-        "gsm8k gold as model answers": gsm8k_gold_cases,
-        "math500 gold as model answers": math500_gold_cases,
-        "gsm8k gpt-3 solutions (is_correct)": gpt3_solution_cases,
-        "qwen2.5-math math outputs (score)": qwen_math_cases,
-    }
     aggs = []
-    for name, build in builders.items():
+    for name, build in LABELLED.items():
         cases = build(data)
         ours = math_accuracy([c.completion for c in cases], answer=[c.gold for c in cases])
         aggs.append(_score(name, cases, ours))
@@ -173,11 +98,8 @@ def _agreement_on_labelled(data: Path) -> list[Agreement]:
 
 
 def _agreement_on_verify_cases(data: Path) -> list[Agreement]:
-    """Math-Verify's own suite: ours = the bounded pool with each case's options (match types, precision...).
-
-    Also shown: math_accuracy's extraction (last box / answer / number) on the same predictions, which by
-    design differs where a case expects several boxes to be joined or a relation to be read from prose.
-    """
+    """Math-Verify's own suite: ours = the bounded pool with each case's options (match types, precision...),
+    and math_accuracy as users call it (default options; ``test_verify_cases_as_users_call_them`` bounds it)."""
     rows = verify_case_rows(data)
     by_opts: dict[VerifyOptions, list[int]] = {}
     for i, row in enumerate(rows):
@@ -212,7 +134,40 @@ def test_agreement_with_real_labels(shared_data: Path):
     aggs = _agreement_on_labelled(shared_data) + _agreement_on_verify_cases(shared_data)
     report = _report(aggs)
     for a in aggs:
-        if a.name != "math-verify cases via math_accuracy":  # informational, see _agreement_on_verify_cases
+        if a.name != "math-verify cases via math_accuracy":  # bounded in test_verify_cases_as_users_call_them
             assert a.ours / a.n >= AGREEMENT_MIN, report
+        assert a.ours >= AGREED_BEFORE.get(a.name, 0), report  # nothing that agreed before is lost
         assert a.ours >= a.seed, report  # never worse than the seed's regex baseline...
     assert sum(a.ours for a in aggs) > sum(a.seed for a in aggs) + 1000, report  # ...and far better overall
+
+
+def _misses_where_math_verify_agrees(cases: list[Case]) -> tuple[list[float | None], list[Case]]:
+    """math_accuracy's scores, and the cases it gets wrong that plain math-verify (all defaults) gets right."""
+    ours = math_accuracy([c.completion for c in cases], answer=[c.gold for c in cases])
+    missed = [c for c, s in zip(cases, ours, strict=True) if s != c.label]
+    plain = plain_math_verify(missed, timeout=int(AGREEMENT_TIMEOUT_S))  # only where ours missed: cheap
+    return ours, [c for c, p in zip(missed, plain, strict=True) if p == c.label]
+
+
+def test_verify_cases_as_users_call_them(shared_data: Path):
+    """Math-Verify's own cases, no per-case options: at least 97%, and no case that plain math-verify gets
+    right is lost (its default gets 261 of 269; the rest need the case's options, e.g. precision 4)."""
+    cases = verify_cases(shared_data)
+    ours, lost = _misses_where_math_verify_agrees(cases)
+    agreement = sum(s == c.label for s, c in zip(ours, cases)) / len(cases)
+    report = "\n".join(f"  gold={c.gold!r} pred={c.completion[-120:]!r} label={c.label}" for c in lost)
+    print(f"\nverify_cases via math_accuracy: {agreement:.2%}")
+    assert agreement >= VERIFY_CASES_MIN, report
+    assert not lost, "math-verify agrees with the label, math_accuracy does not:\n" + report
+
+
+@pytest.mark.parametrize("name", list(GOLD_SELF))
+def test_gold_answer_as_completion_scores_one(shared_data: Path, name: str):
+    """Every gold of verify_cases.jsonl (as written) and of MATH-500 (as $g$, $$g$$, \\boxed{g}) scores 1
+    against itself wherever plain math-verify does (not ``1,22``: as a bare gold it is the pair {1, 22}, as
+    a completion math-verify reads the decimal 1.22)."""
+    cases = GOLD_SELF[name](shared_data)
+    ours, lost = _misses_where_math_verify_agrees(cases)
+    assert not lost, "\n".join(f"  gold={c.gold!r} completion={c.completion!r}" for c in lost)
+    not_one = sorted({c.gold for c, s in zip(cases, ours) if s != 1.0})
+    assert set(not_one) <= {"1,22"}, not_one
