@@ -7,6 +7,7 @@
     r1 run --run X --force-unlock           # take the run's lease from a writer that is gone
     r1 status X [--json]
     r1 report X
+    r1 plan -c configs/qwen2.5-7b-math.yaml --gpus 8 --gpu-memory 80
 
 Without ``PREFECT_API_URL`` Prefect runs ephemerally (a temporary local server for the run); with it, ``r1 run``
 and ``r1 stage`` first check that the server answers (``flows/prefect_api.py``, ``R1_PREFECT_PROBE_TIMEOUT``).
@@ -194,6 +195,28 @@ def report(run_name: str = typer.Argument(..., metavar="NAME"), store: Optional[
     typer.echo(f"\nreport: {rep.uri}")
 
 
+def plan(
+    config: Optional[Path] = typer.Option(None, "-c", "--config", help="pipeline YAML (default: configs/tiny-cpu.yaml)"),
+    gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs per training stage (torchrun processes)"),
+    gpu_memory: float = typer.Option(80.0, "--gpu-memory", min=0.1, help="memory of one GPU, GiB"),
+) -> None:
+    """Predict each GPU stage's per-GPU memory peak; exit 1 naming the first stage that does not fit."""
+    from grpo_core.memory_plan import GiB, Hardware
+    from tasks.plan import plan_pipeline
+
+    cfg = _config(config)
+    try:
+        plans = plan_pipeline(cfg, Hardware(gpus=gpus, gpu_memory=int(gpu_memory * GiB)))
+    except ValueError as e:  # a model the planner cannot size
+        _fail(str(e))
+    for p in plans:
+        typer.echo(p.table() + "\n")
+    failed = next((p for p in plans if not p.fits), None)
+    if failed is not None:
+        _fail(failed.failure_message())
+    typer.echo(f"every GPU stage fits {gpus}x {gpu_memory:g} GiB")
+
+
 KEY_METRICS = ("eval/accuracy", "eval/pass@1", "eval/mean_length", "data/num_train", "num_kept", "train/loss", "reward")
 
 
@@ -233,6 +256,7 @@ def build_app() -> typer.Typer:
     cli.command(help=f"{stage.__doc__}\n\nStages:\n\n{stages}")(stage)
     cli.command()(status)
     cli.command()(report)
+    cli.command()(plan)
     cli.command("deploy")(deploy_command)  # work pools + deployments rendered from the stage table
     return cli
 

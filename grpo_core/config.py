@@ -110,6 +110,10 @@ class GRPOConfig(OptimConfig):
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     vllm_tensor_parallel_size: int = Field(1, ge=1)
     vllm_kv_cache_memory_bytes: int | None = Field(None, gt=0, description="fixed KV cache size (needed on CPU)")
+    vllm_enable_sleep_mode: bool = Field(
+        False, description="GPU only: the engine releases its weights and KV cache (sleep level 1) while the trainer "
+        "runs and takes them back before generating (TRL's name); the memory planner then counts no vLLM share there",
+    )
 
     # --- memory (logprob_chunk_size is in OptimConfig) ---
     share_prompt_forward: bool = Field(

