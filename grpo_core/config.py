@@ -130,6 +130,10 @@ class GRPOConfig(OptimConfig):
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     vllm_tensor_parallel_size: int = Field(1, ge=1)
     vllm_kv_cache_memory_bytes: int | None = Field(None, gt=0, description="fixed KV cache size (needed on CPU)")
+    vllm_enable_sleep_mode: bool = Field(
+        False, description="GPU only: the engine releases its weights and KV cache (sleep level 1) while the trainer "
+        "runs and takes them back before generating (TRL's name); the memory planner then counts no vLLM share there",
+    )
 
     # --- memory (logprob_chunk_size is in OptimConfig) ---
     share_prompt_forward: bool = Field(
@@ -149,6 +153,9 @@ class GRPOConfig(OptimConfig):
                 f"reward_weights has {len(self.reward_weights)} entries but reward_funcs has "
                 f"{len(self.reward_funcs)} ({self.reward_funcs}); give one weight per reward function"
             )
+        if self.vllm_enable_sleep_mode and self.use_vllm is False:
+            raise ValueError("vllm_enable_sleep_mode puts the vLLM engine to sleep but use_vllm is false; "
+                             "set use_vllm: true or drop vllm_enable_sleep_mode")
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
             raise ValueError(
                 f"epsilon_high ({self.epsilon_high}) < epsilon ({self.epsilon}); clip-higher needs epsilon_high >= epsilon"

@@ -72,22 +72,26 @@ def execute(spec: dict[str, Any], emit: Emit) -> dict[str, Any]:
     ``output_dir/metrics.jsonl``)."""
     from grpo_core.config import GRPOConfig, SFTConfig
     from grpo_core.data import read_parquet
+    from tasks.plan import check_stage_memory
     from tasks.store import Store
 
     out = Path(spec["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
     store = Store(spec["store"], check=False)
     callbacks = [StoreCheckpoints(store, spec["run"], spec["stage"], spec["key"], int(spec.get("keep", 2)), emit)]
+    config = (GRPOConfig if spec["kind"] == "grpo" else SFTConfig).model_validate(spec["config"])
+    # On CUDA: fail before loading anything when the plan does not fit (tasks/plan.py; `r1 plan` prints it)
+    check_stage_memory(spec["stage"], "rl" if spec["kind"] == "grpo" else "sft", config, spec["model_path"])
     rows = read_parquet(Path(spec["rows_path"]))
     if spec["kind"] == "grpo":
         from grpo_core.trainer import train_grpo
 
-        metrics = train_grpo(GRPOConfig.model_validate(spec["config"]), spec["model_path"], rows, out,
+        metrics = train_grpo(config, spec["model_path"], rows, out,
                              resume=True, callbacks=callbacks)
     else:
         from grpo_core.sft import train_sft
 
-        metrics = train_sft(SFTConfig.model_validate(spec["config"]), spec["model_path"], rows, out,
+        metrics = train_sft(config, spec["model_path"], rows, out,
                             resume=True, callbacks=callbacks)
     return {"metrics": _plain(metrics or {}), "resumed_from": int(spec.get("resumed_from", 0))}
 

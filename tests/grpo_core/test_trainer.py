@@ -263,3 +263,16 @@ def test_reward_settings_reach_the_math_verifier(tmp_path, tiny_path):
         assert settings["timeout"] == 1.5 and settings["num_workers"] == 1
     finally:
         configure(timeout=DEFAULT_TIMEOUT_S, num_workers=DEFAULT_NUM_WORKERS)
+
+
+def test_second_iteration_clips_against_the_old_log_probs(tmp_path, tiny_path):
+    """mu = 2 with a large step: the second pass sees ratios pi/pi_old far from 1, so the clip binds.
+
+    Guards the old log-probs branch in trainer/update.py: with on-policy log-probs in their place
+    (ratio 1 on every pass) clip_ratio/region_mean stays exactly 0 and this test fails (checked by mutation).
+    """
+    config = small_config(max_steps=2, num_iterations=2, learning_rate=0.1, epsilon=0.05)
+    train_grpo(config, tiny_path, ROWS, tmp_path, reward_funcs=[digit_fraction], resume=False)
+    metrics = read_metrics(tmp_path)
+    # Averaged over both passes; the first pass has ratio 1, the second moved by Adam's first step of ~lr.
+    assert all(m["clip_ratio/region_mean"] > 0.01 for m in metrics), [m["clip_ratio/region_mean"] for m in metrics]

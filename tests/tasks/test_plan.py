@@ -1,0 +1,78 @@
+"""``r1 plan`` on the committed configs, and the same check failing a GPU stage before it starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from grpo_core.config import GRPOConfig, SFTConfig
+from grpo_core.memory_plan import GiB
+from grpo_core.tiny import build_tiny_model
+from tasks.config import load_config
+from tasks.plan import StageMemoryError, check_stage_memory, config_hardware, plan_pipeline
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+SEVEN_B = str(Path(__file__).resolve().parents[2] / "configs" / "qwen2.5-7b-math.yaml")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_config_fits_the_hardware_its_header_names(path):
+    hw = config_hardware(path)
+    plans = plan_pipeline(load_config(path), hw)
+    assert [p.stage for p in plans] == ["cold_start_sft", "grpo_train", "rejection_sample", "sft_consolidate", "final_rl"]
+    assert [p.stage for p in plans if not p.fits] == [], "\n\n".join(p.table() for p in plans)
+
+
+def test_plan_7b_on_eight_gpus_fits():
+    result = CliRunner().invoke(app, ["plan", "-c", SEVEN_B, "--gpus", "8", "--gpu-memory", "80"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("fits                  yes") == 5 and "every GPU stage fits 8x 80 GiB" in result.output
+
+
+def test_plan_7b_on_one_gpu_names_the_first_stage_and_the_fix():
+    result = CliRunner().invoke(app, ["plan", "-c", SEVEN_B, "--gpus", "1", "--gpu-memory", "80"])
+    assert result.exit_code == 1
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("error: stage cold_start_sft needs ") and "80.0 GiB available" in last
+    assert "4 GPUs" in last  # FSDP over 4 x 80 GiB holds the 7B SFT state
+
+
+def test_a_model_the_planner_cannot_size_is_one_error_line(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: {name_or_path: someone/unknown-model}\n")
+    result = CliRunner().invoke(app, ["plan", "-c", str(cfg)])
+    assert result.exit_code == 1 and "someone/unknown-model" in result.output and "config.json" in result.output
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), hidden_size=64, num_layers=2, num_heads=2)
+
+
+def test_stage_check_fails_fast_with_the_plan_message(model_path):
+    config = SFTConfig(per_device_train_batch_size=64, max_length=1024)
+    plan = check_stage_memory("cold_start_sft", "sft", config, model_path, gpus=1, free=8 * GiB, total=8 * GiB)
+    assert plan.fits
+    # 1 GiB CUDA context + 0.88 GiB of fp32 activations (64 x 1024 tokens x 2 layers x 1792 elements); checkpointing
+    # keeps 0.47 GiB of them, bf16 and batch 32 0.44 GiB each
+    with pytest.raises(StageMemoryError, match=r"^stage cold_start_sft needs 1\.9 GiB per device, 1\.6 GiB available"
+                                               r" .*: gradient_checkpointing: true; bf16: true; per_device_train_batch_size: 32$"):
+        check_stage_memory("cold_start_sft", "sft", config, model_path, gpus=1, free=int(1.6 * GiB), total=8 * GiB)
+
+
+def test_worker_checks_before_training(model_path, tmp_path, monkeypatch):
+    """The training worker plans the stage on CUDA before it reads a row; a 'GPU' of 64 MiB fails it."""
+    import torch
+
+    from tasks import _worker
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (64 * 2**20, 64 * 2**20))
+    spec = {"kind": "grpo", "config": GRPOConfig(use_vllm=False, generation_batch_size=8, num_generations=4).model_dump(),
+            "model_path": str(model_path), "rows_path": str(tmp_path / "absent.parquet"), "output_dir": str(tmp_path / "o"),
+            "store": str(tmp_path / "store"), "run": "r", "stage": "grpo_train", "key": "k"}
+    with pytest.raises(StageMemoryError, match="stage grpo_train needs"):
+        _worker.execute(spec, lambda event: None)
