@@ -98,14 +98,16 @@ def _rank() -> int:
 
 def run_training(spec: dict[str, Any], *, isolation: str, on_event: Emit) -> dict[str, Any]:
     """Run ``execute`` inline, or in child processes through ``tasks.launch`` (torchrun when the work pool
-    asks for several); a child that dies without a Python error raises ``WorkerCrashed`` (retried)."""
-    from tasks.launch import StageProcessFailed, launch, resolve_nproc_per_node
+    asks for several, on one node or several); a child that dies without a Python error raises
+    ``WorkerCrashed`` (retried). The result's ``rank0_here`` says whether global rank 0 (which writes the
+    final model and metrics) ran on this node: only that node commits."""
+    from tasks.launch import StageProcessFailed, launch, resolve_nodes, resolve_nproc_per_node
     from tasks.common import StageFailed, WorkerCrashed, logger
     from tasks.store import TransientStoreError
 
     spec = {**spec, "resumed_from": fetch_checkpoint(spec, on_event)}
     if isolation == "inline":
-        return execute(spec, on_event)
+        return {**execute(spec, on_event), "rank0_here": True}
     work = Path(spec["output_dir"]).parent
     work.mkdir(parents=True, exist_ok=True)  # absent when there was no checkpoint to fetch
     spec = {**spec, "events_path": str(work / "events.jsonl"), "result_path": str(work / "result.json")}
@@ -117,8 +119,12 @@ def run_training(spec: dict[str, Any], *, isolation: str, on_event: Emit) -> dic
     follower = _EventFollower(Path(spec["events_path"]), on_event)
     follower.start()
     nproc = resolve_nproc_per_node(None)
+    nodes = resolve_nodes(default_rdzv_id=f"{spec['run']}-{spec['stage']}-{spec['key'][:12]}")
+    if nodes.nnodes > 1:
+        logger().info(f"{spec['stage']}: node {nodes.node_rank} of {nodes.nnodes}, rendezvous at {nodes.rdzv_endpoint}")
     try:
-        launch("tasks._worker", [str(spec_path)], nproc_per_node=nproc, logger=logger(), env=env, cwd=root)
+        launch("tasks._worker", [str(spec_path)], nproc_per_node=nproc, nodes=nodes, logger=logger(), env=env,
+               cwd=root)
     except StageProcessFailed as e:
         if e.child_traceback is None:
             raise WorkerCrashed(f"{spec['stage']} worker process died: {e}") from None
@@ -127,7 +133,10 @@ def run_training(spec: dict[str, Any], *, isolation: str, on_event: Emit) -> dic
         raise StageFailed(str(e)) from None
     finally:
         follower.stop()
-    return json.loads(Path(spec["result_path"]).read_text())
+    result_path = Path(spec["result_path"])
+    if not result_path.exists() and nodes.nnodes > 1:  # global rank 0 ran on another node
+        return {"metrics": {}, "resumed_from": spec["resumed_from"], "rank0_here": False}
+    return {**json.loads(result_path.read_text()), "rank0_here": True}
 
 
 class _EventFollower(threading.Thread):
