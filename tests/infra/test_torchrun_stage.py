@@ -1,9 +1,17 @@
 """The GRPO stage under ``torchrun --nproc_per_node 2`` on CPU (gloo), through the grpo_train task, the way a
-work pool asks for it (``R1_NPROC_PER_NODE``, set by the pool's job template); and a failure injected into
-rank 1 fails the task with rank 1's own traceback in the Prefect log."""
+work pool asks for it (``R1_NPROC_PER_NODE``, set by the pool's job template); a failure injected into
+rank 1 fails the task with rank 1's own traceback in the Prefect log; and two "nodes" on this machine (two
+flow runs of the task, each starting ``torchrun --nnodes 2`` with a c10d rendezvous on 127.0.0.1, as the
+multi-node pool's ``R1_NNODES``/``R1_NODE_RANK``/``R1_RDZV_ENDPOINT`` ask) commit once and train like one process."""
 
 from __future__ import annotations
 
+import os
+import pickle
+import re
+import socket
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any, Iterator
@@ -123,3 +131,68 @@ def test_rank_1_failure_fails_the_task_with_rank_1s_traceback(upstream: dict[str
     assert "in optimise_in_rank_1" in logs  # rank 1's own frame, not torchrun's ChildFailedError summary
     after = Store(upstream["store"]).latest(RUN, "grpo_train")
     assert (after and after.version) == (before and before.version)  # nothing new committed
+
+
+# One node: the grpo_train task in its own flow run, in its own process (as each pod of the multi-node pool runs it).
+NODE = """
+import pickle, sys
+from prefect import flow
+from tasks.grpo_train import grpo_train
+
+config, run, store, inputs = pickle.loads(open(sys.argv[1], "rb").read())
+
+@flow(name="grpo-node")
+def grpo_node():
+    return grpo_train.with_options(retries=0)(config, run, store, inputs, True)
+
+print("STAGE-REF", grpo_node().version, flush=True)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_commit_once_and_match_one_process(upstream: dict[str, Any], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    from tasks.store import Store
+    from tasks.training import read_history
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("R1_NPROC_PER_NODE", raising=False)
+    one = run_grpo(upstream)  # the reference: one training process
+    assert one.is_completed(), one.message
+    one_ref = one.result()
+
+    inputs = tmp_path / "inputs.pkl"
+    inputs.write_bytes(pickle.dumps((upstream["config"], RUN, upstream["store"], upstream["inputs"])))
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = []
+    for node_rank in (0, 1):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": PREFECT_API_URL.value(),
+               "R1_NNODES": "2", "R1_NODE_RANK": str(node_rank), "R1_RDZV_ENDPOINT": endpoint,
+               "R1_RDZV_ID": "two-nodes", "R1_NPROC_PER_NODE": "1", "R1_WORKDIR": str(tmp_path / f"node{node_rank}")}
+        nodes.append(subprocess.Popen([sys.executable, "-c", NODE, str(inputs)], env=env, cwd=ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [node.communicate(timeout=900)[0] for node in nodes]
+    for node, out in zip(nodes, outputs):
+        assert node.returncode == 0, out[-4000:]
+    assert all("--nnodes=2" in out and "--rdzv-backend=c10d" in out for out in outputs)
+    versions = [re.search(r"STAGE-REF (\S+)", out)[1] for out in outputs]
+    store = Store(upstream["store"])
+    two_ref = store.latest(RUN, "grpo_train")
+    assert versions == [two_ref.version] * 2 and two_ref.version != one_ref.version  # one commit, both return it
+    assert sum("waiting up to" in out for out in outputs) == 1  # the node without global rank 0 did not commit
+
+    one_curve, two_curve = read_history(store, one_ref), read_history(store, two_ref)
+    assert [m["step"] for m in two_curve] == [m["step"] for m in one_curve] == [1, 2]
+    for a, b in zip(one_curve, two_curve):
+        assert a["reward"] == b["reward"]  # the same completions
+        assert abs(a["loss"] - b["loss"]) < 1e-5, (a["step"], a["loss"], b["loss"])
+        assert abs(a["kl"] - b["kl"]) < 1e-5, (a["step"], a["kl"], b["kl"])
+        assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-5 * max(1.0, a["grad_norm"])
+    assert one_curve[-1]["kl"] > 0  # the policy moved from the reference, so agreement is not trivial
