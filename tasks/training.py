@@ -1,26 +1,21 @@
 """The part the training stages share: run the trainer with store checkpoints, then commit the model.
 
 Each training stage's task only picks its inputs (which rows, which starting model) and calls
-``train_and_commit``. On several nodes every node runs this; only the node that ran global rank 0 (which
-holds the final model) commits, and the others return that commit once it is in the store. The checkpoint
-key is the stage fingerprint, so a retry resumes only checkpoints written under the same config and inputs; after the commit the stage's checkpoints are deleted (the
+``train_and_commit``. The checkpoint key is the stage fingerprint, so a retry resumes only checkpoints
+written under the same config and inputs; after the commit the stage's checkpoints are deleted (the
 committed model replaces them, and a forced rerun must start from scratch, not from the last one).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import time
 from pathlib import Path
 from typing import Any
 
 from grpo_core.config import GRPOConfig, SFTConfig
-from tasks.common import Progress, StageContext, StageFailed, commit_stage, logger
+from tasks.common import Progress, StageContext, commit_stage, logger
 from tasks._worker import run_training
 from tasks.manifest import StageRef
-
-COMMIT_WAIT_ENV = "R1_COMMIT_WAIT_S"
 
 
 def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOConfig, model_path: str,
@@ -46,10 +41,9 @@ def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOC
         elif event["event"] == "resume":
             log.info(f"{ctx.stage}: resuming from the store's checkpoint at step {event['step']} ({event['uri']})")
 
-    previous = ctx.store.latest(ctx.run, ctx.stage, fp)  # a forced rerun's old output is not this run's
-    result = run_training(spec, isolation=ctx.config.run.isolation, on_event=on_event)
-    if not result["rank0_here"]:  # one of several nodes, not the one holding the model: node rank 0 commits
-        return wait_for_commit(ctx, fp, previous)
+    inputs = {key: {"ref": ctx.fetched[spec[key]][0].to_dict(), "name": ctx.fetched[spec[key]][1]}
+              for key in ("model_path", "rows_path") if spec[key] in ctx.fetched}  # what other nodes fetch, if any
+    result = run_training(spec, isolation=ctx.config.run.isolation, on_event=on_event, inputs=inputs)
     final = Path(result["metrics"].get("final_path") or out / "final")
     history = out / "metrics.jsonl"  # the trainer's step history, complete across resumes
     with ctx.begin() as writer:
@@ -64,19 +58,6 @@ def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOC
                            extra={"training": {"kind": kind, "resumed_from_step": result["resumed_from"],
                                                "steps_logged": steps_logged}})
     ctx.store.remove(ctx.store.checkpoint_dir(ctx.run, ctx.stage, fp))
-    return ref
-
-
-def wait_for_commit(ctx: StageContext, fp: str, previous: StageRef | None) -> StageRef:
-    """The output another node commits for this stage (``fp``, newer than ``previous``), once it is in the store."""
-    timeout = float(os.environ.get(COMMIT_WAIT_ENV, "600"))
-    logger().info(f"{ctx.stage}: global rank 0 ran on another node; waiting up to {timeout:.0f}s for its commit")
-    deadline = time.monotonic() + timeout
-    while (ref := ctx.store.latest(ctx.run, ctx.stage, fp)) is None or (previous and ref.version == previous.version):
-        if time.monotonic() > deadline:
-            raise StageFailed(f"{ctx.stage}: training finished on every node but the node running global rank 0 "
-                              f"committed nothing within {timeout:.0f}s ({COMMIT_WAIT_ENV}); see that node's log")
-        time.sleep(1.0)
     return ref
 
 

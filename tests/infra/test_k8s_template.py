@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -158,6 +160,13 @@ def test_multinode_form_is_an_indexed_job_whose_pods_meet_at_pod_0() -> None:
         assert resolve_nodes(env) == Nodes(nnodes=3, node_rank=index, rdzv_endpoint="grpo-train-x7k2p-0.r1-rdzv:29500",
                                            rdzv_id="grpo-train-x7k2p")
     assert container(manifest)["ports"] == [{"name": "rdzv", "containerPort": 29500}]
+    # pod 0 runs the flow run (Prefect's command, the args); the others join as tasks.follower
+    script = container(manifest)["command"]
+    assert container(manifest)["args"] == ["prefect", "flow-run", "execute"]
+    for rank, expected in (("0", "prefect flow-run execute"), ("2", "python -m tasks.follower")):
+        shown = subprocess.run([*script[:2], script[2].replace("exec ", "echo "), *script[3:], *container(manifest)["args"]],
+                               env={"R1_NODE_RANK": rank, "PATH": os.environ["PATH"]}, capture_output=True, text=True)
+        assert shown.stdout.splitlines()[0] == expected, (rank, shown.stdout)
     # prefect-kubernetes checks a manifest against a base Job holding completions/parallelism = 1 in the *pod*
     # spec (only a move of a job-level 1 satisfies it otherwise); the API server drops these unknown pod fields
     assert (pod["spec"]["completions"], pod["spec"]["parallelism"]) == (1, 1)

@@ -1,14 +1,12 @@
 """The GRPO stage under ``torchrun --nproc_per_node 2`` on CPU (gloo), through the grpo_train task, the way a
 work pool asks for it (``R1_NPROC_PER_NODE``, set by the pool's job template); a failure injected into
-rank 1 fails the task with rank 1's own traceback in the Prefect log; and two "nodes" on this machine (two
-flow runs of the task, each starting ``torchrun --nnodes 2`` with a c10d rendezvous on 127.0.0.1, as the
-multi-node pool's ``R1_NNODES``/``R1_NODE_RANK``/``R1_RDZV_ENDPOINT`` ask) commit once and train like one process."""
+rank 1 fails the task with rank 1's own traceback in the Prefect log; and two "nodes" on this machine (the
+task on node 0, ``tasks.follower`` on node 1, each starting ``torchrun --nnodes 2`` on one c10d rendezvous at
+127.0.0.1, as the multi-node pool's ``R1_NNODES``/``R1_NODE_RANK``/``R1_RDZV_ENDPOINT`` ask) train like one process."""
 
 from __future__ import annotations
 
 import os
-import pickle
-import re
 import socket
 import subprocess
 import sys
@@ -133,32 +131,15 @@ def test_rank_1_failure_fails_the_task_with_rank_1s_traceback(upstream: dict[str
     assert (after and after.version) == (before and before.version)  # nothing new committed
 
 
-# One node: the grpo_train task in its own flow run, in its own process (as each pod of the multi-node pool runs it).
-NODE = """
-import pickle, sys
-from prefect import flow
-from tasks.grpo_train import grpo_train
-
-config, run, store, inputs = pickle.loads(open(sys.argv[1], "rb").read())
-
-@flow(name="grpo-node")
-def grpo_node():
-    return grpo_train.with_options(retries=0)(config, run, store, inputs, True)
-
-print("STAGE-REF", grpo_node().version, flush=True)
-"""
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def test_two_nodes_commit_once_and_match_one_process(upstream: dict[str, Any], tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from prefect.settings import PREFECT_API_URL
-
+def test_two_nodes_match_one_process(upstream: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node 0 is the grpo_train task (this process's flow run), node 1 ``python -m tasks.follower``, as the
+    multi-node pool starts them; each runs ``torchrun --nnodes 2`` with one process, on one c10d rendezvous."""
     from tasks.store import Store
     from tasks.training import read_history
 
@@ -168,26 +149,28 @@ def test_two_nodes_commit_once_and_match_one_process(upstream: dict[str, Any], t
     assert one.is_completed(), one.message
     one_ref = one.result()
 
-    inputs = tmp_path / "inputs.pkl"
-    inputs.write_bytes(pickle.dumps((upstream["config"], RUN, upstream["store"], upstream["inputs"])))
-    endpoint = f"127.0.0.1:{free_port()}"
-    nodes = []
-    for node_rank in (0, 1):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": PREFECT_API_URL.value(),
-               "R1_NNODES": "2", "R1_NODE_RANK": str(node_rank), "R1_RDZV_ENDPOINT": endpoint,
-               "R1_RDZV_ID": "two-nodes", "R1_NPROC_PER_NODE": "1", "R1_WORKDIR": str(tmp_path / f"node{node_rank}")}
-        nodes.append(subprocess.Popen([sys.executable, "-c", NODE, str(inputs)], env=env, cwd=ROOT,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [node.communicate(timeout=900)[0] for node in nodes]
-    for node, out in zip(nodes, outputs):
-        assert node.returncode == 0, out[-4000:]
-    assert all("--nnodes=2" in out and "--rdzv-backend=c10d" in out for out in outputs)
-    versions = [re.search(r"STAGE-REF (\S+)", out)[1] for out in outputs]
-    store = Store(upstream["store"])
-    two_ref = store.latest(RUN, "grpo_train")
-    assert versions == [two_ref.version] * 2 and two_ref.version != one_ref.version  # one commit, both return it
-    assert sum("waiting up to" in out for out in outputs) == 1  # the node without global rank 0 did not commit
+    nodes = {"R1_NNODES": "2", "R1_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "R1_RDZV_ID": "two-nodes",
+             "R1_NPROC_PER_NODE": "1"}
+    follower = subprocess.Popen(  # started first: it waits for node 0's spec in the store
+        [sys.executable, "-m", "tasks.follower"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env={**os.environ, **nodes, "R1_NODE_RANK": "1", "R1_STORE": upstream["store"],
+                        "PYTHONPATH": str(ROOT), "R1_WORKDIR": str(tmp_path / "node1"), "R1_FOLLOWER_WAIT_S": "600"})
+    for key, value in {**nodes, "R1_NODE_RANK": "0"}.items():
+        monkeypatch.setenv(key, value)
+    try:
+        two = run_grpo(upstream)
+    finally:
+        out = follower.communicate(timeout=600)[0]
+    assert two.is_completed(), f"{two.message}\n--- node 1 ---\n{out[-4000:]}"
+    assert follower.returncode == 0, out[-4000:]
+    assert "--nnodes=2 --node-rank=1 --rdzv-backend=c10d" in out and "training finished" in out
+    logs = flow_run_logs(two.state_details.flow_run_id)
+    assert "--nnodes=2 --node-rank=0 --rdzv-backend=c10d" in logs
 
+    store = Store(upstream["store"])
+    two_ref = two.result()
+    assert store.latest(RUN, "grpo_train").version == two_ref.version != one_ref.version
+    assert not store.exists(store.node_spec_path("two-nodes"))  # node 0 cleaned up its hand-over
     one_curve, two_curve = read_history(store, one_ref), read_history(store, two_ref)
     assert [m["step"] for m in two_curve] == [m["step"] for m in one_curve] == [1, 2]
     for a, b in zip(one_curve, two_curve):
