@@ -1,15 +1,20 @@
-"""FSDP2 (``fully_shard``) for the GRPO trainer: sharded weights, gradients and optimizer state.
+"""FSDP2 (``fully_shard``) for the SFT and GRPO trainers: sharded weights, gradients and optimizer state.
 
-Selected by ``GRPOConfig.distributed_strategy="fsdp"`` under torchrun; the ``ddp`` path keeps whole
-replicas and all-reduces gradients (``distributed.all_reduce_gradients``). Works with NCCL on GPUs
-and with gloo on CPU (the tests run it on CPU).
+Used under torchrun unless ``distributed_strategy="ddp"`` (``auto``, the default, and ``fsdp``); the ``ddp``
+path keeps whole replicas and all-reduces gradients (``distributed.all_reduce_gradients``). Works with
+NCCL on GPUs and with gloo on CPU (the tests run it on CPU).
+
+Loading (``load_sharded_model``): the model is built on the meta device, sharded, given empty local shards,
+then filled one tensor at a time: rank 0 reads it from the safetensors files (plain reads, no mmap:
+``trainer.weights``) and scatters each rank its rows; buffers no file holds (rotary ``inv_freq``) are
+computed by transformers' own ``_init_weights``. No rank ever holds the full model.
 
 Sharding: one FSDP group per decoder layer and a root group on the whole causal LM holding what is
 left (embeddings, final norm, ``lm_head``; tied embeddings stay one parameter). FSDP2 unshards a
 group in its module's forward pre-hook, but ``grpo_core.logprobs.compute_token_logps`` calls the
 decoder and ``lm_head`` directly and never runs the root's ``forward``. So:
-  - a dummy forward through the root at setup makes it FSDP's root (lazy init happens in the first
-    FSDP forward to run; a layer running first would become a root of its own and never reshard);
+  - the root's lazy init runs at setup, making it FSDP's root (it would otherwise run in the first FSDP
+    forward, and a layer running first would become a root of its own and never reshard);
   - a forward pre-hook on the decoder calls ``root.unshard()``; the root never reshards after
     forward, so the ``lm_head`` chunks that follow (and their recomputation in backward) see full
     weights; the root's end-of-backward callback reduce-scatters its gradients and reshards it.

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,8 +51,8 @@ def check(folder: Path) -> None:
     ids = torch.randint(0, 41, (2, 7), generator=torch.Generator().manual_seed(0))  # [2, 7]
     for tied in (True, False):
         path = folder / f"tied-{tied}"
-        model = load_sharded_model(path, ctx, gradient_checkpointing=True)
-        assert all(p.requires_grad for p in model.parameters()) and model.training
+        model = load_sharded_model(path, ctx, gradient_checkpointing=True, bf16=not tied)  # bf16: GPU only
+        assert all(p.requires_grad and p.dtype == torch.float32 for p in model.parameters()) and model.training
         state = gather_model_state(model)
         full = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         if ctx.is_main:
@@ -72,6 +73,23 @@ def check(folder: Path) -> None:
         print(f"rank {ctx.rank} refused: {e}", flush=True)
     if ctx.is_main:
         print("sharded load ok", flush=True)
+
+
+def test_auto_shards_whenever_several_ranks_run():
+    from pydantic import ValidationError
+
+    from grpo_core.config import GRPOConfig, SFTConfig
+    from grpo_core.trainer.distributed import DistContext
+    from grpo_core.trainer.skeleton import uses_fsdp
+
+    one, two = (DistContext(rank=0, world_size=n, local_rank=0, device=torch.device("cpu")) for n in (1, 2))
+    assert SFTConfig().distributed_strategy == GRPOConfig().distributed_strategy == "auto"
+    assert uses_fsdp(SFTConfig(), two) and not uses_fsdp(SFTConfig(), one)
+    assert uses_fsdp(GRPOConfig(distributed_strategy="fsdp"), two) and not uses_fsdp(GRPOConfig(distributed_strategy="fsdp"), one)
+    assert not uses_fsdp(SFTConfig(distributed_strategy="ddp"), two)
+    assert SFTConfig(fsdp_cpu_offload=True).fsdp_cpu_offload
+    with pytest.raises(ValidationError, match="distributed_strategy"):
+        SFTConfig(distributed_strategy="zero3")
 
 
 def test_sharded_load_matches_from_pretrained_and_names_a_missing_tensor(tmp_path):
