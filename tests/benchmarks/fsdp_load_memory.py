@@ -49,8 +49,8 @@ def build(folder: Path, preset: str) -> None:
     model.save_pretrained(folder, safe_serialization=True)  # weights and config.json: all a load reads
 
 
-def rank_entry(folder: str, how: str) -> None:
-    """One torchrun rank: baseline, load, peak; prints ``RANK-RESULT {json}``."""
+def rank_entry(folder: str, how: str, results: str) -> None:
+    """One torchrun rank: baseline, load, peak; writes ``results/rank{RANK}.json``."""
     import gc
 
     import torch
@@ -79,9 +79,9 @@ def rank_entry(folder: str, how: str) -> None:
     peak, after = read_status_kib("VmHWM"), read_status_kib("VmRSS")
     barrier(ctx)
     local = sum(p.to_local().numel() for p in model.parameters()) * 4
-    print("RANK-RESULT " + json.dumps({"rank": ctx.rank, "base_mib": base / 1024, "peak_mib": peak / 1024,
+    (Path(results) / f"rank{ctx.rank}.json").write_text(json.dumps({"rank": ctx.rank, "base_mib": base / 1024, "peak_mib": peak / 1024,
                                        "load_peak_mib": (peak - base) / 1024, "after_mib": (after - base) / 1024,
-                                       "local_shard_mib": local / 2**20}), flush=True)
+                                       "local_shard_mib": local / 2**20}))
 
 
 def main() -> None:
@@ -106,12 +106,11 @@ def main() -> None:
         sizes = [e.end - e.begin for e in index_weights(folder).values()]
         proc = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-             __file__, "--rank", str(folder), args.how], env=env, capture_output=True, text=True,
+             __file__, "--rank", str(folder), args.how, tmp], env=env, capture_output=True, text=True,
         )
         if proc.returncode:
             sys.exit(f"torchrun failed:\n{proc.stderr[-4000:]}")
-    ranks = sorted((json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
-                    if line.startswith("RANK-RESULT ")), key=lambda r: r["rank"])
+        ranks = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(args.nproc)]
     for r in ranks:
         print(f"rank {r['rank']}: baseline {r['base_mib']:.0f} MiB, peak {r['peak_mib']:.0f} MiB, "
               f"load peak +{r['load_peak_mib']:.0f} MiB (own shard {r['local_shard_mib']:.0f} MiB)")
@@ -128,6 +127,6 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--build"]:
         build(Path(sys.argv[2]), sys.argv[3])
     elif sys.argv[1:2] == ["--rank"]:
-        rank_entry(sys.argv[2], sys.argv[3])
+        rank_entry(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
         main()
