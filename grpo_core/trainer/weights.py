@@ -34,7 +34,14 @@ class TensorEntry:
 
 
 def index_weights(folder: str | Path) -> dict[str, TensorEntry]:
-    """Every tensor of ``folder``'s ``model.safetensors`` (or its sharded files), by name; reads headers only."""
+    """Every tensor of ``folder``'s ``model.safetensors`` (or its sharded files), by name; reads headers only.
+
+    A hub model name (``Qwen/Qwen2.5-7B``) resolves to its local snapshot (the cache, or a download of the
+    safetensors files), as ``from_pretrained`` would."""
+    if not Path(folder).is_dir():
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(str(folder), allow_patterns=["*.safetensors", "*.safetensors.index.json"])
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
     if index.is_file():

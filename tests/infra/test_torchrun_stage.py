@@ -192,6 +192,8 @@ def test_two_nodes_match_one_process(upstream: dict[str, Any], tmp_path: Path, m
     assert not store.exists(store.node_spec_path("two-nodes"))  # node 0 cleaned up its hand-over
     one_curve, two_curve = read_history(store, one_ref), read_history(store, two_ref)
     assert [m["step"] for m in two_curve] == [m["step"] for m in one_curve] == [1, 2]
+    print("two nodes vs one process, max |loss diff|:", max(abs(a["loss"] - b["loss"]) for a, b in zip(one_curve, two_curve)),
+          "losses:", [m["loss"] for m in one_curve], "kl:", [m["kl"] for m in one_curve])
     for a, b in zip(one_curve, two_curve):
         assert a["reward"] == b["reward"]  # the same completions
         assert abs(a["loss"] - b["loss"]) < 1e-5, (a["step"], a["loss"], b["loss"])
