@@ -177,3 +177,18 @@ def test_multinode_variables_are_checked() -> None:
         render({"nnodes": 0}, MULTINODE_TEMPLATE)
     with pytest.raises(jsonschema.ValidationError):
         render({"rdzv_service": "Not_A_DNS_Label"}, MULTINODE_TEMPLATE)
+
+
+def test_process_pool_node_variables_reach_the_launcher() -> None:
+    from prefect.workers.process import ProcessJobConfiguration
+
+    from tasks.launch import Nodes, resolve_nodes
+
+    def node_env(values: dict[str, Any]) -> dict[str, str]:
+        config = asyncio.run(ProcessJobConfiguration.from_template_and_values(load(PROCESS_TEMPLATE), values,
+                                                                              client=object()))
+        return {k: "" if v is None else str(v) for k, v in config.env.items()}
+
+    assert resolve_nodes(node_env({})) == Nodes()  # defaults: one node
+    env = node_env({"nnodes": 2, "node_rank": 1, "rdzv_endpoint": "gpu-a:29400", "rdzv_id": "exp-1-grpo"})
+    assert resolve_nodes(env) == Nodes(2, 1, "gpu-a:29400", "exp-1-grpo")
