@@ -41,8 +41,10 @@ class OptimConfig(_Strict):
     max_steps: int = Field(100, gt=0)
     per_device_train_batch_size: int = Field(8, gt=0, description="sequences per forward/backward micro-batch")
     gradient_accumulation_steps: int = Field(1, gt=0)
-    gradient_checkpointing: bool = False
-    bf16: bool = Field(False, description="bf16 autocast on GPU; ignored (fp32) on CPU")
+    gradient_checkpointing: bool = Field(False, description="recompute each decoder layer's activations in backward "
+                                         "(under FSDP: one checkpointed layer per FSDP group)")
+    bf16: bool = Field(False, description="GPU only (fp32 on CPU): bf16 autocast; under FSDP also bf16 weights for "
+                       "compute, fp32 gradient reduction and fp32 master weights (MixedPrecisionPolicy)")
     seed: int = 0
     save_steps: int = Field(50, gt=0, description="write a resumable checkpoint every N optimiser steps")
     save_total_limit: int = Field(2, gt=0, description="keep the newest N checkpoints")
@@ -51,10 +53,13 @@ class OptimConfig(_Strict):
     torch_num_threads: int | None = Field(None, gt=0, description="torch.set_num_threads; None leaves torch's default")
     logprob_chunk_size: int = Field(1024, gt=0, description="rows of logits turned into log-probs at once (the loss "
                                     "never holds [B, L, V] logits)")
-    distributed_strategy: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="under torchrun: ddp = replicated weights + gradient all-reduce; fsdp = FSDP2 "
-        "sharded weights, gradients and optimizer state (models that do not fit replicated)",
+    distributed_strategy: Literal["auto", "ddp", "fsdp"] = Field(
+        "auto", description="under torchrun: fsdp = FSDP2 sharded weights, gradients and optimizer state, the model "
+        "built on the meta device and loaded by rank 0; ddp = a full replica per rank + gradient all-reduce; auto = "
+        "fsdp whenever more than one rank runs (one process trains unsharded under any setting)",
     )
+    fsdp_cpu_offload: bool = Field(False, description="FSDP on GPU: keep the sharded parameters, gradients and "
+                                   "optimizer state in CPU memory (CPUOffloadPolicy; the optimizer steps on the CPU)")
 
 
 class EmergenceConfig(_Strict):

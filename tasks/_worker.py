@@ -100,16 +100,51 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def run_training(spec: dict[str, Any], *, isolation: str, on_event: Emit) -> dict[str, Any]:
+def run_training(spec: dict[str, Any], *, isolation: str, on_event: Emit,
+                 inputs: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Run ``execute`` inline, or in child processes through ``tasks.launch`` (torchrun when the work pool
-    asks for several); a child that dies without a Python error raises ``WorkerCrashed`` (retried)."""
-    from tasks.launch import StageProcessFailed, launch, resolve_nproc_per_node
+    asks for several processes or nodes); a child that dies without a Python error raises ``WorkerCrashed``
+    (retried). With several nodes this is node 0: it leaves ``spec`` and ``inputs`` (spec key -> the store
+    output and name it was fetched from) in the store for the other nodes (``tasks.follower``)."""
+    from tasks.common import StageFailed
+    from tasks.launch import resolve_nodes
+    from tasks.store import Store
+
+    spec = {**spec, "resumed_from": fetch_checkpoint(spec, on_event)}
+    nodes = resolve_nodes(default_rdzv_id=f"{spec['run']}-{spec['stage']}-{spec['key'][:12]}")
+    if nodes.nnodes > 1 and (isolation == "inline" or nodes.node_rank != 0):
+        raise StageFailed(f"{spec['stage']}: R1_NNODES={nodes.nnodes} needs run.isolation: subprocess, and the "
+                          f"stage task on node 0 only (this is node {nodes.node_rank}); start the other nodes "
+                          "with python -m tasks.follower")
+    if isolation == "inline":
+        return execute(spec, on_event)
+    if nodes.nnodes == 1:
+        result = launch_training(spec, on_event)
+        if result is None:
+            raise StageFailed(f"{spec['stage']}: the training child exited cleanly but wrote no result")
+        return result
+    store = Store(spec["store"], check=False)
+    store.write_json(store.node_spec_path(nodes.rdzv_id), {"spec": spec, "inputs": inputs or {}})
+    try:
+        result = launch_training(spec, on_event, nodes=nodes)
+    finally:
+        store.remove(store.node_spec_path(nodes.rdzv_id))
+    if result is None:
+        raise StageFailed(
+            f"{spec['stage']}: global rank 0 (which writes the trained model) ran on another node. torchrun's c10d "
+            "rendezvous numbers nodes by host name (FQDN), not by --node-rank: give node 0 the host name that "
+            "sorts first (an indexed Job's pod <job>-0 does)")
+    return result
+
+
+def launch_training(spec: dict[str, Any], on_event: Emit, *, nodes: Any = None) -> dict[str, Any] | None:
+    """``execute`` in child processes (``python -m`` or torchrun) with events relayed to ``on_event``; the
+    result, or None when global rank 0 ran on another node (it alone writes the result)."""
+    from tasks.launch import Nodes, StageProcessFailed, launch, resolve_nproc_per_node
     from tasks.common import StageFailed, WorkerCrashed, logger
     from tasks.store import TransientStoreError
 
-    spec = {**spec, "resumed_from": fetch_checkpoint(spec, on_event)}
-    if isolation == "inline":
-        return execute(spec, on_event)
+    nodes = nodes or Nodes()
     work = Path(spec["output_dir"]).parent
     work.mkdir(parents=True, exist_ok=True)  # absent when there was no checkpoint to fetch
     spec = {**spec, "events_path": str(work / "events.jsonl"), "result_path": str(work / "result.json")}
@@ -120,9 +155,11 @@ def run_training(spec: dict[str, Any], *, isolation: str, on_event: Emit) -> dic
     env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
     follower = _EventFollower(Path(spec["events_path"]), on_event)
     follower.start()
-    nproc = resolve_nproc_per_node(None)
+    if nodes.nnodes > 1:
+        logger().info(f"{spec['stage']}: node {nodes.node_rank} of {nodes.nnodes}, rendezvous {nodes.rdzv_endpoint}")
     try:
-        launch("tasks._worker", [str(spec_path)], nproc_per_node=nproc, logger=logger(), env=env, cwd=root)
+        launch("tasks._worker", [str(spec_path)], nproc_per_node=resolve_nproc_per_node(None), nodes=nodes,
+               logger=logger(), env=env, cwd=root)
     except StageProcessFailed as e:
         if e.child_traceback is None:
             raise WorkerCrashed(f"{spec['stage']} worker process died: {e}") from None
@@ -131,7 +168,8 @@ def run_training(spec: dict[str, Any], *, isolation: str, on_event: Emit) -> dic
         raise StageFailed(str(e)) from None
     finally:
         follower.stop()
-    return json.loads(Path(spec["result_path"]).read_text())
+    result = Path(spec["result_path"])
+    return json.loads(result.read_text()) if result.exists() else None
 
 
 class _EventFollower(threading.Thread):

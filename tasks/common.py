@@ -19,7 +19,7 @@ import re
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -218,6 +218,7 @@ class StageContext:
     store: Store
     stage: str
     work: Path
+    fetched: dict[str, tuple[StageRef, str]] = field(default_factory=dict)  # local path -> (output, name)
 
     @classmethod
     def open(cls, config: PipelineConfig, run: str, store: str | None, stage: str) -> "StageContext":
@@ -240,7 +241,9 @@ class StageContext:
         the output's manifest (size and sha256). A mismatch fails the stage without a retry."""
         dest = self.work / "inputs" / ref.stage / name
         try:
-            return self.store.get_output(ref, name, dest)
+            path = self.store.get_output(ref, name, dest)
+            self.fetched[str(path)] = (ref, name)  # other nodes of a multi-node stage fetch the same
+            return path
         except IntegrityError as e:
             raise StageFailed(f"{self.stage}: upstream {ref.stage} output is not what was committed: {e}") from None
 

@@ -10,6 +10,13 @@ failure is reported as the root cause.
 How many processes: ``resolve_nproc_per_node(configured)`` takes the config's value when set, else the
 work pool's job variable (``R1_NPROC_PER_NODE``, set by infra/work-pools/*.json from ``gpu_count`` or
 ``nproc_per_node``), else 1. On GPUs torchrun ranks use NCCL; on CPU, gloo (grpo_core.trainer.distributed).
+
+How many nodes: ``resolve_nodes()`` reads ``R1_NNODES``, ``R1_NODE_RANK``, ``R1_RDZV_ENDPOINT`` (host:port of
+node 0, where torchrun's c10d rendezvous store listens) and ``R1_RDZV_ID`` (the same on every node of one
+job), set by the work pool's job template. With more than one node every node runs the stage task, which
+starts ``torchrun --nnodes N --node-rank R --rdzv-backend c10d``; the c10d rendezvous numbers the nodes
+itself (torchrun ignores ``--node-rank`` there), so the node whose launcher ran global rank 0 is the one
+holding the trained model, and it commits (``tasks.training``).
 """
 
 from __future__ import annotations
@@ -26,10 +33,12 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 NPROC_ENV = "R1_NPROC_PER_NODE"
+NNODES_ENV, NODE_RANK_ENV, RDZV_ENDPOINT_ENV, RDZV_ID_ENV = "R1_NNODES", "R1_NODE_RANK", "R1_RDZV_ENDPOINT", "R1_RDZV_ID"
 ERROR_DIR_ENV = "R1_CHILD_ERROR_DIR"
 _TAIL_LINES = 60
 _log = logging.getLogger(__name__)
@@ -57,13 +66,51 @@ def resolve_nproc_per_node(configured: int | None = None) -> int:
         raise ValueError(f"{NPROC_ENV}={raw!r} is not an integer (set by the work pool's job template)") from None
 
 
-def build_command(module: str, args: Sequence[str], nproc_per_node: int, *, log_dir: Path) -> list[str]:
+@dataclass(frozen=True)
+class Nodes:
+    """Where this launcher sits in a multi-node job (one node: the defaults)."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_id: str = "r1"
+
+
+def _env_int(name: str, env: Mapping[str, str], default: int) -> int:
+    raw = env.get(name, "").strip()
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer (set by the work pool's job template)") from None
+
+
+def resolve_nodes(env: Mapping[str, str] | None = None, *, default_rdzv_id: str = "r1") -> Nodes:
+    """The node layout from the work pool's job variables (``R1_NNODES`` ...); one node when unset."""
+    env = os.environ if env is None else env
+    nnodes, node_rank = _env_int(NNODES_ENV, env, 1), _env_int(NODE_RANK_ENV, env, 0)
+    endpoint = env.get(RDZV_ENDPOINT_ENV, "").strip() or None
+    if nnodes < 1 or not 0 <= node_rank < nnodes:
+        raise ValueError(f"{NODE_RANK_ENV}={node_rank} with {NNODES_ENV}={nnodes}: the node rank must be in "
+                         f"0..{nnodes - 1}")
+    if nnodes > 1 and (endpoint is None or ":" not in endpoint):
+        raise ValueError(f"{NNODES_ENV}={nnodes} needs {RDZV_ENDPOINT_ENV}=HOST:PORT, the address of node 0's "
+                         f"rendezvous (got {endpoint!r}); set the work pool's rdzv_endpoint job variable")
+    return Nodes(nnodes, node_rank, endpoint, env.get(RDZV_ID_ENV, "").strip() or default_rdzv_id)
+
+
+def build_command(module: str, args: Sequence[str], nproc_per_node: int, *, log_dir: Path,
+                  nodes: Nodes = Nodes()) -> list[str]:
     """The child's argv: plain ``python -m`` for one process, ``torch.distributed.run`` (torchrun) for more."""
-    if nproc_per_node <= 1:
+    if nproc_per_node <= 1 and nodes.nnodes == 1:
         return [sys.executable, "-m", module, *args]
-    # --standalone: a private rendezvous on a free port (one node). --tee 3: every line also reaches our pipe,
-    # prefixed "[default<rank>]:". The same interpreter as ours, so the child sees the same packages.
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
+    if nodes.nnodes == 1:  # --standalone: a private rendezvous on a free port
+        where = ["--standalone"]
+    else:  # c10d: the store listens at node 0's endpoint; ranks are numbered when all nodes have joined
+        where = [f"--nnodes={nodes.nnodes}", f"--node-rank={nodes.node_rank}", "--rdzv-backend=c10d",
+                 f"--rdzv-endpoint={nodes.rdzv_endpoint}", f"--rdzv-id={nodes.rdzv_id}"]
+    # --tee 3: every line also reaches our pipe, prefixed "[default<rank>]:". The same interpreter as ours, so
+    # the child sees the same packages.
+    return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={nproc_per_node}",
             "--tee=3", f"--log-dir={log_dir}", "-m", module, *args]
 
 
@@ -114,18 +161,20 @@ def launch(
     args: Sequence[str] = (),
     *,
     nproc_per_node: int = 1,
+    nodes: Nodes = Nodes(),
     logger: logging.Logger | logging.LoggerAdapter | None = None,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
 ) -> None:
-    """Run ``module`` as a child (torchrun when ``nproc_per_node`` > 1), stream its output, raise on failure."""
+    """Run ``module`` as a child (torchrun when ``nproc_per_node`` or ``nodes.nnodes`` > 1), stream its output,
+    raise on failure."""
     logger = logger or _log
     with tempfile.TemporaryDirectory(prefix="r1-launch-") as tmp:
         error_dir = Path(tmp) / "errors"
         error_dir.mkdir()
-        cmd = build_command(module, args, nproc_per_node, log_dir=Path(tmp) / "torchrun-logs")
+        cmd = build_command(module, args, nproc_per_node, log_dir=Path(tmp) / "torchrun-logs", nodes=nodes)
         child_env = {**os.environ, **(env or {}), ERROR_DIR_ENV: str(error_dir), "PYTHONUNBUFFERED": "1"}
-        logger.info("launching %s", " ".join(cmd[1:] if nproc_per_node > 1 else cmd))
+        logger.info("launching %s", " ".join(cmd[1:] if cmd[2] == "torch.distributed.run" else cmd))
         tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 env=child_env, cwd=cwd, start_new_session=True, preexec_fn=die_with_parent)

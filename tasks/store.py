@@ -412,6 +412,12 @@ class Store:
                                  f"({type(e).__name__}: {str(e)[:200]}); {rerun_hint(ref)}") from None
         return m
 
+    # ---- multi-node launches -----------------------------------------------------------------------------
+    def node_spec_path(self, rdzv_id: str) -> str:
+        """Where node 0 of a multi-node training stage leaves its training spec for the other nodes
+        (``_nodes/{rdzv_id}.json``; ``runs()`` skips names starting with ``_``)."""
+        return self.path("_nodes", f"{rdzv_id}.json")
+
     # ---- the run's own files ----------------------------------------------------------------------------
     def write_run_file(self, run: str, name: str, obj: dict[str, Any]) -> str:
         """A run-level JSON file (e.g. the resolved pipeline config a run was started with)."""

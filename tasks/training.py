@@ -41,7 +41,9 @@ def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOC
         elif event["event"] == "resume":
             log.info(f"{ctx.stage}: resuming from the store's checkpoint at step {event['step']} ({event['uri']})")
 
-    result = run_training(spec, isolation=ctx.config.run.isolation, on_event=on_event)
+    inputs = {key: {"ref": ctx.fetched[spec[key]][0].to_dict(), "name": ctx.fetched[spec[key]][1]}
+              for key in ("model_path", "rows_path") if spec[key] in ctx.fetched}  # what other nodes fetch, if any
+    result = run_training(spec, isolation=ctx.config.run.isolation, on_event=on_event, inputs=inputs)
     final = Path(result["metrics"].get("final_path") or out / "final")
     history = out / "metrics.jsonl"  # the trainer's step history, complete across resumes
     with ctx.begin() as writer:

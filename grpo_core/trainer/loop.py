@@ -32,7 +32,7 @@ from grpo_core.loss import combine_rewards, compute_group_advantages
 from grpo_core.rewards import get_reward_funcs, pop_reward_stats
 from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.trainer.distributed import gather_objects
-from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded, shard_model
+from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded
 from grpo_core.trainer.metrics import completion_metrics, reward_metrics
 from grpo_core.trainer.prompts import PromptStream, all_dropped_error, encode_prompts
 from grpo_core.trainer.rollouts import collect_step_groups, generate_groups
@@ -40,11 +40,10 @@ from grpo_core.trainer.skeleton import (
     TrainingRun,
     load_model,
     load_policy,
-    model_load_device,
+    load_trained_model,
     prepare_output_dir,
     seed_everything,
     start_process,
-    uses_fsdp,
 )
 from grpo_core.trainer.update import build_train_batch, optimise
 
@@ -121,9 +120,7 @@ def train_grpo(
     model, loaded = load_policy("grpo", model_path, output_dir, config, ctx, resume=resume)
     ref_model = None
     if config.beta > 0.0:  # the reference model exists only when the KL term does
-        ref_model = load_model(model_path, model_load_device(config, ctx)).eval().requires_grad_(False)
-        if uses_fsdp(config, ctx):
-            ref_model = shard_model(ref_model, ctx, bf16=config.bf16)
+        ref_model = load_trained_model(model_path, config, ctx, trainable=False)  # sharded like the policy
     num_updates = (config.steps_per_generation or 1) * config.num_iterations
     initial = {"step": 0, "stream_position": 0, "optimizer_steps": 0, "log_history": []}
     with TrainingRun.start("grpo", config, ctx, output_dir, model, tokenizer, loaded, max_steps=config.max_steps,

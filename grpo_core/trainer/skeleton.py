@@ -46,7 +46,13 @@ from grpo_core.trainer.checkpoint import (
     write_json,
 )
 from grpo_core.trainer.distributed import DistContext, all_reduce_gradients, barrier, init_distributed
-from grpo_core.trainer.fsdp import gather_model_state, gather_optimizer_state, is_sharded, load_optimizer_state, shard_model
+from grpo_core.trainer.fsdp import (
+    gather_model_state,
+    gather_optimizer_state,
+    is_sharded,
+    load_optimizer_state,
+    load_sharded_model,
+)
 from grpo_core.trainer.metrics import MetricsWriter
 from grpo_core.trainer.optim import build_optimizer, build_scheduler
 
@@ -89,13 +95,24 @@ def load_model(path: Path | str, device: torch.device) -> torch.nn.Module:
 
 
 def uses_fsdp(config: OptimConfig, ctx: DistContext) -> bool:
-    """``distributed_strategy='fsdp'`` under torchrun; one process has nothing to shard over."""
-    return config.distributed_strategy == "fsdp" and ctx.enabled
+    """FSDP2 under torchrun unless ``distributed_strategy='ddp'`` (``auto`` = fsdp wherever several ranks run);
+    one process has nothing to shard over."""
+    return config.distributed_strategy != "ddp" and ctx.enabled
 
 
-def model_load_device(config: OptimConfig, ctx: DistContext) -> torch.device:
-    """Where to load weights: the CPU under FSDP (``fully_shard`` moves each shard to ``ctx.device``)."""
-    return torch.device("cpu") if uses_fsdp(config, ctx) else ctx.device
+def load_trained_model(path: Path | str, config: OptimConfig, ctx: DistContext, *, trainable: bool = True
+                       ) -> torch.nn.Module:
+    """The model at ``path`` as the trainer runs it: FSDP-sharded (built on the meta device, filled from
+    rank 0's reads) under ``uses_fsdp``, else a full replica on ``ctx.device``; in train mode with gradient
+    checkpointing (when configured) if ``trainable``, else frozen in eval mode (the reference model)."""
+    checkpointing = config.gradient_checkpointing and trainable
+    if uses_fsdp(config, ctx):
+        return load_sharded_model(path, ctx, bf16=config.bf16, cpu_offload=config.fsdp_cpu_offload,
+                                  gradient_checkpointing=checkpointing, trainable=trainable)
+    model = load_model(path, ctx.device)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train(trainable).requires_grad_(trainable)
 
 
 def config_file(name: str) -> str:
@@ -107,19 +124,13 @@ def load_policy(
     name: str, model_path: str | Path, output_dir: Path, config: OptimConfig, ctx: DistContext, *, resume: bool
 ) -> tuple[torch.nn.Module, LoadedCheckpoint | None]:
     """The model trainer ``name`` trains, from the newest usable checkpoint (when resuming) or ``model_path``;
-    in train mode, with gradient checkpointing when configured, FSDP-sharded under ``distributed_strategy='fsdp'``."""
+    in train mode, with gradient checkpointing when configured, FSDP-sharded under ``uses_fsdp`` (``load_trained_model``)."""
     if config.distributed_strategy == "fsdp" and not uses_fsdp(config, ctx):
         logger.info("distributed_strategy='fsdp' in a single process: training unsharded")
-    device = model_load_device(config, ctx)
     loaded = None
     if resume:
-        loaded = load_latest_checkpoint(output_dir, lambda p: load_model(p, device), config_file(name))
-    model = loaded.model if loaded else load_model(model_path, device)
-    model.train()
-    if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if uses_fsdp(config, ctx):
-        model = shard_model(model, ctx, bf16=config.bf16)
+        loaded = load_latest_checkpoint(output_dir, lambda p: load_trained_model(p, config, ctx), config_file(name))
+    model = loaded.model if loaded else load_trained_model(model_path, config, ctx)
     return model, loaded
 
 

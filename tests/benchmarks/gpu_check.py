@@ -1,5 +1,6 @@
 # python tests/benchmarks/gpu_check.py --steps 4          (smoke: --steps 1)
-"""GPU check: GRPO steps with colocated vLLM rollouts and bf16 training on a Qwen2.5-0.5B-shaped model.
+"""GPU check: GRPO steps with colocated vLLM rollouts and bf16 training on a Qwen2.5-0.5B-shaped model, and
+SFT steps under FSDP2 with bf16 mixed precision.
 
 The model is built locally with random weights (no hub): ``Qwen2Config`` with Qwen2.5-0.5B's sizes
 (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864, vocab 151,936, tied embeddings; ~494M
@@ -17,6 +18,13 @@ peak, with params including the tied embedding once (its lm_head matmul is real 
 FLOPs are left out). The peak is the device's dense bf16 tensor-core figure (H100/H200 SXM: 989 TFLOP/s)
 unless ``--peak-tflops`` says otherwise. The first step (vLLM/CUDA warm-up) is excluded from the medians.
 Sized to finish in under 8 minutes on one H100/H200; a step that would cross ``--budget-s`` is not started.
+
+Before the GRPO steps, a child process (``--sft-fsdp-only``) times ``--sft-steps`` SFT steps of the same model
+under FSDP2 on a process group of one GPU: the sharded load (meta device, rank-0 reads), ``MixedPrecisionPolicy``
+(bf16 compute, fp32 reduce and master weights), activation checkpointing per decoder layer, the chunked
+completion-token loss, AdamW (``--fsdp-cpu-offload`` puts parameters, gradients and optimizer state on the
+CPU); its numbers are the ``sft_fsdp`` entry (step time, tokens/s, MFU at 6 * params per token, peak memory).
+On a CPU the same child runs with gloo in fp32 (the self-test runs it at a tiny size).
 
 Without a CUDA GPU it stops at once with a message. ``--build-only`` builds the model folder (at any size,
 via ``--hidden/--layers/...``) and prints its shape: the part that runs on a CPU.
@@ -189,6 +197,61 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def run_sft_fsdp(args: argparse.Namespace) -> dict[str, Any]:
+    """``--sft-steps`` FSDP2 SFT steps on a one-rank process group (NCCL on a GPU, gloo on a CPU); medians
+    exclude the first (warm-up) step when there are more."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from grpo_core.sft import completion_token_loss
+    from grpo_core.trainer.distributed import DistContext
+    from grpo_core.trainer.fsdp import load_sharded_model
+
+    gpu = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29531")
+    dist.init_process_group("nccl" if gpu else "gloo", rank=0, world_size=1)
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, device=device)
+    model_path, params = build_model_dir(Path(tempfile.mkdtemp(prefix="gpu_check_sft_")) / "model",
+                                         device=device.type, **_shape(args))
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
+    model = load_sharded_model(model_path, ctx, bf16=True, cpu_offload=args.fsdp_cpu_offload,
+                               gradient_checkpointing=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(300, args.vocab - 4, (args.sft_micro_batch, args.sft_seq_len), generator=generator)  # [B, L]
+    ids, mask = ids.to(device), torch.ones_like(ids, device=device)  # every token has a label: full-length loss
+    tokens = ids.numel()
+    times = []
+    for _ in range(args.sft_steps):
+        start = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=gpu):
+            loss, _ = completion_token_loss(model, ids, mask, ids, num_tokens=tokens, chunk_size=256)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if gpu:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    dist.destroy_process_group()
+    step_s = statistics.median(times[1:] or times)
+    peak, _ = (args.peak_tflops, "") if args.peak_tflops else peak_tflops_for(torch.cuda.get_device_name() if gpu else "")
+    compute_dtype = {p.dtype for p in model.parameters()}  # sharded (master) parameters: fp32 under the policy
+    return {
+        "device": torch.cuda.get_device_name() if gpu else "cpu", "params": params, "steps": len(times),
+        "tokens_per_step": tokens, "step_s": step_s, "tokens_per_s": tokens / step_s, "loss": float(loss),
+        "mfu": mfu(train_flops(params, tokens, forward_only_passes=0), step_s, peak) if gpu else None,
+        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else None,
+        "master_weights_dtype": sorted(str(d) for d in compute_dtype), "fsdp_cpu_offload": args.fsdp_cpu_offload,
+        "per_step_s": times,
+    }
+
+
 def _shape(args: argparse.Namespace) -> dict[str, int]:
     return {k: getattr(args, k) for k in QWEN25_05B}
 
@@ -206,13 +269,28 @@ def main(argv: list[str] | None = None) -> None:
     for key, value in QWEN25_05B.items():
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=value)
     parser.add_argument("--build-only", metavar="DIR", help="build the model folder in DIR, print its shape, exit")
+    parser.add_argument("--sft-steps", type=int, default=4, help="FSDP2 bf16 SFT steps (0 skips them)")
+    parser.add_argument("--sft-micro-batch", type=int, default=8, help="SFT sequences per step")
+    parser.add_argument("--sft-seq-len", type=int, default=1024, help="SFT tokens per sequence")
+    parser.add_argument("--fsdp-cpu-offload", action="store_true", help="SFT with FSDP's CPUOffloadPolicy")
+    parser.add_argument("--sft-fsdp-only", action="store_true", help="only the SFT steps (the child; CPU too)")
     args = parser.parse_args(argv)
+    if args.sft_fsdp_only:
+        print(json.dumps(run_sft_fsdp(args)))
+        return
     if args.build_only:
         path, params = build_model_dir(args.build_only, **_shape(args))
         print(json.dumps({"path": str(path), "params": params, **_shape(args)}))
         return
     require_gpu()
-    print(json.dumps(run(args)))
+    sft = None
+    if args.sft_steps:  # its own process: its GPU memory is gone before vLLM starts
+        import subprocess
+
+        child = subprocess.run([sys.executable, __file__, "--sft-fsdp-only", *(argv or sys.argv[1:])],
+                               capture_output=True, text=True)
+        sft = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else {"error": child.stderr[-2000:]}
+    print(json.dumps({**run(args), "sft_fsdp": sft}))
 
 
 if __name__ == "__main__":

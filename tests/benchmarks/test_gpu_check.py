@@ -54,6 +54,23 @@ def test_model_builder_shape_at_tiny_size(tmp_path):
     assert len(AutoTokenizer.from_pretrained(path)) == 600
 
 
+def test_sft_fsdp_child_runs_on_cpu_at_tiny_size():
+    """The FSDP2 SFT timing (sharded load, checkpointed layers, chunked loss, AdamW) on a gloo group of one."""
+    import json
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[2]), "MASTER_PORT": "29547"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--sft-fsdp-only", "--hidden", "32", "--layers", "2",
+                           "--heads", "2", "--kv-heads", "1", "--intermediate", "64", "--vocab", "600",
+                           "--sft-steps", "3", "--sft-micro-batch", "2", "--sft-seq-len", "16"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["steps"] == 3 and out["tokens_per_step"] == 32 and out["step_s"] > 0
+    assert out["master_weights_dtype"] == ["torch.float32"]
+    assert 5.0 < out["loss"] < 8.0  # ~ln(600) for a random model: the loss covers every token
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown where no GPU is visible")
 def test_without_gpu_exits_at_once_with_a_message():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--steps", "1"], capture_output=True, text=True, timeout=120)

@@ -1,4 +1,5 @@
-"""Two processes under torchrun (gloo) train exactly like one process with the same global batch.
+"""Two processes under torchrun (gloo) with distributed_strategy="ddp" (replicas; FSDP, the default, is
+test_trainer_fsdp.py) train exactly like one process with the same global batch.
 
 The two-process run is this file under torchrun:
 
@@ -31,7 +32,7 @@ def config():
     return GRPOConfig(
         use_vllm=False, max_steps=4, generation_batch_size=16, num_generations=4, max_completion_length=8,
         max_prompt_length=16, per_device_train_batch_size=3, learning_rate=5e-3, beta=0.04, loss_type="dapo",
-        save_steps=2, seed=3, report_to=["jsonl"], torch_num_threads=1,
+        save_steps=2, seed=3, report_to=["jsonl"], torch_num_threads=1, distributed_strategy="ddp",
     )
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.launch import StageProcessFailed, build_command, launch, resolve_nproc_per_node
+from tasks.launch import Nodes, StageProcessFailed, build_command, launch, resolve_nodes, resolve_nproc_per_node
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,3 +108,26 @@ def test_command_uses_torchrun_only_for_several_processes(tmp_path: Path) -> Non
     assert build_command("m", ["a"], 1, log_dir=tmp_path)[1:] == ["-m", "m", "a"]
     cmd = build_command("m", ["a"], 2, log_dir=tmp_path)
     assert cmd[1:3] == ["-m", "torch.distributed.run"] and "--nproc-per-node=2" in cmd and cmd[-3:] == ["-m", "m", "a"]
+
+
+def test_nodes_come_from_the_pools_job_variables() -> None:
+    assert resolve_nodes({}) == Nodes()  # unset: one node
+    assert resolve_nodes({"R1_NNODES": "1", "R1_NODE_RANK": "0", "R1_RDZV_ENDPOINT": "", "R1_RDZV_ID": ""}) == Nodes()
+    env = {"R1_NNODES": "4", "R1_NODE_RANK": "3", "R1_RDZV_ENDPOINT": "job-0.r1-rdzv:29400", "R1_RDZV_ID": "job"}
+    assert resolve_nodes(env) == Nodes(4, 3, "job-0.r1-rdzv:29400", "job")
+    assert resolve_nodes({**env, "R1_RDZV_ID": ""}, default_rdzv_id="run-stage").rdzv_id == "run-stage"
+    with pytest.raises(ValueError, match="R1_NODE_RANK=4 with R1_NNODES=4"):
+        resolve_nodes({**env, "R1_NODE_RANK": "4"})
+    with pytest.raises(ValueError, match="needs R1_RDZV_ENDPOINT=HOST:PORT"):
+        resolve_nodes({**env, "R1_RDZV_ENDPOINT": ""})
+    with pytest.raises(ValueError, match="R1_NNODES='two'"):
+        resolve_nodes({**env, "R1_NNODES": "two"})
+
+
+def test_several_nodes_use_the_c10d_rendezvous(tmp_path: Path) -> None:
+    nodes = Nodes(2, 1, "10.0.0.5:29400", "run-7")
+    cmd = build_command("m", ["a"], 1, log_dir=tmp_path, nodes=nodes)  # one process per node still needs torchrun
+    assert cmd[1:3] == ["-m", "torch.distributed.run"] and "--standalone" not in cmd
+    assert cmd[3:9] == ["--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.5:29400",
+                        "--rdzv-id=run-7", "--nproc-per-node=1"]
+    assert cmd[-3:] == ["-m", "m", "a"]
