@@ -182,7 +182,7 @@ def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Har
     strategy = resolve_strategy(config.distributed_strategy, hw.gpus)
     rl = kind == "rl"
     state = model_state_bytes(shape, strategy, hw.gpus, device=hw.device, bf16=config.bf16,
-                              reference=rl and config.beta > 0, offload=getattr(config, "fsdp_cpu_offload", False))
+                              reference=rl and config.beta > 0, offload=config.fsdp_cpu_offload)
     seq = config.max_prompt_length + config.max_completion_length if rl else config.max_length
     rows = config.per_device_train_batch_size * (config.max_completion_length if rl else config.max_length)
     components = {
