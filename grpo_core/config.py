@@ -68,6 +68,29 @@ class SFTConfig(OptimConfig):
     )
 
 
+class SourceMix(_Strict):
+    """One source of a GRPO data mixture: its rows (those whose ``source`` column is ``name``), its share of the
+    prompts of every step, and the reward functions that score its rows (and only its rows)."""
+
+    name: str = Field(..., min_length=1, description="the rows' source column, e.g. chain, helpful, gsm8k.jsonl")
+    weight: float = Field(1.0, description="share of each step's prompts (normalised over the sources); > 0")
+    reward_funcs: list[str] = Field(default_factory=list, description="reward functions scoring this source's rows")
+    reward_weights: list[float] | None = Field(None, description="one weight per reward function; None = all 1")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SourceMix":
+        if not self.weight > 0:
+            raise ValueError(f"source {self.name!r} has weight {self.weight}; a weight is the source's share of each "
+                             "step's prompts and must be > 0 (remove the source to leave it out)")
+        if not self.reward_funcs:
+            raise ValueError(f"source {self.name!r} has no reward function; give it reward_funcs: [...] (e.g. "
+                             "[chain_accuracy] for a verifiable source, a reward model for a general one)")
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(f"source {self.name!r}: reward_weights has {len(self.reward_weights)} entries but "
+                             f"reward_funcs has {len(self.reward_funcs)}; give one weight per reward function")
+        return self
+
+
 class GRPOConfig(OptimConfig):
     """Group Relative Policy Optimisation (the seed's boxed objective and its variants)."""
 
@@ -101,6 +124,11 @@ class GRPOConfig(OptimConfig):
     reward_timeout: float = Field(3.0, gt=0, description="seconds allowed per math answer check before it scores 0")
     reward_num_workers: int = Field(2, ge=1, description="math answer-check worker processes")
 
+    sources: list[SourceMix] = Field(
+        default_factory=list, description="a data mixture: train on the rows of these sources only, each with its "
+        "share of every step's prompts and its own reward functions (then leave reward_funcs unset); empty = every "
+        "row, scored by reward_funcs")
+
     # --- DAPO dynamic sampling ---
     dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal and refill the batch")
     max_dynamic_sampling_rounds: int = Field(3, ge=1, description="cap on extra generation rounds per step")
@@ -129,6 +157,10 @@ class GRPOConfig(OptimConfig):
                 f"reward_weights has {len(self.reward_weights)} entries but reward_funcs has "
                 f"{len(self.reward_funcs)} ({self.reward_funcs}); give one weight per reward function"
             )
+        if self.sources:
+            names = [s.name for s in self.sources]
+            if len(set(names)) != len(names):
+                raise ValueError(f"sources names a source twice ({names}); give each source once")
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
             raise ValueError(
                 f"epsilon_high ({self.epsilon_high}) < epsilon ({self.epsilon}); clip-higher needs epsilon_high >= epsilon"
@@ -161,6 +193,8 @@ class DatasetSource(_Strict):
     prompt_template: str | None = Field(None, description="format string with {prompt}, e.g. '{prompt}\\nAnswer in <answer></answer>.'")
     keep_columns: list[str] = Field(default_factory=list, description="extra source columns copied into every row (e.g. tests)")
     max_rows: int | None = Field(None, gt=0)
+    source: str | None = Field(None, min_length=1, description="the source name its rows carry (the name mixtures, "
+                               "per-source rewards and metrics use); default the file name or hub name")
 
 
 class DataConfig(_Strict):
@@ -173,6 +207,15 @@ class DataConfig(_Strict):
     max_operands: int = Field(4, ge=2, le=8)
     cold_start_size: int = Field(4000, ge=0, description="built-in task: worked solutions for cold-start SFT")
     cold_start_direct_fraction: float = Field(0.5, ge=0, le=1, description="share of cold-start rows with an empty <think>")
+    builtin_general: list[Literal["helpful", "unsafe"]] = Field(
+        default_factory=list, description="built-in non-verifiable sources (grpo_core.general): prompts, held-out "
+        "prompts, cold-start answers and rule-made preference pairs (preferences.parquet)")
+    general_num_train: int = Field(1000, gt=0, description="built-in general sources: training prompts per source")
+    general_num_eval: int = Field(100, gt=0, description="built-in general sources: held-out prompts per source")
+    general_cold_start_size: int = Field(400, ge=0, description="built-in general sources: cold-start rows per source")
+    general_cold_start_preferred: float = Field(
+        0.15, ge=0, le=1, description="share of general cold-start answers with the preferred property (RL amplifies it)")
+    general_num_pairs: int = Field(1000, ge=0, description="built-in general sources: preference pairs per source")
     train_sources: list[DatasetSource] = Field(default_factory=list)
     eval_sources: list[DatasetSource] = Field(default_factory=list)
     cold_start_sources: list[DatasetSource] = Field(

@@ -89,6 +89,11 @@ class PipelineConfig(_Strict):
         problems = unknown_rewards(self)
         if problems:
             raise UnknownReward(problems)
+        for section in ("grpo_train", "final_rl"):
+            cfg = getattr(self, section)
+            if cfg.sources and {"reward_funcs", "reward_weights"} & cfg.model_fields_set:
+                raise ValueError(f"{section}: with sources, each source names its own reward_funcs; remove "
+                                 f"{section}.reward_funcs / reward_weights")
         return self
 
 
@@ -111,11 +116,14 @@ def unknown_rewards(config: "PipelineConfig") -> list[tuple[tuple, str]]:
 
     registered = ", ".join(sorted(REWARD_FUNCS))
     problems = []
-    for section, field in REWARD_FIELDS:
-        value = getattr(getattr(config, section), field)
+    named = [((section, field), getattr(getattr(config, section), field)) for section, field in REWARD_FIELDS
+             if not (field == "reward_funcs" and getattr(config, section).sources)]
+    named += [((section, "sources", j, "reward_funcs"), src.reward_funcs)
+              for section in ("grpo_train", "final_rl") for j, src in enumerate(getattr(config, section).sources)]
+    for where, value in named:
         for i, name in (enumerate(value) if isinstance(value, list) else [(None, value)]):
             if name not in REWARD_FUNCS:
-                loc = (section, field) if i is None else (section, field, i)
+                loc = where if i is None else (*where, i)
                 problems.append((loc, f"unknown reward function {name!r}; registered: {registered} "
                                       "(register your own with grpo_core.rewards.register_reward('name'))"))
     return problems
