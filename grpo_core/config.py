@@ -246,6 +246,13 @@ class EvalConfig(_Strict):
     max_new_tokens: int = Field(64, gt=0)
     max_rows: int | None = Field(None, gt=0, description="evaluate on the first N held-out rows")
     reward_func: str = Field("chain_accuracy", description="registered reward that scores 1.0 for a correct completion")
+    general_sources: list[str] = Field(
+        default_factory=list, description="sources without a verifiable answer (e.g. helpful, unsafe): their held-out "
+        "rows are measured by rm_reward and rule_reward, not by reward_func")
+    rm_reward: str | None = Field(None, description="the reward model (or judge) whose mean score on the general "
+                                  "rows' greedy completions is eval/rm_score")
+    rule_reward: str | None = Field(None, description="a reward scoring 1.0 when a general completion satisfies the "
+                                    "preference rule (e.g. preference_rule): eval/preferred_rate")
     forced_reasoning: bool = Field(True, description="also measure greedy accuracy with an empty <think> banned")
     batch_size: int = Field(64, gt=0)
     max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")

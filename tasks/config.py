@@ -99,7 +99,8 @@ class PipelineConfig(_Strict):
 
 # The config fields that name registered reward functions (grpo_core.rewards.register_reward).
 REWARD_FIELDS = (("grpo_train", "reward_funcs"), ("final_rl", "reward_funcs"),
-                 ("rejection_sample", "reward_func"), ("evaluate", "reward_func"))
+                 ("rejection_sample", "reward_func"), ("evaluate", "reward_func"), ("evaluate", "rm_reward"),
+                 ("evaluate", "rule_reward"))
 
 
 class UnknownReward(ValueError):
@@ -121,6 +122,8 @@ def unknown_rewards(config: "PipelineConfig") -> list[tuple[tuple, str]]:
     named += [((section, "sources", j, "reward_funcs"), src.reward_funcs)
               for section in ("grpo_train", "final_rl") for j, src in enumerate(getattr(config, section).sources)]
     for where, value in named:
+        if value is None:  # an optional reward left unset
+            continue
         for i, name in (enumerate(value) if isinstance(value, list) else [(None, value)]):
             if name not in REWARD_FUNCS:
                 loc = where if i is None else (*where, i)
