@@ -34,7 +34,11 @@ EVAL_COLUMNS = {"greedy accuracy": ("eval/accuracy", "eval/greedy_accuracy"),
                 "mean length": ("eval/mean_length", "eval/greedy_mean_length"),
                 "format rate": ("eval/format_rate",),
                 "forced-reasoning accuracy": ("eval/accuracy_forced_reasoning",),
-                "direct answers": ("eval/direct_answer_rate",)}
+                "direct answers": ("eval/direct_answer_rate",),
+                "rm score": ("eval/rm_score",),
+                "preferred rate": ("eval/preferred_rate",)}
+PERCENT_COLUMNS = ("accuracy", "pass@1", "format rate", "forced-reasoning accuracy", "direct answers",
+                   "preferred rate")
 
 
 @dataclass
@@ -124,9 +128,29 @@ def emergence_rows(store: Store, run: str, curve_points: int = 5, refs: dict[str
     return rows, histories
 
 
+def source_rows(evaluations: dict[str, StageRef | None], histories: dict[str, list[dict[str, Any]]]
+                ) -> list[dict[str, Any]]:
+    """Per-source numbers: each model stage's held-out ``eval/{source}/{metric}`` and each RL stage's
+    ``rewards/{source}/mean`` at its last step; rows ``{"stage", "source", "metric", "value"}``."""
+    rows = []
+    for stage, evaluation in evaluations.items():
+        for key, value in sorted((evaluation.metrics if evaluation else {}).items()):
+            parts = key.split("/")
+            if len(parts) == 3 and parts[0] == "eval":
+                rows.append({"stage": f"{stage} (held-out)", "source": parts[1], "metric": parts[2], "value": value})
+    for stage, hist in histories.items():
+        last = hist[-1] if hist else {}
+        sources = sorted(k.split("/")[1] for k in last if k.startswith("mixture/") and k.endswith("/prompts"))
+        for source in sources:
+            if f"rewards/{source}/mean" in last:
+                rows.append({"stage": f"{stage} step {last['step']} (train samples)", "source": source,
+                             "metric": "reward", "value": last[f"rewards/{source}/mean"]})
+    return rows
+
+
 def _markdown_table(rows: list[dict[str, Any]]) -> str:
     columns = ["stage / step", "accuracy", "pass@1", "mean length", "format rate", "forced-reasoning accuracy",
-               "direct answers"]
+               "direct answers", "rm score", "preferred rate"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         cells = []
@@ -134,13 +158,20 @@ def _markdown_table(rows: list[dict[str, Any]]) -> str:
             v = r.get(c)
             if v is None:
                 cells.append("")
-            elif c in ("accuracy", "pass@1", "format rate", "forced-reasoning accuracy", "direct answers"):
+            elif c in PERCENT_COLUMNS:
                 cells.append(f"{100 * v:.1f}%")
             elif isinstance(v, float):
-                cells.append(f"{v:.1f}")
+                cells.append(f"{v:.2f}" if c == "rm score" else f"{v:.1f}")
             else:
                 cells.append(str(v))
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _source_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| stage | source | metric | value |", "|---|---|---|---|"]
+    lines += [f"| {r['stage']} | {r['source']} | {r['metric']} | "
+              f"{r['value']:.4g} |" if isinstance(r["value"], (int, float)) else "" for r in rows]
     return "\n".join(lines)
 
 
@@ -184,6 +215,7 @@ def write_report(store: Store, run: str) -> Report:
     evaluations = latest_evaluations(store, refs)
     rows, histories = emergence_rows(store, run, refs=refs, evaluations=evaluations)
     status = stage_status(store, run, refs, evaluations)
+    by_source = source_rows(evaluations, histories)
     base = store.path(run, REPORT_DIR)
     with tempfile.TemporaryDirectory(prefix="r1-report-") as tmp:
         plots = plot_histories(histories, Path(tmp))
@@ -197,6 +229,9 @@ def write_report(store: Store, run: str) -> Report:
             "completion length (tokens, greedy). GRPO rows: accuracy reward and mean length of the sampled "
             "completions on training prompts at that step.",
             _markdown_table(rows),
+            "## By source\nEvery metric with a per-source meaning: held-out `eval/{source}/...` and the RL stages' "
+            "mean reward of each source's sampled completions (`rewards/{source}/mean`) at their last step.",
+            _source_table(by_source),
             "## Plots\n" + "\n".join(f"- [{name}]({name}.png)" for name in uris),
             "## Stages\n" + "\n".join(f"- {s}: {v['state']} {v['path'] or ''}" for s, v in status["stages"].items()),
         ])
@@ -206,7 +241,8 @@ def write_report(store: Store, run: str) -> Report:
         json_path = Path(tmp) / "report.json"
         relative = {"run": run, "stages": {s: {k: v for k, v in info.items() if k not in ("uri", "eval_uri")}
                                            for s, info in status["stages"].items()}}
-        json_path.write_text(json.dumps({"run": run, "rows": rows, "plots": {name: f"{name}.png" for name in uris},
+        json_path.write_text(json.dumps({"run": run, "rows": rows, "by_source": by_source,
+                                         "plots": {name: f"{name}.png" for name in uris},
                                          "status": relative}, indent=2))
         store.put_file(json_path, f"{base}/report.json")
     _publish(run, markdown)

@@ -183,7 +183,8 @@ def train_grpo(
             metrics = {
                 **group_metrics,
                 **reward_metrics(generated.rewards_per_func, names),
-                **source_reward_metrics(generated_rewards, source_labels(generated.rows, config.num_generations)),
+                **source_reward_metrics(generated_rewards, source_labels(generated.rows, config.num_generations),
+                                        config.num_generations),
                 **event_counts,
                 **completion_metrics(generated.rollouts),
                 "prompts/truncated": float(sum(generated.truncated)),

@@ -152,11 +152,13 @@ def per_source_scale(advantages: torch.Tensor, rewards: torch.Tensor, labels: Se
     return out
 
 
-def source_reward_metrics(rewards: torch.Tensor, labels: Sequence[str]) -> dict[str, float]:
-    """``rewards/{source}/mean`` and ``/std`` of the combined reward ``[B]`` over each source's completions."""
+def source_reward_metrics(rewards: torch.Tensor, labels: Sequence[str], num_generations: int) -> dict[str, float]:
+    """``rewards/{source}/mean`` and ``/std`` of the combined reward ``[B]`` over each source's completions,
+    and ``mixture/{source}/prompts``, the source's prompts in the step."""
     out = {}
     for name in sorted(set(labels)):
         values = rewards[torch.tensor([lab == name for lab in labels])]  # [b]
         out[f"rewards/{name}/mean"] = values.mean().item()
         out[f"rewards/{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
+        out[f"mixture/{name}/prompts"] = values.numel() / num_generations
     return out

@@ -141,3 +141,4 @@ def test_three_sources_three_rewards_routed_in_training(tmp_path, tiny_path):
         assert 0 <= m["rewards/alpha/mean"] < 3 and 10 <= m["rewards/beta/mean"] < 13
         assert 100 <= m["rewards/gamma/mean"] < 103
         assert m["rewards/mix_gamma/mean"] == m["rewards/gamma/mean"]  # gamma's function scored gamma only
+        assert (m["mixture/alpha/prompts"], m["mixture/beta/prompts"], m["mixture/gamma/prompts"]) == (2, 1, 1)
