@@ -105,7 +105,7 @@ class JudgeSpec(_Strict):
     scope: Scope = Field("summary", description=SCOPE_HELP)
     max_new_tokens: int = Field(128, gt=0)
     batch_size: int = Field(8, gt=0)
-    max_length: int = Field(2048, gt=0, description="judge prompt tokens; longer responses are cut in the middle")
+    max_length: int = Field(2048, gt=0, description="judge prompt tokens; a longer response keeps its start and end")
     device: str | None = Field(None, description="e.g. cuda:1; None = the last visible GPU, else the CPU")
     timeout: float = Field(120.0, gt=0, description="seconds per call; rows not judged by then score None (counted)")
     max_unparsed: int | None = Field(
