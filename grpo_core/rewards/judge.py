@@ -36,6 +36,7 @@ from grpo_core.rewards.reward_model import resolve_device, select_scope
 logger = logging.getLogger(__name__)
 
 SCALE = 10
+CUT = "\n[...]\n"  # marks the middle of a response cut to fit max_length
 
 RUBRICS = {
     "helpfulness": (
@@ -170,8 +171,8 @@ class JudgeReward:
         budget = self.spec.max_length - len(self.tokenizer(frame, add_special_tokens=False)["input_ids"])
         ids = self.tokenizer(response, add_special_tokens=False)["input_ids"]
         if len(ids) > max(budget, 2):  # keep the response's start and end: the rubric and the rating line stay
-            half = max(budget, 2) // 2
-            response = (self.tokenizer.decode(ids[:half]) + "\n[...]\n" + self.tokenizer.decode(ids[-half:]))
+            half = max(budget - len(self.tokenizer(CUT, add_special_tokens=False)["input_ids"]), 2) // 2
+            response = self.tokenizer.decode(ids[:half]) + CUT + self.tokenizer.decode(ids[-half:])
         messages = judge_messages(self.spec.rubric, question, response)
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
