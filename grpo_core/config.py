@@ -11,9 +11,9 @@ lr 1e-6..5e-6, max_new_tokens 1024-2048) where it gives one.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 LONG_PROMPTS_HELP = ("a prompt longer than max_prompt_length: truncate keeps its last max_prompt_length tokens "
@@ -68,14 +68,90 @@ class SFTConfig(OptimConfig):
     )
 
 
+# --- rewards that are models: a sequence-classification reward model and a generative judge ---
+
+Scope = Literal["summary", "full"]
+SCOPE_HELP = ("what the reward sees of a completion: summary = the text after the last </think> (R1 judged "
+              "helpfulness on it), full = the whole response, reasoning included (R1 judged harmlessness on it)")
+REWARD_MODEL_STAGE = "reward_model"  # `model: reward_model` names the run's committed reward_model stage output
+
+
+class RewardModelSpec(_Strict):
+    """A ``reward_funcs`` entry ``{reward_model: {model: ..., scope: ...}}``: an
+    ``AutoModelForSequenceClassification`` (num_labels=1) scoring (prompt, response) through its chat template
+    (grpo_core.rewards.reward_model)."""
+
+    type: Literal["reward_model"] = "reward_model"
+    model: str = Field(..., min_length=1, description="'reward_model' (the run's reward_model stage output), "
+                       "or a local folder / hub name of a sequence-classification checkpoint")
+    name: str = Field("reward_model", min_length=1, description="metric name: rewards/{name}/mean, ...")
+    scope: Scope = Field("summary", description=SCOPE_HELP)
+    normalize: bool = Field(False, description="(score - mean) / std with the model's reward_stats.json "
+                            "(written by the reward_model stage), else running statistics of the scores so far")
+    batch_size: int = Field(16, gt=0, description="sequences per forward pass")
+    max_length: int = Field(1024, gt=0, description="tokens of prompt + response; longer ones are cut on the right (TRL)")
+    device: str | None = Field(None, description="e.g. cuda:1; None = the last visible GPU, else the CPU")
+    timeout: float = Field(60.0, gt=0, description="seconds per call; rows not scored by then score None (counted)")
+
+
+class JudgeSpec(_Strict):
+    """A ``reward_funcs`` entry ``{judge: {model: ..., rubric: ...}}``: an instruction model prompted with a
+    rubric whose written score is parsed (grpo_core.rewards.judge)."""
+
+    type: Literal["judge"] = "judge"
+    model: str = Field(..., min_length=1, description="local folder or hub name of an instruction (chat) model")
+    name: str = Field("judge", min_length=1, description="metric name: rewards/{name}/mean, ...")
+    rubric: Literal["helpfulness", "harmlessness"] = "helpfulness"
+    scope: Scope = Field("summary", description=SCOPE_HELP)
+    max_new_tokens: int = Field(128, gt=0)
+    batch_size: int = Field(8, gt=0)
+    max_length: int = Field(2048, gt=0, description="judge prompt tokens; a longer response keeps its start and end")
+    device: str | None = Field(None, description="e.g. cuda:1; None = the last visible GPU, else the CPU")
+    timeout: float = Field(120.0, gt=0, description="seconds per call; rows not judged by then score None (counted)")
+    max_unparsed: int | None = Field(
+        64, gt=0, description="fail the run when the first N judge outputs all fail to parse (a judge that never "
+        "writes a score); None = never fail, only count rewards/{name}/unparsed",
+    )
+
+
+RewardSpec = Annotated[Union[RewardModelSpec, JudgeSpec], Field(discriminator="type")]
+RewardEntry = Union[str, RewardSpec]  # a registered reward's name, or a reward model / judge
+
+
+def reward_entry_name(entry: Any) -> str:
+    """The metric name of a ``reward_funcs`` entry: the registered name, or the spec's ``name``."""
+    return entry if isinstance(entry, str) else getattr(entry, "name", None) or getattr(entry, "__name__", "reward")
+
+
+def normalize_reward_entry(value: Any) -> Any:
+    """``{reward_model: {...}}`` / ``{judge: {...}}`` (the YAML form) -> ``{type: ..., ...}``; else unchanged."""
+    if isinstance(value, dict) and "type" not in value:
+        if len(value) == 1 and next(iter(value)) in ("reward_model", "judge"):
+            kind, body = next(iter(value.items()))
+            if isinstance(body, str):  # {reward_model: PATH}
+                body = {"model": body}
+            if not isinstance(body, dict):
+                raise ValueError(f"{kind}: expected a mapping such as {{model: PATH, scope: summary}}, got {body!r}")
+            return {"type": kind, **body}
+        raise ValueError(f"a reward_funcs entry is a registered reward's name, {{reward_model: {{model: ...}}}} or "
+                         f"{{judge: {{model: ...}}}}; got a mapping with keys {sorted(value)}")
+    return value
+
+
 class SourceMix(_Strict):
     """One source of a GRPO data mixture: its rows (those whose ``source`` column is ``name``), its share of the
     prompts of every step, and the reward functions that score its rows (and only its rows)."""
 
     name: str = Field(..., min_length=1, description="the rows' source column, e.g. chain, helpful, gsm8k.jsonl")
     weight: float = Field(1.0, description="share of each step's prompts (normalised over the sources); > 0")
-    reward_funcs: list[str] = Field(default_factory=list, description="reward functions scoring this source's rows")
+    reward_funcs: list[RewardEntry] = Field(default_factory=list, description="reward functions scoring this "
+                                            "source's rows: registered names, {reward_model: ...}, {judge: ...}")
     reward_weights: list[float] | None = Field(None, description="one weight per reward function; None = all 1")
+
+    @field_validator("reward_funcs", mode="before")
+    @classmethod
+    def _reward_entries(cls, value: Any) -> Any:
+        return [normalize_reward_entry(v) for v in value] if isinstance(value, list) else value
 
     @model_validator(mode="after")
     def _check(self) -> "SourceMix":
@@ -119,7 +195,9 @@ class GRPOConfig(OptimConfig):
     steps_per_generation: int | None = Field(None, ge=1, description="optimiser steps per generation round, each on 1/N of its completions; None = 1 (TRL counts micro-batches here)")
 
     # --- rewards ---
-    reward_funcs: list[str] = ["math_accuracy", "format"]
+    reward_funcs: list[RewardEntry] = Field(
+        ["math_accuracy", "format"], description="registered names, and {reward_model: {...}} / {judge: {...}} entries",
+    )
     reward_weights: list[float] | None = None
     reward_timeout: float = Field(3.0, gt=0, description="seconds allowed per math answer check before it scores 0")
     reward_num_workers: int = Field(2, ge=1, description="math answer-check worker processes")
@@ -144,8 +222,18 @@ class GRPOConfig(OptimConfig):
         True, description="run each prompt once per micro-batch for its G completions (training and reference passes)"
     )
 
+    @field_validator("reward_funcs", mode="before")
+    @classmethod
+    def _reward_entries(cls, value: Any) -> Any:
+        return [normalize_reward_entry(v) for v in value] if isinstance(value, list) else value
+
     @model_validator(mode="after")
     def _check(self) -> "GRPOConfig":
+        names = [reward_entry_name(e) for e in self.reward_funcs]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"reward_funcs names {dup} more than once; give each reward model / judge its own "
+                             "`name:` (metrics are logged per name)")
         if self.generation_batch_size % self.num_generations:
             raise ValueError(
                 f"generation_batch_size ({self.generation_batch_size}) must be a multiple of num_generations "
@@ -170,6 +258,21 @@ class GRPOConfig(OptimConfig):
     @property
     def prompts_per_step(self) -> int:
         return self.generation_batch_size // self.num_generations
+
+
+class RewardConfig(OptimConfig):
+    """Reward-model training on preference pairs (TRL's ``RewardConfig``): Bradley-Terry loss
+    (grpo_core.reward_model)."""
+
+    learning_rate: float = Field(1e-4, gt=0, description="TRL's RewardConfig default")
+    num_train_epochs: float = Field(1.0, gt=0, description="used when max_steps is not set explicitly")
+    max_length: int = Field(1024, gt=0, description="prompt + response tokens; longer ones are cut on the right (TRL)")
+    center_rewards_coefficient: float | None = Field(
+        None, ge=0, description="adds coef * mean((r_chosen + r_rejected)^2) (Eisenstein et al. 2023); TRL suggests 0.01",
+    )
+    eval_fraction: float = Field(0.1, gt=0, lt=1, description="pairs held out for eval/pair_accuracy when no "
+                                 "held-out set is given")
+    eval_batch_size: int = Field(32, gt=0)
 
 
 # --- data, evaluation and rejection sampling (grpo_core/data.py, evaluation.py, rejection.py) ---
@@ -249,11 +352,16 @@ class EvalConfig(_Strict):
     general_sources: list[str] = Field(
         default_factory=list, description="sources without a verifiable answer (e.g. helpful, unsafe): their held-out "
         "rows are measured by rm_reward and rule_reward, not by reward_func")
-    rm_reward: str | None = Field(None, description="the reward model (or judge) whose mean score on the general "
-                                  "rows' greedy completions is eval/rm_score")
+    rm_reward: RewardEntry | None = Field(None, description="the reward model (or judge) whose mean score on the "
+                                          "general rows' greedy completions is eval/rm_score")
     rule_reward: str | None = Field(None, description="a reward scoring 1.0 when a general completion satisfies the "
                                     "preference rule (e.g. preference_rule): eval/preferred_rate")
     forced_reasoning: bool = Field(True, description="also measure greedy accuracy with an empty <think> banned")
+
+    @field_validator("rm_reward", mode="before")
+    @classmethod
+    def _reward_entry(cls, value: Any) -> Any:
+        return normalize_reward_entry(value)
     batch_size: int = Field(64, gt=0)
     max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")
     long_prompts: Literal["truncate", "drop"] = Field("truncate", description=LONG_PROMPTS_HELP)

@@ -125,7 +125,7 @@ def unknown_rewards(config: "PipelineConfig") -> list[tuple[tuple, str]]:
         if value is None:  # an optional reward left unset
             continue
         for i, name in (enumerate(value) if isinstance(value, list) else [(None, value)]):
-            if name not in REWARD_FUNCS:
+            if isinstance(name, str) and name not in REWARD_FUNCS:  # reward models / judges are checked apart
                 loc = where if i is None else (*where, i)
                 problems.append((loc, f"unknown reward function {name!r}; registered: {registered} "
                                       "(register your own with grpo_core.rewards.register_reward('name'))"))

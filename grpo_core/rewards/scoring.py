@@ -15,7 +15,9 @@ import math
 from typing import Any, Protocol, Sequence
 
 import torch
+from pydantic import TypeAdapter
 
+from grpo_core.config import JudgeSpec, RewardModelSpec, RewardSpec, normalize_reward_entry
 from grpo_core.rewards.base import RewardFunc, get_reward_funcs, is_conversational
 
 PASS_THRESHOLD = 1.0  # a verifiable reward scores 1.0 for a correct completion
@@ -30,10 +32,22 @@ class ScoredCompletion(Protocol):
     completion_ids: list[int]
 
 
-def resolve_reward(reward: str | RewardFunc) -> tuple[RewardFunc, str]:
-    """``(function, name)`` of a registered name or a callable (named by its ``__name__``)."""
+def resolve_reward(reward: Any) -> tuple[RewardFunc, str]:
+    """``(function, name)`` of a ``reward_funcs`` entry: a registered name, a reward model or judge (a
+    ``RewardModelSpec`` / ``JudgeSpec``, or its YAML mapping ``{reward_model: {model: ...}}``, loaded here), or a
+    callable (named by its ``__name__``)."""
     if isinstance(reward, str):
         return get_reward_funcs([reward])[0], reward
+    if isinstance(reward, dict):
+        reward = TypeAdapter(RewardSpec).validate_python(normalize_reward_entry(reward))
+    if isinstance(reward, RewardModelSpec):
+        from grpo_core.rewards.reward_model import RewardModelReward
+
+        return RewardModelReward(reward), reward.name
+    if isinstance(reward, JudgeSpec):
+        from grpo_core.rewards.judge import JudgeReward
+
+        return JudgeReward(reward), reward.name
     return reward, getattr(reward, "__name__", "reward")
 
 

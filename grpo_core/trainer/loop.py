@@ -29,8 +29,9 @@ from transformers import AutoTokenizer
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import backend_kind, backend_options, make_backend
 from grpo_core.loss import combine_rewards, compute_group_advantages
-from grpo_core.rewards import get_reward_funcs, pop_reward_stats
+from grpo_core.rewards import pop_reward_stats
 from grpo_core.rewards.math import configure as configure_verifier
+from grpo_core.rewards.scoring import resolve_reward
 from grpo_core.trainer.distributed import gather_objects
 from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded, shard_model
 from grpo_core.trainer.metrics import completion_metrics, reward_metrics
@@ -51,7 +52,7 @@ from grpo_core.trainer.update import build_train_batch, optimise
 
 logger = logging.getLogger(__name__)
 
-RewardFuncs = list[str | Callable[..., list[float | None]]]
+RewardFuncs = list[Any]  # registered names, RewardModelSpec / JudgeSpec entries, callables
 
 
 def resolve_rewards(config: GRPOConfig, reward_funcs: RewardFuncs | None) -> tuple[list[Callable], list[str], torch.Tensor | None]:
@@ -64,8 +65,8 @@ def resolve_rewards(config: GRPOConfig, reward_funcs: RewardFuncs | None) -> tup
             f"reward_weights has {len(config.reward_weights)} entries but {len(items)} reward functions were "
             "given; pass one weight per function or set reward_weights=None"
         )
-    funcs = [get_reward_funcs([f])[0] if isinstance(f, str) else f for f in items]
-    names = [f if isinstance(f, str) else getattr(f, "__name__", f"reward_{i}") for i, f in enumerate(items)]
+    resolved = [resolve_reward(f) for f in items]  # names, reward models / judges (loaded here), callables
+    funcs, names = [f for f, _ in resolved], [n for _, n in resolved]
     weights = torch.tensor(config.reward_weights, dtype=torch.float32) if config.reward_weights is not None else None
     return funcs, names, weights
 
@@ -104,7 +105,6 @@ def train_grpo(
     output_dir = Path(output_dir)
     if config.sources and reward_funcs is not None:
         raise ValueError("config.sources names each source's reward functions; do not also pass reward_funcs")
-    resolve_rewards(config, reward_funcs)  # fail on a bad name or weight count before any model loads
     if config.prompts_per_step % ctx.world_size:
         raise ValueError(
             f"prompts_per_step ({config.prompts_per_step} = generation_batch_size / num_generations) must be "
