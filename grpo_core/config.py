@@ -288,9 +288,10 @@ class DatasetSource(_Strict):
         default_factory=lambda: {"prompt": "prompt", "answer": "answer"},
         description="schema field -> source column, e.g. {'prompt': 'question', 'answer': 'answer'}",
     )
-    answer_format: Literal["auto", "raw", "gsm8k", "boxed"] = Field(
+    answer_format: Literal["auto", "raw", "gsm8k", "boxed", "none"] = Field(
         "auto", description="gsm8k: text after '####'; boxed: last \\boxed{...}; auto: text after '####' when present, "
-        "else a final \\boxed{...} or $...$ unwrapped (rewards.extract.parse_gold_answer)"
+        "else a final \\boxed{...} or $...$ unwrapped (rewards.extract.parse_gold_answer); none: a general source "
+        "without reference answers (prompts only, answer ''), scored by a reward model or judge"
     )
     task: str = Field("math", min_length=1)
     prompt_template: str | None = Field(None, description="format string with {prompt}, e.g. '{prompt}\\nAnswer in <answer></answer>.'")

@@ -235,7 +235,9 @@ def normalize_record(record: dict[str, Any], location: str, src: DatasetSource, 
         label = _source_label(src)
     fmap = src.field_map
     row: dict[str, Any] = {}
-    for key in ("prompt", "answer"):
+    if src.answer_format == "none":  # a general source (no reference answer): a reward model or judge scores it
+        row["answer"] = ""
+    for key in ("prompt",) if src.answer_format == "none" else ("prompt", "answer"):
         column = fmap.get(key, key)
         if column not in record or record[column] is None or record[column] == "":
             raise DataError(
