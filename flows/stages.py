@@ -61,6 +61,9 @@ def run_stage(stage: str, run: str, config: PipelineConfig | None = None, config
     check_run_name(run)
     st = Store(store)
     cfg = resolve_config(config, config_path, run, st)
+    if not entry.enabled(cfg):
+        raise StageFailed(f"stage {stage} is optional and this run's config does not enable it "
+                         f"(add a `{stage}:` section to the config)")
     given = {k: v if isinstance(v, StageRef) else StageRef.from_dict(v) for k, v in (inputs or {}).items()}
     refs = {name: given.get(name) or committed(st, run, name) for name in entry.inputs(cfg)}
     task = entry.task.with_options(retries=cfg.run.retries, retry_delay_seconds=cfg.run.retry_delay_seconds)
