@@ -14,11 +14,21 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from grpo_core.config import DataConfig, EvalConfig, GRPOConfig, RejectionSamplingConfig, SFTConfig
+from grpo_core.config import (
+    REWARD_MODEL_STAGE,
+    DataConfig,
+    EvalConfig,
+    GRPOConfig,
+    JudgeSpec,
+    RejectionSamplingConfig,
+    RewardConfig,
+    RewardModelSpec,
+    SFTConfig,
+)
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml"
 
@@ -57,6 +67,19 @@ class ConsolidateConfig(SFTConfig):
     cold_start_mix: float = Field(0.0, ge=0, le=1, description="share of cold-start rows mixed in as general data")
 
 
+class RewardModelStageConfig(RewardConfig):
+    """reward_model (optional; runs only when the config has this section): a reward model trained on
+    prepare_data's ``preferences.parquet`` with the Bradley-Terry loss (grpo_core.reward_model). Later stages
+    name it in ``reward_funcs`` as ``{reward_model: {model: reward_model}}``."""
+
+    init_from: Literal["base", "cold_start_sft"] = Field(
+        "base", description="the backbone under the fresh score head: the base model (for the embedded default the "
+        "tiny model prepare_data builds) or the cold-start SFT model",
+    )
+    model_name_or_path: str | None = Field(None, min_length=1, description="a different backbone or reward model "
+                                           "(local folder / hub name); overrides init_from")
+
+
 class RunSettings(_Strict):
     """How stages execute (not part of any stage's fingerprint)."""
 
@@ -79,6 +102,7 @@ class PipelineConfig(_Strict):
     rejection_sample: RejectionSamplingConfig = Field(default_factory=RejectionSamplingConfig)
     sft_consolidate: ConsolidateConfig = Field(default_factory=ConsolidateConfig)
     final_rl: GRPOConfig = Field(default_factory=GRPOConfig)
+    reward_model: RewardModelStageConfig | None = Field(None, description="optional stage; absent = not run")
     evaluate: EvalConfig = Field(default_factory=EvalConfig)
     run: RunSettings = Field(default_factory=RunSettings)
 
@@ -112,10 +136,8 @@ class UnknownReward(ValueError):
 
 
 def unknown_rewards(config: "PipelineConfig") -> list[tuple[tuple, str]]:
-    """(location, message) for every reward name in ``config`` that is not registered."""
-    from grpo_core.rewards import REWARD_FUNCS
-
-    registered = ", ".join(sorted(REWARD_FUNCS))
+    """(location, message) for every ``reward_funcs`` entry in ``config`` that cannot be used: a name that is not
+    registered, a reward model that names a stage the config does not run or a path that is not one."""
     problems = []
     named = [((section, field), getattr(getattr(config, section), field)) for section, field in REWARD_FIELDS
              if not (field == "reward_funcs" and getattr(config, section).sources)]
@@ -124,12 +146,43 @@ def unknown_rewards(config: "PipelineConfig") -> list[tuple[tuple, str]]:
     for where, value in named:
         if value is None:  # an optional reward left unset
             continue
-        for i, name in (enumerate(value) if isinstance(value, list) else [(None, value)]):
-            if isinstance(name, str) and name not in REWARD_FUNCS:  # reward models / judges are checked apart
-                loc = where if i is None else (*where, i)
-                problems.append((loc, f"unknown reward function {name!r}; registered: {registered} "
-                                      "(register your own with grpo_core.rewards.register_reward('name'))"))
+        for i, entry in (enumerate(value) if isinstance(value, list) else [(None, value)]):
+            msg = reward_entry_problem(entry, config)
+            if msg:
+                problems.append((where if i is None else (*where, i), msg))
     return problems
+
+
+def reward_entry_problem(entry: Any, config: "PipelineConfig") -> str | None:
+    """Why a ``reward_funcs`` entry cannot be used under ``config`` (None when it can), before anything runs."""
+    from grpo_core.rewards import REWARD_FUNCS
+
+    if isinstance(entry, str):
+        if entry in REWARD_FUNCS:
+            return None
+        return (f"unknown reward function {entry!r}; registered: {', '.join(sorted(REWARD_FUNCS))} "
+                "(register your own with grpo_core.rewards.register_reward('name'))")
+    if isinstance(entry, RewardModelSpec) and entry.model == REWARD_MODEL_STAGE:
+        if config.reward_model is None:
+            return ("model: reward_model names the reward_model stage, which this config does not run; add a "
+                    "`reward_model:` section (it trains on prepare_data's preference pairs) or give a path")
+        return None
+    if isinstance(entry, (RewardModelSpec, JudgeSpec)) and _looks_local(entry.model):
+        if not Path(entry.model).expanduser().exists():
+            return f"{entry.type} {entry.name}: model {entry.model!r}: no such folder"
+        if isinstance(entry, RewardModelSpec):
+            from grpo_core.rewards.reward_model import NotARewardModel, check_sequence_classifier
+
+            try:
+                check_sequence_classifier(Path(entry.model).expanduser())
+            except NotARewardModel as e:
+                return str(e)
+    return None
+
+
+def _looks_local(name: str) -> bool:
+    """A local path rather than a hub name (``org/model``): absolute, relative with a dot, home, or existing."""
+    return name.startswith(("/", ".", "~")) or Path(name).exists()
 
 
 class ConfigError(ValueError):
