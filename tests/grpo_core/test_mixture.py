@@ -35,9 +35,15 @@ def _recording(name: str, value: float):
     return reward
 
 
-for _name, _value in (("mix_alpha", 0.0), ("mix_beta", 10.0), ("mix_gamma", 100.0)):
-    if _name not in REWARD_FUNCS:
-        register_reward(_name)(_recording(_name, _value))
+@pytest.fixture(autouse=True, scope="module")
+def registered():
+    """The three rewards, registered by name for this module only (other tests list the registry)."""
+    names = {"mix_alpha": 0.0, "mix_beta": 10.0, "mix_gamma": 100.0}
+    for name, value in names.items():
+        register_reward(name)(_recording(name, value))
+    yield
+    for name in names:
+        REWARD_FUNCS.pop(name, None)
 
 
 def mix_config(**overrides) -> GRPOConfig:
