@@ -141,3 +141,34 @@ def test_no_preference_pairs_fails_fast_and_commits_nothing(tmp_path):
     with pytest.raises(StageFailed, match=r"has no preferences.parquet; the reward model needs preference pairs"):
         reward_model.fn(config(), "bad", str(tmp_path / "store"), {"prepare_data": data})
     assert store.latest("bad", "reward_model") is None and store.uncommitted("bad", "reward_model") == []
+
+
+def test_a_stage_reference_counts_wherever_it_sits_in_a_section(trained):
+    # e.g. a mixture source's reward_funcs, or an evaluation's reward-model field: the helpers walk the section.
+    from pydantic import BaseModel
+
+    from grpo_core.config import RewardEntry
+    from tasks.reward_model import reward_model_upstream
+
+    class Source(BaseModel):
+        name: str
+        reward_funcs: list[RewardEntry]
+
+    class Section(BaseModel):
+        sources: list[Source]
+        rm_reward: RewardEntry | None = None
+
+    plain = Section(sources=[Source(name="chain", reward_funcs=["format"])])
+    nested = Section(sources=[Source(name="chain", reward_funcs=["format"]),
+                              Source(name="helpful", reward_funcs=[{"type": "reward_model", "model": "reward_model"}])],
+                     rm_reward={"type": "reward_model", "model": "reward_model", "name": "rm_eval"})
+    assert reward_model_upstream(plain) == () and reward_model_upstream(nested) == ("reward_model",)
+    tmp, store, data, ref = trained
+    ctx = StageContext.open(config(), "r", str(tmp / "store"), "final_rl")
+    try:
+        resolved = resolve_reward_models(ctx, nested, {"reward_model": ref})
+        assert Path(resolved.sources[1].reward_funcs[0].model, "config.json").is_file()
+        assert resolved.rm_reward.model == resolved.sources[1].reward_funcs[0].model and resolved.rm_reward.name == "rm_eval"
+        assert resolved.sources[0].reward_funcs == ["format"] and nested.sources[1].reward_funcs[0].model == "reward_model"
+    finally:
+        ctx.cleanup()
