@@ -172,3 +172,24 @@ def test_a_stage_reference_counts_wherever_it_sits_in_a_section(trained):
         assert resolved.sources[0].reward_funcs == ["format"] and nested.sources[1].reward_funcs[0].model == "reward_model"
     finally:
         ctx.cleanup()
+
+
+def test_cli_run_with_a_causal_lm_as_reward_model_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import flows.r1_pipeline
+    from flows.cli import app
+
+    def started(**_):
+        raise AssertionError("the pipeline started")
+
+    monkeypatch.setattr(flows.r1_pipeline, "r1_pipeline", started)
+    base = build_tiny_model(tmp_path / "lm", hidden_size=16, num_layers=1, num_heads=2)
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"model: {{tiny: {{}}}}\nfinal_rl:\n  reward_funcs:\n    - reward_model: {{model: {base}}}\n")
+    result = CliRunner().invoke(app, ["run", "-c", str(path), "--store", str(tmp_path / "store"), "--run", "bad"])
+    assert result.exit_code == 1
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"error: {path}:4: final_rl.reward_funcs.0: reward model {base}: its config.json names "
+                           "['LlamaForCausalLM'], not a ...ForSequenceClassification model")
+    assert not (tmp_path / "store").exists()
