@@ -194,7 +194,8 @@ def report(run_name: str = typer.Argument(..., metavar="NAME"), store: Optional[
     typer.echo(f"\nreport: {rep.uri}")
 
 
-KEY_METRICS = ("eval/accuracy", "eval/pass@1", "eval/mean_length", "data/num_train", "num_kept", "train/loss", "reward")
+KEY_METRICS = ("eval/accuracy", "eval/pass@1", "eval/mean_length", "data/num_train", "num_kept", "train/loss", "reward",
+               "eval/pair_accuracy")
 
 
 def _print_status(st: Any, run_name: str) -> None:

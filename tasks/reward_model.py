@@ -15,6 +15,8 @@ and ``resolve_reward_models`` puts the fetched folder in place of the stage name
 
 from __future__ import annotations
 
+from typing import Any, Iterator
+
 from pydantic import BaseModel
 
 from grpo_core.config import REWARD_MODEL_STAGE, RewardModelSpec
@@ -62,18 +64,37 @@ def reward_model(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> St
 
 
 # ------------------------------------------------------------- naming the stage's model in a GRPO stage's rewards
+# The helpers walk a config section's fields (lists and nested models included), so an entry counts wherever it
+# sits: GRPOConfig.reward_funcs, a mixture source's reward_funcs, an evaluation's reward-model field.
 
-def _is_stage_reference(entry: object) -> bool:
-    return isinstance(entry, RewardModelSpec) and entry.model == REWARD_MODEL_STAGE
+def _is_stage_reference(value: Any) -> bool:
+    return isinstance(value, RewardModelSpec) and value.model == REWARD_MODEL_STAGE
+
+
+def _walk(value: Any) -> Iterator[Any]:
+    yield value
+    if isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _walk(getattr(value, name))
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _walk(item)
+
+
+def _replace(value: Any, local: str) -> Any:
+    if _is_stage_reference(value):
+        return value.model_copy(update={"model": local})
+    if isinstance(value, BaseModel):
+        return value.model_copy(update={name: _replace(getattr(value, name), local)
+                                        for name in type(value).model_fields})
+    if isinstance(value, list):
+        return [_replace(item, local) for item in value]
+    return value
 
 
 def uses_reward_model_stage(section: BaseModel) -> bool:
-    """Whether a section names the stage's model as a reward: in a GRPO section's ``reward_funcs`` or a data
-    mixture source's (``sources[*].reward_funcs``), or as evaluate's ``rm_reward``."""
-    entries = list(getattr(section, "reward_funcs", []))
-    entries += [e for src in getattr(section, "sources", []) for e in src.reward_funcs]
-    entries.append(getattr(section, "rm_reward", None))
-    return any(_is_stage_reference(e) for e in entries)
+    """Whether ``section`` holds an entry ``{reward_model: {model: reward_model}}`` anywhere."""
+    return any(_is_stage_reference(v) for v in _walk(section))
 
 
 def reward_model_upstream(section: BaseModel) -> tuple[str, ...]:
@@ -90,17 +111,4 @@ def resolve_reward_models(ctx: StageContext, section: BaseModel, parents: dict[s
     if REWARD_MODEL_STAGE not in parents:
         raise StageFailed(f"{ctx.stage}: a reward names the reward_model stage but it is not among this stage's "
                           "inputs; add reward_model_upstream(section) to the stage's upstream in tasks/stages.py")
-    local = str(ctx.fetch(parents[REWARD_MODEL_STAGE], "model"))
-
-    def resolve(entry: object) -> object:
-        return entry.model_copy(update={"model": local}) if _is_stage_reference(entry) else entry  # type: ignore[union-attr]
-
-    update: dict[str, object] = {}
-    if hasattr(section, "reward_funcs"):
-        update["reward_funcs"] = [resolve(e) for e in section.reward_funcs]
-    if getattr(section, "sources", None):
-        update["sources"] = [src.model_copy(update={"reward_funcs": [resolve(e) for e in src.reward_funcs]})
-                             for src in section.sources]
-    if getattr(section, "rm_reward", None) is not None:
-        update["rm_reward"] = resolve(section.rm_reward)
-    return section.model_copy(update=update)
+    return _replace(section, str(ctx.fetch(parents[REWARD_MODEL_STAGE], "model")))

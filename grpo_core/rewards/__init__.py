@@ -1,6 +1,8 @@
 """Verifiable rewards (RLVR) under TRL's contract: ``reward(completions, **columns) -> list[float | None]``.
 
-Built-in functions register themselves by name; configs refer to them as ``reward_funcs: [name, ...]``.
+Built-in functions register themselves by name; configs refer to them as ``reward_funcs: [name, ...]``, and to
+reward models and generative judges as ``{reward_model: {model: ...}}`` / ``{judge: {model: ...}}`` entries
+(``rewards.reward_model``, ``rewards.judge``; loaded by ``scoring.resolve_reward``).
 ``grpo_core.rewards.scoring.score_completions`` is the one place they are called (training, evaluation and
 rejection sampling alike).
 """

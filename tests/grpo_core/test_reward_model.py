@@ -154,3 +154,42 @@ def test_causal_lm_is_not_a_reward_model(trained, tmp_path):
         RewardModelReward(RewardModelSpec(model=str(tmp_path)))
     with pytest.raises(NotARewardModel, match="no such folder"):
         RewardModelReward(RewardModelSpec(model=str(tmp_path / "missing")))
+
+
+class StopAt:
+    """Interrupts training after ``step`` is logged (its checkpoint, when due, is already written)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step(self, step: int, max_steps: int, metrics: dict) -> None:
+        if step == self.step:
+            raise KeyboardInterrupt(f"stopped at {step}")
+
+
+class Steps:
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_step(self, step: int, max_steps: int, metrics: dict) -> None:
+        self.steps.append(step)
+
+
+def test_interrupted_training_resumes_to_the_same_model(trained, tmp_path):
+    from safetensors.torch import load_file
+
+    base, _ = trained
+    config = RewardConfig(max_steps=6, per_device_train_batch_size=4, learning_rate=1e-3, report_to=["jsonl"],
+                          save_steps=2, max_length=96, lr_scheduler_type="cosine", warmup_steps=1, seed=5)
+    rows = pairs(40, seed=4)
+    whole = train_reward_model(config, base, rows, tmp_path / "whole", resume=False)
+    with pytest.raises(KeyboardInterrupt):
+        train_reward_model(config, base, rows, tmp_path / "cut", resume=False, callbacks=[StopAt(3)])
+    seen = Steps()
+    resumed = train_reward_model(config, base, rows, tmp_path / "cut", resume=True, callbacks=[seen])
+    assert seen.steps == [3, 4, 5, 6]  # from checkpoint-2: step 3 was logged but never checkpointed
+    a, b = load_file(f"{whole['final_path']}/model.safetensors"), load_file(f"{resumed['final_path']}/model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["eval/pair_accuracy"] == whole["eval/pair_accuracy"]
+    steps = [json.loads(line)["step"] for line in open(tmp_path / "cut" / "metrics.jsonl")]
+    assert steps == [1, 2, 3, 4, 5, 6][: len(steps)] and steps[-1] == 6 and len(steps) == 6

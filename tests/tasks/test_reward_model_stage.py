@@ -141,3 +141,55 @@ def test_no_preference_pairs_fails_fast_and_commits_nothing(tmp_path):
     with pytest.raises(StageFailed, match=r"has no preferences.parquet; the reward model needs preference pairs"):
         reward_model.fn(config(), "bad", str(tmp_path / "store"), {"prepare_data": data})
     assert store.latest("bad", "reward_model") is None and store.uncommitted("bad", "reward_model") == []
+
+
+def test_a_stage_reference_counts_wherever_it_sits_in_a_section(trained):
+    # e.g. a mixture source's reward_funcs, or an evaluation's reward-model field: the helpers walk the section.
+    from pydantic import BaseModel
+
+    from grpo_core.config import RewardEntry
+    from tasks.reward_model import reward_model_upstream
+
+    class Source(BaseModel):
+        name: str
+        reward_funcs: list[RewardEntry]
+
+    class Section(BaseModel):
+        sources: list[Source]
+        rm_reward: RewardEntry | None = None
+
+    plain = Section(sources=[Source(name="chain", reward_funcs=["format"])])
+    nested = Section(sources=[Source(name="chain", reward_funcs=["format"]),
+                              Source(name="helpful", reward_funcs=[{"type": "reward_model", "model": "reward_model"}])],
+                     rm_reward={"type": "reward_model", "model": "reward_model", "name": "rm_eval"})
+    assert reward_model_upstream(plain) == () and reward_model_upstream(nested) == ("reward_model",)
+    tmp, store, data, ref = trained
+    ctx = StageContext.open(config(), "r", str(tmp / "store"), "final_rl")
+    try:
+        resolved = resolve_reward_models(ctx, nested, {"reward_model": ref})
+        assert Path(resolved.sources[1].reward_funcs[0].model, "config.json").is_file()
+        assert resolved.rm_reward.model == resolved.sources[1].reward_funcs[0].model and resolved.rm_reward.name == "rm_eval"
+        assert resolved.sources[0].reward_funcs == ["format"] and nested.sources[1].reward_funcs[0].model == "reward_model"
+    finally:
+        ctx.cleanup()
+
+
+def test_cli_run_with_a_causal_lm_as_reward_model_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import flows.r1_pipeline
+    from flows.cli import app
+
+    def started(**_):
+        raise AssertionError("the pipeline started")
+
+    monkeypatch.setattr(flows.r1_pipeline, "r1_pipeline", started)
+    base = build_tiny_model(tmp_path / "lm", hidden_size=16, num_layers=1, num_heads=2)
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"model: {{tiny: {{}}}}\nfinal_rl:\n  reward_funcs:\n    - reward_model: {{model: {base}}}\n")
+    result = CliRunner().invoke(app, ["run", "-c", str(path), "--store", str(tmp_path / "store"), "--run", "bad"])
+    assert result.exit_code == 1
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"error: {path}:4: final_rl.reward_funcs.0: reward model {base}: its config.json names "
+                           "['LlamaForCausalLM'], not a ...ForSequenceClassification model")
+    assert not (tmp_path / "store").exists()

@@ -121,3 +121,32 @@ def test_judge_entry_in_grpo_config():
     assert isinstance(spec, JudgeSpec) and spec.rubric == "harmlessness" and spec.scope == "full"
     with pytest.raises(ValueError, match="rubric"):
         GRPOConfig(reward_funcs=[{"judge": {"model": "/m", "rubric": "wit"}}])
+
+
+GRPO_ROWS = [{"prompt": [{"role": "user", "content": f"Say something kind about {i}."}]} for i in range(8)]
+
+
+def grpo_config(judge: dict) -> GRPOConfig:
+    return GRPOConfig(use_vllm=False, max_steps=1, generation_batch_size=8, num_generations=4,
+                      max_completion_length=6, max_prompt_length=32, per_device_train_batch_size=8, beta=0.0,
+                      save_steps=100, report_to=["jsonl"], reward_funcs=["format", {"judge": judge}])
+
+
+def test_unparsed_verdicts_are_counted_in_the_training_metrics(tiny_judge_path, tmp_path):
+    import json
+
+    from grpo_core.trainer import train_grpo
+
+    judge = {"model": tiny_judge_path, "max_new_tokens": 4, "max_length": 900, "max_unparsed": None}
+    train_grpo(grpo_config(judge), tiny_judge_path, GRPO_ROWS, tmp_path, resume=False)
+    (step,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert step["rewards/judge/unparsed"] + step.get("rewards/judge/timeouts", 0) == 8  # every verdict garbage
+
+
+def test_a_judge_that_never_parses_stops_training_before_anything_is_saved(tiny_judge_path, tmp_path):
+    from grpo_core.trainer import train_grpo
+
+    judge = {"model": tiny_judge_path, "max_new_tokens": 4, "max_length": 900, "max_unparsed": 8}
+    with pytest.raises(JudgeNeverParses, match="none of its first 8 verdicts"):
+        train_grpo(grpo_config(judge), tiny_judge_path, GRPO_ROWS, tmp_path, resume=False)
+    assert not (tmp_path / "final").exists() and not list(tmp_path.glob("checkpoint-*"))
