@@ -348,7 +348,7 @@ class EvalConfig(_Strict):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(64, gt=0)
-    max_rows: int | None = Field(None, gt=0, description="evaluate on the first N held-out rows")
+    max_rows: int | None = Field(None, gt=0, description="evaluate on the first N held-out rows of each source")
     reward_func: str = Field("chain_accuracy", description="registered reward that scores 1.0 for a correct completion")
     general_sources: list[str] = Field(
         default_factory=list, description="sources without a verifiable answer (e.g. helpful, unsafe): their held-out "

@@ -242,11 +242,24 @@ def evaluate_general(backend: GenerationBackend, tokenizer: Any, rows: list[dict
     return metrics, out
 
 
+def first_rows_per_source(rows: list[dict[str, Any]], max_rows: int) -> list[dict[str, Any]]:
+    """The first ``max_rows`` rows of each source, in input order (one source: the first ``max_rows`` rows)."""
+    counts: dict[Any, int] = {}
+    out = []
+    for row in rows:
+        source = row.get("source")
+        if counts.get(source, 0) < max_rows:
+            counts[source] = counts.get(source, 0) + 1
+            out.append(row)
+    return out
+
+
 def evaluate_with_config(config: EvalConfig, model: str | Path | torch.nn.Module, rows: list[dict[str, Any]], *,
                          tokenizer: Any = None, backend: GenerationBackend | None = None,
                          return_rows: bool = False) -> dict[str, Any]:
     """``evaluate`` with the fields of an EvalConfig (the evaluate stage's entry point)."""
-    rows = rows[: config.max_rows] if config.max_rows else rows
+    if config.max_rows:
+        rows = first_rows_per_source(rows, config.max_rows)
     return evaluate(model, tokenizer, rows, reward_func=config.reward_func, num_samples=config.num_samples,
                     temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
                     backend=backend, seed=config.seed, forced_reasoning=config.forced_reasoning,

@@ -95,3 +95,11 @@ def test_evaluation_measures_general_rows_two_ways(tmp_path):
     assert [r["source"] for r in m["rows"]] == ["chain", "chain", "helpful", "helpful", "unsafe"]
     with pytest.raises(ValueError, match="neither rm_reward nor rule_reward"):
         evaluate(tiny, tok, rows, backend=backend, general_sources=["helpful"])
+
+
+def test_max_rows_caps_each_source():
+    from grpo_core.evaluation import first_rows_per_source
+
+    rows = [{"id": i, "source": s} for i, s in enumerate(["chain"] * 5 + ["helpful"] * 3 + ["unsafe"] * 2)]
+    assert [r["id"] for r in first_rows_per_source(rows, 2)] == [0, 1, 5, 6, 8, 9]
+    assert first_rows_per_source(rows[:5], 3) == rows[:3]  # one source: the first N rows, as before
