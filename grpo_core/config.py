@@ -62,6 +62,10 @@ class SFTConfig(OptimConfig):
     num_train_epochs: float = Field(1.0, gt=0, description="used when max_steps is not set explicitly")
     max_length: int = Field(1024, gt=0, description="prompt + completion tokens; longer rows are truncated")
     completion_only_loss: bool = True
+    sources: list["SourceWeight"] = Field(
+        default_factory=list, description="a data mixture: train on the rows of these sources only, each with its "
+        "share of every epoch's rows (a source smaller than its share repeats, a larger one is subsampled); empty = "
+        "every row once per epoch")
     logprob_chunk_size: int = Field(
         256, gt=0, description="rows of logits turned into log-probs at once; smaller than GRPO's default because "
         "the backward of each chunk holds ~4 [rows, V] fp32 tensors (tests/benchmarks/sft_memory.py)",
@@ -138,12 +142,25 @@ def normalize_reward_entry(value: Any) -> Any:
     return value
 
 
-class SourceMix(_Strict):
+class SourceWeight(_Strict):
+    """One source of an SFT data mixture: its rows (``source`` column = ``name``) and its share of each epoch."""
+
+    name: str = Field(..., min_length=1, description="the rows' source column, e.g. chain, helpful, gsm8k.jsonl")
+    weight: float = Field(1.0, description="share of the rows of each epoch / the prompts of each step "
+                          "(normalised over the sources); > 0")
+
+    @model_validator(mode="after")
+    def _check_weight(self) -> "SourceWeight":
+        if not self.weight > 0:
+            raise ValueError(f"source {self.name!r} has weight {self.weight}; a weight is the source's share of each "
+                             "step's prompts and must be > 0 (remove the source to leave it out)")
+        return self
+
+
+class SourceMix(SourceWeight):
     """One source of a GRPO data mixture: its rows (those whose ``source`` column is ``name``), its share of the
     prompts of every step, and the reward functions that score its rows (and only its rows)."""
 
-    name: str = Field(..., min_length=1, description="the rows' source column, e.g. chain, helpful, gsm8k.jsonl")
-    weight: float = Field(1.0, description="share of each step's prompts (normalised over the sources); > 0")
     reward_funcs: list[RewardEntry] = Field(default_factory=list, description="reward functions scoring this "
                                             "source's rows: registered names, {reward_model: ...}, {judge: ...}")
     reward_weights: list[float] | None = Field(None, description="one weight per reward function; None = all 1")
@@ -155,9 +172,6 @@ class SourceMix(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "SourceMix":
-        if not self.weight > 0:
-            raise ValueError(f"source {self.name!r} has weight {self.weight}; a weight is the source's share of each "
-                             "step's prompts and must be > 0 (remove the source to leave it out)")
         if not self.reward_funcs:
             raise ValueError(f"source {self.name!r} has no reward function; give it reward_funcs: [...] (e.g. "
                              "[chain_accuracy] for a verifiable source, a reward model for a general one)")
@@ -390,3 +404,6 @@ class RejectionSamplingConfig(_Strict):
     max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")
     long_prompts: Literal["truncate", "drop"] = Field("truncate", description=LONG_PROMPTS_HELP)
     seed: int = 0
+
+
+SFTConfig.model_rebuild()

@@ -127,6 +127,24 @@ class Mixture:
         return self.weights[idx]
 
 
+def weighted_epoch(rows: list[dict[str, Any]], sources: Sequence[Any], seed: int) -> list[dict[str, Any]]:
+    """An SFT epoch by source: ``len`` = the rows of the named sources, each source's share by weight
+    (``allot_prompts``), filled by its rows in a seeded order, cycled when the share is larger than the source
+    (``sources``: objects with ``name`` and ``weight``)."""
+    by_name = {s.name: [r for r in rows if r.get("source") == s.name] for s in sources}
+    for name, part in by_name.items():
+        if not part:
+            present = sorted({str(r.get("source")) for r in rows})
+            raise MixtureError(f"source {name!r} has no SFT rows (the rows' source column holds: "
+                               f"{', '.join(present)}); fix the source name or add its data")
+    total = sum(len(part) for part in by_name.values())
+    out: list[dict[str, Any]] = []
+    for i, (s, n) in enumerate(zip(sources, allot_prompts([s.weight for s in sources], total))):
+        stream = PromptStream(len(by_name[s.name]), seed * 1_000 + i)
+        out += [by_name[s.name][j] for j in stream.rows_at(0, n)]
+    return out
+
+
 def _key(entry: Any) -> str:
     """A reward entry's identity within a mixture: a name, or a spec's ``name`` (its metric name)."""
     if isinstance(entry, str):

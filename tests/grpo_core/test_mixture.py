@@ -148,3 +148,20 @@ def test_three_sources_three_rewards_routed_in_training(tmp_path, tiny_path):
         assert 100 <= m["rewards/gamma/mean"] < 103
         assert m["rewards/mix_gamma/mean"] == m["rewards/gamma/mean"]  # gamma's function scored gamma only
         assert (m["mixture/alpha/prompts"], m["mixture/beta/prompts"], m["mixture/gamma/prompts"]) == (2, 1, 1)
+
+
+def test_sft_epoch_takes_each_sources_share():
+    from grpo_core.config import SFTConfig, SourceWeight
+    from grpo_core.trainer.mixture import weighted_epoch
+
+    rows = [{"prompt": f"c{i}", "completion": "x", "source": "chain"} for i in range(30)]
+    rows += [{"prompt": f"h{i}", "completion": "y", "source": "helpful"} for i in range(6)]
+    rows += [{"prompt": f"o{i}", "completion": "z", "source": "other"} for i in range(4)]
+    sources = SFTConfig(sources=[SourceWeight(name="chain", weight=1), SourceWeight(name="helpful", weight=1)]).sources
+    epoch = weighted_epoch(rows, sources, seed=0)
+    assert Counter(r["source"] for r in epoch) == {"chain": 18, "helpful": 18}  # 36 rows, half each; "other" out
+    assert len({r["prompt"] for r in epoch if r["source"] == "chain"}) == 18  # subsampled without repeats
+    assert {r["prompt"] for r in epoch if r["source"] == "helpful"} == {f"h{i}" for i in range(6)}  # cycled 3 times
+    assert weighted_epoch(rows, sources, seed=0) == epoch
+    with pytest.raises(MixtureError, match="source 'missing' has no SFT rows"):
+        weighted_epoch(rows, [SourceWeight(name="missing")], seed=0)
