@@ -193,3 +193,18 @@ def test_interrupted_training_resumes_to_the_same_model(trained, tmp_path):
     assert resumed["eval/pair_accuracy"] == whole["eval/pair_accuracy"]
     steps = [json.loads(line)["step"] for line in open(tmp_path / "cut" / "metrics.jsonl")]
     assert steps == [1, 2, 3, 4, 5, 6][: len(steps)] and steps[-1] == 6 and len(steps) == 6
+
+
+def test_grpo_trains_on_the_reward_model(trained, tmp_path):
+    from grpo_core.trainer import train_grpo
+
+    base, metrics = trained
+    config = GRPOConfig(use_vllm=False, max_steps=1, generation_batch_size=8, num_generations=4,
+                        max_completion_length=6, max_prompt_length=48, per_device_train_batch_size=8, beta=0.0,
+                        save_steps=100, report_to=["jsonl"],
+                        reward_funcs=[{"reward_model": {"model": metrics["final_path"], "scope": "full"}}])
+    rows = [{"prompt": r["prompt"]} for r in pairs(4, seed=9)]
+    train_grpo(config, base, rows, tmp_path, resume=False)
+    (step,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert math.isfinite(step["rewards/reward_model/mean"]) and step["rewards/reward_model/std"] > 0
+    assert "rewards/reward_model/timeouts" not in step and (tmp_path / "final" / "model.safetensors").is_file()
