@@ -3,9 +3,15 @@
 cold-start SFT (300 steps) on helpful/unsafe answers with PREFERRED_FRACTION preferred, a reward model on the
 rule-made pairs, then GRPO with the reward model as the only reward; prints eval/rm_score and eval/preferred_rate
 before and after (greedy, held-out prompts). The embedded default's general_cold_start_preferred was chosen with it."""
-import json, sys, time
+
+import json
+import sys
+import time
+
 import torch
+
 torch.set_num_threads(1)
+
 from grpo_core.config import GRPOConfig, RewardConfig, RewardModelSpec, SFTConfig, SourceMix
 from grpo_core import general
 from grpo_core.tiny import build_tiny_model
