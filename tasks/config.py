@@ -65,6 +65,8 @@ class ConsolidateConfig(SFTConfig):
 
     init_from: Literal["base", "cold_start_sft", "grpo_train"] = "base"
     cold_start_mix: float = Field(0.0, ge=0, le=1, description="share of cold-start rows mixed in as general data")
+    cold_start_sources: list[str] = Field(default_factory=list, description="mix in only these sources' cold-start "
+                                          "rows (e.g. [helpful, unsafe]); empty = every source")
 
 
 class RewardModelStageConfig(RewardConfig):
