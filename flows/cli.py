@@ -259,7 +259,8 @@ def plan(
     typer.echo(f"every GPU stage fits {gpus}x {gpu_memory:g} GiB")
 
 
-KEY_METRICS = ("eval/accuracy", "eval/pass@1", "eval/mean_length", "data/num_train", "num_kept", "train/loss", "reward")
+KEY_METRICS = ("eval/accuracy", "eval/pass@1", "eval/mean_length", "data/num_train", "num_kept", "train/loss", "reward",
+               "eval/pair_accuracy")
 
 
 def _print_status(st: Any, run_name: str) -> None:

@@ -60,7 +60,9 @@ class Dispatcher:
             forced = list(selected)
         return cls(config, run, store, selected, forced, dispatch)
 
-    def __call__(self, stage: Stage) -> StageRef:
+    def __call__(self, stage: Stage) -> StageRef | None:
+        if not stage.enabled(self.config):  # an optional stage this config does not run (reward_model)
+            return None
         if stage.name not in self.selected:
             ref = call_task(reuse.with_options(name=f"reuse-{stage.name}"), self.run, stage.name, self.store)
         else:

@@ -41,7 +41,11 @@ EVAL_COLUMNS = {"greedy accuracy": ("eval/accuracy", "eval/greedy_accuracy"),
                 "mean length": ("eval/mean_length", "eval/greedy_mean_length"),
                 "format rate": ("eval/format_rate",),
                 "forced-reasoning accuracy": ("eval/accuracy_forced_reasoning",),
-                "direct answers": ("eval/direct_answer_rate",)}
+                "direct answers": ("eval/direct_answer_rate",),
+                "rm score": ("eval/rm_score",),
+                "preferred rate": ("eval/preferred_rate",)}
+PERCENT_COLUMNS = ("accuracy", "pass@1", "format rate", "forced-reasoning accuracy", "direct answers",
+                   "preferred rate")
 
 
 @dataclass
@@ -59,6 +63,19 @@ def latest_refs(store: Store, run: str) -> dict[str, StageRef | None]:
     return {s.name: store.latest(run, s.name) for s in all_stages()}
 
 
+def disabled_stages(store: Store, run: str) -> set[str]:
+    """The optional stages the run's saved config does not enable (none when it has no readable config)."""
+    from flows.stages import RUN_CONFIG
+    from tasks.config import PipelineConfig
+
+    saved = store.read_run_file(run, RUN_CONFIG)
+    try:
+        config = PipelineConfig.model_validate(saved["config"]) if saved else None
+    except Exception:  # noqa: BLE001 - a config this code cannot read: show every stage as before
+        return set()
+    return {s.name for s in all_stages() if config is not None and not s.enabled(config)}
+
+
 def evaluation_of(store: Store, ref: StageRef) -> StageRef | None:
     """The newest committed evaluation whose parent is exactly the model output ``ref``."""
     return store.latest(ref.run, eval_output(ref.stage),
@@ -73,16 +90,19 @@ def latest_evaluations(store: Store, refs: dict[str, StageRef | None]) -> dict[s
 def stage_status(store: Store, run: str, refs: dict[str, StageRef | None] | None = None,
                  evaluations: dict[str, StageRef | None] | None = None) -> dict[str, Any]:
     """``{"run", "stages": {stage: {"state", "uri", "path", "metrics"}}}`` (state: completed | incomplete |
-    pending; ``path`` store-relative, ``uri`` resolved in ``store``); a model stage's metrics include its
+    pending | skipped (an optional stage the run's config does not enable); ``path`` store-relative, ``uri`` resolved in ``store``); a model stage's metrics include its
     evaluation's (``eval/...``), with ``eval_uri`` and ``eval_path``.
 
     ``refs``/``evaluations``: what the caller has already read (``latest_refs``, ``latest_evaluations``)."""
     refs = latest_refs(store, run) if refs is None else refs
     evaluations = latest_evaluations(store, refs) if evaluations is None else evaluations
     stages: dict[str, Any] = {}
+    skipped = disabled_stages(store, run)
     for entry in all_stages():
         stage, ref = entry.name, refs[entry.name]
-        if ref is not None:
+        if ref is None and stage in skipped:  # an optional stage this run's config does not run
+            stages[stage] = {"state": "skipped", "uri": None, "path": None, "metrics": {}}
+        elif ref is not None:
             stages[stage] = {"state": "completed", "uri": ref.uri, "path": ref.path, "metrics": dict(ref.metrics)}
             evaluation = evaluations.get(stage)
             if evaluation is not None:
@@ -132,9 +152,29 @@ def emergence_rows(store: Store, run: str, curve_points: int = 5, refs: dict[str
     return rows, histories
 
 
+def source_rows(evaluations: dict[str, StageRef | None], histories: dict[str, list[dict[str, Any]]]
+                ) -> list[dict[str, Any]]:
+    """Per-source numbers: each model stage's held-out ``eval/{source}/{metric}`` and each RL stage's
+    ``rewards/{source}/mean`` at its last step; rows ``{"stage", "source", "metric", "value"}``."""
+    rows = []
+    for stage, evaluation in evaluations.items():
+        for key, value in sorted((evaluation.metrics if evaluation else {}).items()):
+            parts = key.split("/")
+            if len(parts) == 3 and parts[0] == "eval":
+                rows.append({"stage": f"{stage} (held-out)", "source": parts[1], "metric": parts[2], "value": value})
+    for stage, hist in histories.items():
+        last = hist[-1] if hist else {}
+        sources = sorted(k.split("/")[1] for k in last if k.startswith("mixture/") and k.endswith("/prompts"))
+        for source in sources:
+            if f"rewards/{source}/mean" in last:
+                rows.append({"stage": f"{stage} step {last['step']} (train samples)", "source": source,
+                             "metric": "reward", "value": last[f"rewards/{source}/mean"]})
+    return rows
+
+
 def _markdown_table(rows: list[dict[str, Any]]) -> str:
     columns = ["stage / step", "accuracy", "pass@1", "mean length", "format rate", "forced-reasoning accuracy",
-               "direct answers"]
+               "direct answers", "rm score", "preferred rate"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         cells = []
@@ -142,10 +182,10 @@ def _markdown_table(rows: list[dict[str, Any]]) -> str:
             v = r.get(c)
             if v is None:
                 cells.append("")
-            elif c in ("accuracy", "pass@1", "format rate", "forced-reasoning accuracy", "direct answers"):
+            elif c in PERCENT_COLUMNS:
                 cells.append(f"{100 * v:.1f}%")
             elif isinstance(v, float):
-                cells.append(f"{v:.1f}")
+                cells.append(f"{v:.2f}" if c == "rm score" else f"{v:.1f}")
             else:
                 cells.append(str(v))
         lines.append("| " + " | ".join(cells) + " |")
@@ -203,6 +243,13 @@ def _pct(value: Any) -> str:
     return f"{float(value):.1f}%" if isinstance(value, (int, float)) else ""
 
 
+def _source_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| stage | source | metric | value |", "|---|---|---|---|"]
+    lines += [f"| {r['stage']} | {r['source']} | {r['metric']} | "
+              f"{r['value']:.4g} |" if isinstance(r["value"], (int, float)) else "" for r in rows]
+    return "\n".join(lines)
+
+
 def plot_histories(histories: dict[str, list[dict[str, Any]]], out_dir: Path) -> dict[str, Path]:
     """reward.png, accuracy.png, length.png: the RL stages one after the other on a shared step axis."""
     import matplotlib
@@ -243,6 +290,7 @@ def write_report(store: Store, run: str) -> Report:
     evaluations = latest_evaluations(store, refs)
     rows, histories = emergence_rows(store, run, refs=refs, evaluations=evaluations)
     status = stage_status(store, run, refs, evaluations)
+    by_source = source_rows(evaluations, histories)
     base = store.path(run, REPORT_DIR)
     with tempfile.TemporaryDirectory(prefix="r1-report-") as tmp:
         plots = plot_histories(histories, Path(tmp))
@@ -263,6 +311,9 @@ def write_report(store: Store, run: str) -> Report:
                  f"(unbiased estimator), maj@k (majority over math-verify-equivalent answers), greedy accuracy; "
                  f"in percent, beside the published numbers the evaluate config's `reference` names.\n{bench}"]
               if (bench := benchmark_table(store, evaluations)) else []),
+            "## By source\nEvery metric with a per-source meaning: held-out `eval/{source}/...` and the RL stages' "
+            "mean reward of each source's sampled completions (`rewards/{source}/mean`) at their last step.",
+            _source_table(by_source),
             "## Plots\n" + "\n".join(f"- [{name}]({name}.png)" for name in uris),
             "## Stages\n" + "\n".join(f"- {s}: {v['state']} {v['path'] or ''}" for s, v in status["stages"].items()),
         ])
@@ -272,7 +323,8 @@ def write_report(store: Store, run: str) -> Report:
         json_path = Path(tmp) / "report.json"
         relative = {"run": run, "stages": {s: {k: v for k, v in info.items() if k not in ("uri", "eval_uri")}
                                            for s, info in status["stages"].items()}}
-        json_path.write_text(json.dumps({"run": run, "rows": rows, "plots": {name: f"{name}.png" for name in uris},
+        json_path.write_text(json.dumps({"run": run, "rows": rows, "by_source": by_source,
+                                         "plots": {name: f"{name}.png" for name in uris},
                                          "emergence": measured, "status": relative}, indent=2))
         store.put_file(json_path, f"{base}/report.json")
     _publish(run, markdown)

@@ -18,6 +18,7 @@ from prefect import Flow, flow
 from tasks.common import StageFailed, cached, configure_stage_logging, stage_task_options
 from tasks.config import PipelineConfig, check_run_name, load_config
 from tasks.evaluate import evaluate
+from tasks.reward_model import uses_reward_model_stage
 from tasks.stages import get_stage, stage_names
 from tasks.manifest import StageRef
 from tasks.store import Store
@@ -61,13 +62,18 @@ def run_stage(stage: str, run: str, config: PipelineConfig | None = None, config
     check_run_name(run)
     st = Store(store)
     cfg = resolve_config(config, config_path, run, st)
+    if not entry.enabled(cfg):
+        raise StageFailed(f"stage {stage} is optional and this run's config does not enable it "
+                         f"(add a `{stage}:` section to the config)")
     given = {k: v if isinstance(v, StageRef) else StageRef.from_dict(v) for k, v in (inputs or {}).items()}
     refs = {name: given.get(name) or committed(st, run, name) for name in entry.inputs(cfg)}
     task = entry.task.with_options(retries=cfg.run.retries, retry_delay_seconds=cfg.run.retry_delay_seconds)
     ref = call_task(task, cfg, run, st.url, refs, force)
     if entry.makes_model:
         data = refs.get("prepare_data") or committed(st, run, "prepare_data")  # the held-out set
-        call_task(evaluate.with_options(retries=cfg.run.retries), cfg, run, st.url, ref, data, force)
+        rm = (refs.get("reward_model") or st.latest(run, "reward_model")) if uses_reward_model_stage(cfg.evaluate) \
+            else None  # evaluate's rm_reward names the run's reward model: the committed one, if any yet
+        call_task(evaluate.with_options(retries=cfg.run.retries), cfg, run, st.url, ref, data, force, rm)
     return ref.to_dict()
 
 

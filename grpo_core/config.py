@@ -11,7 +11,7 @@ lr 1e-6..5e-6, max_new_tokens 1024-2048) where it gives one.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -84,10 +84,123 @@ class SFTConfig(OptimConfig):
     num_train_epochs: float = Field(1.0, gt=0, description="used when max_steps is not set explicitly")
     max_length: int = Field(1024, gt=0, description="prompt + completion tokens; longer rows are truncated")
     completion_only_loss: bool = True
+    sources: list["SourceWeight"] = Field(
+        default_factory=list, description="a data mixture: train on the rows of these sources only, each with its "
+        "share of every epoch's rows (a source smaller than its share repeats, a larger one is subsampled); empty = "
+        "every row once per epoch")
     logprob_chunk_size: int = Field(
         256, gt=0, description="rows of logits turned into log-probs at once; smaller than GRPO's default because "
         "the backward of each chunk holds ~4 [rows, V] fp32 tensors (tests/benchmarks/sft_memory.py)",
     )
+
+
+# --- rewards that are models: a sequence-classification reward model and a generative judge ---
+
+Scope = Literal["summary", "full"]
+SCOPE_HELP = ("what the reward sees of a completion: summary = the text after the last </think> (R1 judged "
+              "helpfulness on it), full = the whole response, reasoning included (R1 judged harmlessness on it)")
+REWARD_MODEL_STAGE = "reward_model"  # `model: reward_model` names the run's committed reward_model stage output
+
+
+class RewardModelSpec(_Strict):
+    """A ``reward_funcs`` entry ``{reward_model: {model: ..., scope: ...}}``: an
+    ``AutoModelForSequenceClassification`` (num_labels=1) scoring (prompt, response) through its chat template
+    (grpo_core.rewards.reward_model)."""
+
+    type: Literal["reward_model"] = "reward_model"
+    model: str = Field(..., min_length=1, description="'reward_model' (the run's reward_model stage output), "
+                       "or a local folder / hub name of a sequence-classification checkpoint")
+    name: str = Field("reward_model", min_length=1, description="metric name: rewards/{name}/mean, ...")
+    scope: Scope = Field("summary", description=SCOPE_HELP)
+    normalize: bool = Field(False, description="(score - mean) / std with the model's reward_stats.json "
+                            "(written by the reward_model stage), else running statistics of the scores so far")
+    batch_size: int = Field(16, gt=0, description="sequences per forward pass")
+    max_length: int = Field(1024, gt=0, description="tokens of prompt + response; longer ones are cut on the right (TRL)")
+    device: str | None = Field(None, description="e.g. cuda:1; None = the last visible GPU, else the CPU")
+    timeout: float = Field(60.0, gt=0, description="seconds per call; rows not scored by then score None (counted)")
+
+
+class JudgeSpec(_Strict):
+    """A ``reward_funcs`` entry ``{judge: {model: ..., rubric: ...}}``: an instruction model prompted with a
+    rubric whose written score is parsed (grpo_core.rewards.judge)."""
+
+    type: Literal["judge"] = "judge"
+    model: str = Field(..., min_length=1, description="local folder or hub name of an instruction (chat) model")
+    name: str = Field("judge", min_length=1, description="metric name: rewards/{name}/mean, ...")
+    rubric: Literal["helpfulness", "harmlessness"] = "helpfulness"
+    scope: Scope = Field("summary", description=SCOPE_HELP)
+    max_new_tokens: int = Field(128, gt=0)
+    batch_size: int = Field(8, gt=0)
+    max_length: int = Field(2048, gt=0, description="judge prompt tokens; a longer response keeps its start and end")
+    device: str | None = Field(None, description="e.g. cuda:1; None = the last visible GPU, else the CPU")
+    timeout: float = Field(120.0, gt=0, description="seconds per call; rows not judged by then score None (counted)")
+    max_unparsed: int | None = Field(
+        64, gt=0, description="fail the run when the first N judge outputs all fail to parse (a judge that never "
+        "writes a score); None = never fail, only count rewards/{name}/unparsed",
+    )
+
+
+RewardSpec = Annotated[Union[RewardModelSpec, JudgeSpec], Field(discriminator="type")]
+RewardEntry = Union[str, RewardSpec]  # a registered reward's name, or a reward model / judge
+
+
+def reward_entry_name(entry: Any) -> str:
+    """The metric name of a ``reward_funcs`` entry: the registered name, or the spec's ``name``."""
+    return entry if isinstance(entry, str) else getattr(entry, "name", None) or getattr(entry, "__name__", "reward")
+
+
+def normalize_reward_entry(value: Any) -> Any:
+    """``{reward_model: {...}}`` / ``{judge: {...}}`` (the YAML form) -> ``{type: ..., ...}``; else unchanged."""
+    if isinstance(value, dict) and "type" not in value:
+        if len(value) == 1 and next(iter(value)) in ("reward_model", "judge"):
+            kind, body = next(iter(value.items()))
+            if isinstance(body, str):  # {reward_model: PATH}
+                body = {"model": body}
+            if not isinstance(body, dict):
+                raise ValueError(f"{kind}: expected a mapping such as {{model: PATH, scope: summary}}, got {body!r}")
+            return {"type": kind, **body}
+        raise ValueError(f"a reward_funcs entry is a registered reward's name, {{reward_model: {{model: ...}}}} or "
+                         f"{{judge: {{model: ...}}}}; got a mapping with keys {sorted(value)}")
+    return value
+
+
+class SourceWeight(_Strict):
+    """One source of an SFT data mixture: its rows (``source`` column = ``name``) and its share of each epoch."""
+
+    name: str = Field(..., min_length=1, description="the rows' source column, e.g. chain, helpful, gsm8k.jsonl")
+    weight: float = Field(1.0, description="share of the rows of each epoch / the prompts of each step "
+                          "(normalised over the sources); > 0")
+
+    @model_validator(mode="after")
+    def _check_weight(self) -> "SourceWeight":
+        if not self.weight > 0:
+            raise ValueError(f"source {self.name!r} has weight {self.weight}; a weight is the source's share of each "
+                             "step's prompts and must be > 0 (remove the source to leave it out)")
+        return self
+
+
+class SourceMix(SourceWeight):
+    """One source of a GRPO data mixture: its rows (those whose ``source`` column is ``name``), its share of the
+    prompts of every step, and the reward functions that score its rows (and only its rows)."""
+
+    reward_funcs: list[RewardEntry] = Field(default_factory=list, description="reward functions scoring this "
+                                            "source's rows: registered names, {reward_model: ...}, {judge: ...}")
+    reward_weights: list[float] | None = Field(None, description="one weight per reward function; None = all 1")
+
+    @field_validator("reward_funcs", mode="before")
+    @classmethod
+    def _reward_entries(cls, value: Any) -> Any:
+        return [normalize_reward_entry(v) for v in value] if isinstance(value, list) else value
+
+    @model_validator(mode="after")
+    def _check(self) -> "SourceMix":
+        if not self.reward_funcs:
+            raise ValueError(f"source {self.name!r} has no reward function; give it reward_funcs: [...] (e.g. "
+                             "[chain_accuracy] for a verifiable source, a reward model for a general one)")
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(f"source {self.name!r}: reward_weights has {len(self.reward_weights)} entries but "
+                             f"reward_funcs has {len(self.reward_funcs)}; give one weight per reward function")
+        return self
 
 
 class GRPOConfig(OptimConfig):
@@ -118,13 +231,19 @@ class GRPOConfig(OptimConfig):
     steps_per_generation: int | None = Field(None, ge=1, description="optimiser steps per generation round, each on 1/N of its completions; None = 1 (TRL counts micro-batches here)")
 
     # --- rewards ---
-    reward_funcs: list[str] = ["math_accuracy", "format"]
+    reward_funcs: list[RewardEntry] = Field(
+        ["math_accuracy", "format"], description="registered names, and {reward_model: {...}} / {judge: {...}} entries",
+    )
     reward_weights: list[float] | None = None
     reward_timeout: float = Field(3.0, gt=0, description="seconds allowed per math answer check before it scores 0")
     reward_num_workers: int = Field(2, ge=1, description="math answer-check worker processes")
 
     emergence: EmergenceConfig = Field(
         default_factory=EmergenceConfig, description="phrase lists of completions/reflection_rate and the rest")
+    sources: list[SourceMix] = Field(
+        default_factory=list, description="a data mixture: train on the rows of these sources only, each with its "
+        "share of every step's prompts and its own reward functions (then leave reward_funcs unset); empty = every "
+        "row, scored by reward_funcs")
 
     # --- DAPO dynamic sampling ---
     dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal and refill the batch")
@@ -145,8 +264,18 @@ class GRPOConfig(OptimConfig):
         True, description="run each prompt once per micro-batch for its G completions (training and reference passes)"
     )
 
+    @field_validator("reward_funcs", mode="before")
+    @classmethod
+    def _reward_entries(cls, value: Any) -> Any:
+        return [normalize_reward_entry(v) for v in value] if isinstance(value, list) else value
+
     @model_validator(mode="after")
     def _check(self) -> "GRPOConfig":
+        names = [reward_entry_name(e) for e in self.reward_funcs]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"reward_funcs names {dup} more than once; give each reward model / judge its own "
+                             "`name:` (metrics are logged per name)")
         if self.generation_batch_size % self.num_generations:
             raise ValueError(
                 f"generation_batch_size ({self.generation_batch_size}) must be a multiple of num_generations "
@@ -161,6 +290,10 @@ class GRPOConfig(OptimConfig):
         if self.vllm_enable_sleep_mode and self.use_vllm is False:
             raise ValueError("vllm_enable_sleep_mode puts the vLLM engine to sleep but use_vllm is false; "
                              "set use_vllm: true or drop vllm_enable_sleep_mode")
+        if self.sources:
+            names = [s.name for s in self.sources]
+            if len(set(names)) != len(names):
+                raise ValueError(f"sources names a source twice ({names}); give each source once")
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
             raise ValueError(
                 f"epsilon_high ({self.epsilon_high}) < epsilon ({self.epsilon}); clip-higher needs epsilon_high >= epsilon"
@@ -170,6 +303,21 @@ class GRPOConfig(OptimConfig):
     @property
     def prompts_per_step(self) -> int:
         return self.generation_batch_size // self.num_generations
+
+
+class RewardConfig(OptimConfig):
+    """Reward-model training on preference pairs (TRL's ``RewardConfig``): Bradley-Terry loss
+    (grpo_core.reward_model)."""
+
+    learning_rate: float = Field(1e-4, gt=0, description="TRL's RewardConfig default")
+    num_train_epochs: float = Field(1.0, gt=0, description="used when max_steps is not set explicitly")
+    max_length: int = Field(1024, gt=0, description="prompt + response tokens; longer ones are cut on the right (TRL)")
+    center_rewards_coefficient: float | None = Field(
+        None, ge=0, description="adds coef * mean((r_chosen + r_rejected)^2) (Eisenstein et al. 2023); TRL suggests 0.01",
+    )
+    eval_fraction: float = Field(0.1, gt=0, lt=1, description="pairs held out for eval/pair_accuracy when no "
+                                 "held-out set is given")
+    eval_batch_size: int = Field(32, gt=0)
 
 
 # --- data, evaluation and rejection sampling (grpo_core/data.py, evaluation.py, rejection.py) ---
@@ -185,14 +333,17 @@ class DatasetSource(_Strict):
         default_factory=lambda: {"prompt": "prompt", "answer": "answer"},
         description="schema field -> source column, e.g. {'prompt': 'question', 'answer': 'answer'}",
     )
-    answer_format: Literal["auto", "raw", "gsm8k", "boxed"] = Field(
+    answer_format: Literal["auto", "raw", "gsm8k", "boxed", "none"] = Field(
         "auto", description="gsm8k: text after '####'; boxed: last \\boxed{...}; auto: text after '####' when present, "
-        "else a final \\boxed{...} or $...$ unwrapped (rewards.extract.parse_gold_answer)"
+        "else a final \\boxed{...} or $...$ unwrapped (rewards.extract.parse_gold_answer); none: a general source "
+        "without reference answers (prompts only, answer ''), scored by a reward model or judge"
     )
     task: str = Field("math", min_length=1)
     prompt_template: str | None = Field(None, description="format string with {prompt}, e.g. '{prompt}\\nAnswer in <answer></answer>.'")
     keep_columns: list[str] = Field(default_factory=list, description="extra source columns copied into every row (e.g. tests)")
     max_rows: int | None = Field(None, gt=0)
+    source: str | None = Field(None, min_length=1, description="the source name its rows carry (the name mixtures, "
+                               "per-source rewards and metrics use); default the file name or hub name")
 
 
 class DataConfig(_Strict):
@@ -205,6 +356,15 @@ class DataConfig(_Strict):
     max_operands: int = Field(4, ge=2, le=8)
     cold_start_size: int = Field(4000, ge=0, description="built-in task: worked solutions for cold-start SFT")
     cold_start_direct_fraction: float = Field(0.5, ge=0, le=1, description="share of cold-start rows with an empty <think>")
+    builtin_general: list[Literal["helpful", "unsafe"]] = Field(
+        default_factory=list, description="built-in non-verifiable sources (grpo_core.general): prompts, held-out "
+        "prompts, cold-start answers and rule-made preference pairs (preferences.parquet)")
+    general_num_train: int = Field(1000, gt=0, description="built-in general sources: training prompts per source")
+    general_num_eval: int = Field(100, gt=0, description="built-in general sources: held-out prompts per source")
+    general_cold_start_size: int = Field(400, ge=0, description="built-in general sources: cold-start rows per source")
+    general_cold_start_preferred: float = Field(
+        0.3, ge=0, le=1, description="share of general cold-start answers with the preferred property (RL amplifies it)")
+    general_num_pairs: int = Field(1000, ge=0, description="built-in general sources: preference pairs per source")
     train_sources: list[DatasetSource] = Field(default_factory=list)
     eval_sources: list[DatasetSource] = Field(default_factory=list)
     cold_start_sources: list[DatasetSource] = Field(
@@ -249,9 +409,21 @@ class EvalConfig(_Strict):
     temperature: float = Field(0.6, gt=0, description="sampling temperature (R1 protocol: 0.6)")
     top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling (R1 protocol: 0.95)")
     max_new_tokens: int = Field(64, gt=0)
-    max_rows: int | None = Field(None, gt=0, description="evaluate on the first N held-out rows")
+    max_rows: int | None = Field(None, gt=0, description="evaluate on the first N held-out rows of each source")
     reward_func: str = Field("chain_accuracy", description="registered reward that scores 1.0 for a correct completion")
+    general_sources: list[str] = Field(
+        default_factory=list, description="sources without a verifiable answer (e.g. helpful, unsafe): their held-out "
+        "rows are measured by rm_reward and rule_reward, not by reward_func")
+    rm_reward: RewardEntry | None = Field(None, description="the reward model (or judge) whose mean score on the "
+                                          "general rows' greedy completions is eval/rm_score")
+    rule_reward: str | None = Field(None, description="a reward scoring 1.0 when a general completion satisfies the "
+                                    "preference rule (e.g. preference_rule): eval/preferred_rate")
     forced_reasoning: bool = Field(True, description="also measure greedy accuracy with an empty <think> banned")
+
+    @field_validator("rm_reward", mode="before")
+    @classmethod
+    def _reward_entry(cls, value: Any) -> Any:
+        return normalize_reward_entry(value)
     batch_size: int = Field(64, gt=0)
     max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")
     long_prompts: Literal["truncate", "drop"] = Field("truncate", description=LONG_PROMPTS_HELP)
@@ -349,3 +521,6 @@ class RejectionSamplingConfig(_Strict):
     max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")
     long_prompts: Literal["truncate", "drop"] = Field("truncate", description=LONG_PROMPTS_HELP)
     seed: int = 0
+
+
+SFTConfig.model_rebuild()

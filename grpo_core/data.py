@@ -235,7 +235,9 @@ def normalize_record(record: dict[str, Any], location: str, src: DatasetSource, 
         label = _source_label(src)
     fmap = src.field_map
     row: dict[str, Any] = {}
-    for key in ("prompt", "answer"):
+    if src.answer_format == "none":  # a general source (no reference answer): a reward model or judge scores it
+        row["answer"] = ""
+    for key in ("prompt",) if src.answer_format == "none" else ("prompt", "answer"):
         column = fmap.get(key, key)
         if column not in record or record[column] is None or record[column] == "":
             raise DataError(
@@ -264,6 +266,8 @@ def normalize_record(record: dict[str, Any], location: str, src: DatasetSource, 
 
 
 def _source_label(src: DatasetSource) -> str:
+    if src.source:
+        return src.source
     return Path(src.path).name if Path(src.path).exists() else src.path
 
 
@@ -407,11 +411,12 @@ class PreparedData:
     eval: list[dict[str, Any]]
     cold_start: list[dict[str, Any]]
     stats: dict[str, Any]
+    preferences: list[dict[str, Any]] = field(default_factory=list)  # {prompt, chosen, rejected, source}
 
 
 def prepare_datasets(config: DataConfig) -> PreparedData:
     """Build the train/eval prompt sets and the cold-start SFT set a DataConfig describes."""
-    from grpo_core import synthetic
+    from grpo_core import general, synthetic
 
     train: list[dict[str, Any]] = []
     eval_rows: list[dict[str, Any]] = []
@@ -426,8 +431,24 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
             exclude = {r["prompt"][0]["content"] for r in b_eval}
             cs_prompts = synthetic.make_chain_rows(config.cold_start_size, seed=10_000 + config.seed,
                                                    exclude=exclude, **kw)
-            cold += synthetic.make_cold_start_rows(cs_prompts, direct_fraction=config.cold_start_direct_fraction,
-                                                   seed=config.seed)
+            cold += [{**r, "source": synthetic.SOURCE} for r in synthetic.make_cold_start_rows(
+                cs_prompts, direct_fraction=config.cold_start_direct_fraction, seed=config.seed)]
+    preferences: list[dict[str, Any]] = []
+    for name in config.builtin_general:  # grpo_core.general: prompts, cold-start answers, rule-made pairs
+        g_train, g_eval = general.make_general_splits(name, config.general_num_train, config.general_num_eval,
+                                                      seed=config.seed)
+        train += g_train
+        eval_rows += g_eval
+        exclude = {r["prompt"][0]["content"] for r in g_eval}
+        if config.general_cold_start_size:
+            cs_rows = general.make_general_rows(name, config.general_cold_start_size, seed=10_000 + config.seed,
+                                                exclude=exclude)
+            cold += general.make_general_cold_start(cs_rows, preferred_fraction=config.general_cold_start_preferred,
+                                                    seed=config.seed)
+        if config.general_num_pairs:
+            pair_rows = general.make_general_rows(name, config.general_num_pairs, seed=20_000 + config.seed,
+                                                  exclude=exclude)
+            preferences += general.make_preference_pairs(pair_rows, seed=config.seed)
     for kind, sources, target in (("train", config.train_sources, train), ("eval", config.eval_sources, eval_rows)):
         for src in sources:
             rows, s = load_prompt_rows(src, on_error=config.on_error)
@@ -435,7 +456,7 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
             stats["sources"][f"{kind}:{src.path}"] = s.as_dict()
     for src in config.cold_start_sources:
         rows, s = load_sft_rows(src, on_error=config.on_error)
-        cold += rows
+        cold += [{**r, "source": _source_label(src)} for r in rows]
         stats["sources"][f"cold_start:{src.path}"] = s.as_dict()
     if config.dedupe:
         train, stats["train_duplicates"] = dedupe_rows(train)
@@ -450,5 +471,14 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
         cold, stats["cold_start_contaminated"] = decontaminate(cold, eval_rows, ngram_size=config.ngram_size)
     if not train:
         raise DataError("no training rows left after loading, dedupe and decontamination")
-    stats.update({"num_train": len(train), "num_eval": len(eval_rows), "num_cold_start": len(cold)})
-    return PreparedData(train=train, eval=eval_rows, cold_start=cold, stats=stats)
+    stats.update({"num_train": len(train), "num_eval": len(eval_rows), "num_cold_start": len(cold),
+                  "num_preferences": len(preferences), "train_by_source": _count_by_source(train),
+                  "eval_by_source": _count_by_source(eval_rows)})
+    return PreparedData(train=train, eval=eval_rows, cold_start=cold, stats=stats, preferences=preferences)
+
+
+def _count_by_source(rows: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in rows:
+        out[r.get("source", "")] = out.get(r.get("source", ""), 0) + 1
+    return out

@@ -22,6 +22,13 @@ Metrics (all over the same held-out rows):
   ``eval/accuracy_without_reflection`` (NaN where no completion falls in the group). Their mean length is
   ``eval/mean_length_sampled`` (``eval/mean_length`` without samples).
 
+General sources (``general_sources``: rows with no verifiable answer, e.g. the built-in helpful/unsafe
+prompts) are measured apart, on greedy completions: ``eval/rm_score`` is the reward model's mean score
+(``rm_reward``) and ``eval/preferred_rate`` the share the preference rule passes (``rule_reward``); the rule
+made the reward model's training pairs but is never the RL reward, so a hacked reward model shows as a gap
+between the two. The metrics above are then over the verifiable rows only, and every metric is also given
+per source (``eval/{source}/accuracy``, ``eval/{source}/rm_score``, ``eval/{source}/preferred_rate``).
+
 Prompts longer than ``max_prompt_length`` are truncated or dropped by ``long_prompts``
 (``trainer.prompts.encode_prompts``, the call training makes); the counts are ``eval/prompts_truncated`` and
 ``eval/prompts_dropped``, and every other metric is over the rows kept (``eval/num_rows``).
@@ -36,7 +43,7 @@ from __future__ import annotations
 import hashlib
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -76,14 +83,25 @@ def evaluate(
     reflection_phrases: list[str] | tuple[str, ...] = REFLECTION_PHRASES,
     backtrack_phrases: list[str] | tuple[str, ...] = BACKTRACK_PHRASES,
     return_rows: bool = False,
+    general_sources: Sequence[str] = (),
+    rm_reward: str | RewardFunc | None = None,
+    rule_reward: str | RewardFunc | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` on prompt rows ``{id, prompt, answer, ...}``; see the module docstring.
 
     ``model`` is a path or a loaded causal LM; ``backend`` defaults to transformers sampling with it.
-    With ``return_rows`` the result has ``rows``: per-row completions and verdicts.
+    With ``return_rows`` the result has ``rows``: per-row completions and verdicts. Rows of ``general_sources``
+    are measured apart (``evaluate_general``); every metric is also given per source, ``eval/{source}/...``.
     """
     if not rows:
         raise ValueError("evaluate got no rows; the held-out set is empty")
+    if general_sources:
+        return _evaluate_mixture(model, tokenizer, rows, backend=backend, general_sources=general_sources,
+                                 rm_reward=rm_reward, rule_reward=rule_reward, return_rows=return_rows,
+                                 reward_func=reward_func, num_samples=num_samples, temperature=temperature,
+                                 top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
+                                 forced_reasoning=forced_reasoning, batch_size=batch_size,
+                                 max_prompt_length=max_prompt_length, long_prompts=long_prompts)
     path = None if isinstance(model, torch.nn.Module) else Path(model)
     if tokenizer is None:
         from transformers import AutoTokenizer
@@ -144,7 +162,8 @@ def evaluate(
     if return_rows:
         k = max(num_samples, 1)
         metrics["rows"] = [
-            {"id": r.get("id"), "answer": r.get("answer"), "greedy": texts[i], "correct": greedy_ok[i],
+            {"id": r.get("id"), "source": r.get("source"), "answer": r.get("answer"), "greedy": texts[i],
+             "correct": greedy_ok[i],
              "format": formatted[i], "forced": forced_texts[i], "forced_correct": forced_ok[i],
              "pass@1": _mean(sampled_ok[i * k:(i + 1) * k]) if sampled_ok else math.nan}
             for i, r in enumerate(rows)
@@ -152,17 +171,108 @@ def evaluate(
     return metrics
 
 
+def _evaluate_mixture(model: str | Path | torch.nn.Module, tokenizer: Any, rows: list[dict[str, Any]], *,
+                      backend: GenerationBackend | None, general_sources: Sequence[str],
+                      rm_reward: str | RewardFunc | None, rule_reward: str | RewardFunc | None, return_rows: bool,
+                      **kwargs: Any) -> dict[str, Any]:
+    """Verifiable rows through ``evaluate``, general rows through ``evaluate_general``, one model and backend;
+    the verifiable metrics keep their names (``eval/accuracy``) and every metric is also given per source."""
+    if rm_reward is None and rule_reward is None:
+        raise ValueError("general_sources are set but neither rm_reward nor rule_reward: give at least one to "
+                         "measure the general rows by")
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(Path(model))
+    if not isinstance(model, torch.nn.Module):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(Path(model))
+    if backend is None:
+        backend = make_backend("hf", "", model=model, tokenizer=tokenizer)
+    general = [r for r in rows if r.get("source") in general_sources]
+    verifiable = [r for r in rows if r.get("source") not in general_sources]
+    metrics: dict[str, Any] = {}
+    out_rows: list[dict[str, Any]] = []
+    if verifiable:
+        metrics = evaluate(model, tokenizer, verifiable, backend=backend, return_rows=True, **kwargs)
+        out_rows = metrics.pop("rows")
+        for source in sorted({str(r["source"]) for r in out_rows}):
+            mine = [r for r in out_rows if str(r["source"]) == source]
+            metrics[f"eval/{source}/accuracy"] = _mean([r["correct"] for r in mine])
+            metrics[f"eval/{source}/format_rate"] = _mean([r["format"] for r in mine])
+    if general:
+        g_metrics, g_rows = evaluate_general(
+            backend, tokenizer, general, rm_reward=rm_reward, rule_reward=rule_reward,
+            max_new_tokens=kwargs["max_new_tokens"], batch_size=kwargs["batch_size"],
+            max_prompt_length=kwargs["max_prompt_length"], long_prompts=kwargs["long_prompts"])
+        metrics.update(g_metrics)
+        out_rows += g_rows
+    if return_rows:
+        metrics["rows"] = out_rows
+    return metrics
+
+
+def evaluate_general(backend: GenerationBackend, tokenizer: Any, rows: list[dict[str, Any]], *,
+                     rm_reward: str | RewardFunc | None, rule_reward: str | RewardFunc | None, max_new_tokens: int,
+                     batch_size: int, max_prompt_length: int | None, long_prompts: LongPrompts = "truncate"
+                     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Greedy completions of general rows measured two ways: ``eval/rm_score``, the reward model's mean score,
+    and ``eval/preferred_rate``, the share the preference rule passes (a reward model that is hacked shows as a
+    gap between the two); both also per source. NaN scores (the reward failed or does not apply) are left out
+    of the mean and counted in ``eval/rm_unscored``."""
+    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], max_prompt_length, long_prompts)
+    if not encoded.kept:
+        raise all_dropped_error("evaluate", len(rows), max_prompt_length)
+    rows = [rows[i] for i in encoded.kept]
+    greedy = _generate(backend, encoded.ids, n=1, max_tokens=max_new_tokens, greedy=True, batch=batch_size)
+    sources = [str(r.get("source")) for r in rows]
+    metrics: dict[str, Any] = {"eval/general_num_rows": len(rows), "eval/general_mean_length":
+                               _mean([completion_length(g) for g in greedy])}
+    out = [{"id": r.get("id"), "source": s, "greedy": g.text} for r, s, g in zip(rows, sources, greedy)]
+    for key, reward, verdict in (("rm_score", rm_reward, False), ("preferred_rate", rule_reward, True)):
+        if reward is None:
+            continue
+        fn, name = resolve_reward(reward)
+        scores = score_completions([fn], [name], rows, greedy, 1, max_new_tokens)[:, 0]  # [N]
+        values = passes(scores) if verdict else scores.tolist()
+        scored = [(s, v) for s, v, x in zip(sources, values, scores.tolist()) if not math.isnan(x)]
+        if not verdict:
+            metrics["eval/rm_unscored"] = len(rows) - len(scored)
+        metrics[f"eval/{key}"] = _mean([v for _, v in scored])
+        for source in sorted(set(sources)):
+            metrics[f"eval/{source}/{key}"] = _mean([v for s, v in scored if s == source])
+        for row, v, x in zip(out, values, scores.tolist()):
+            row[key] = None if math.isnan(x) else v
+    return metrics, out
+
+
+def first_rows_per_source(rows: list[dict[str, Any]], max_rows: int) -> list[dict[str, Any]]:
+    """The first ``max_rows`` rows of each source, in input order (one source: the first ``max_rows`` rows)."""
+    counts: dict[Any, int] = {}
+    out = []
+    for row in rows:
+        source = row.get("source")
+        if counts.get(source, 0) < max_rows:
+            counts[source] = counts.get(source, 0) + 1
+            out.append(row)
+    return out
+
+
 def evaluate_with_config(config: EvalConfig, model: str | Path | torch.nn.Module, rows: list[dict[str, Any]], *,
                          tokenizer: Any = None, backend: GenerationBackend | None = None,
                          return_rows: bool = False) -> dict[str, Any]:
     """``evaluate`` with the fields of an EvalConfig (the evaluate stage's entry point)."""
-    rows = rows[: config.max_rows] if config.max_rows else rows
+    if config.max_rows:
+        rows = first_rows_per_source(rows, config.max_rows)
     return evaluate(model, tokenizer, rows, reward_func=config.reward_func, num_samples=config.num_samples,
                     temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
                     backend=backend, seed=config.seed, forced_reasoning=config.forced_reasoning,
                     batch_size=config.batch_size, max_prompt_length=config.max_prompt_length,
                     long_prompts=config.long_prompts, reflection_phrases=config.emergence.reflection_phrases,
-                    backtrack_phrases=config.emergence.backtrack_phrases, return_rows=return_rows)
+                    backtrack_phrases=config.emergence.backtrack_phrases, return_rows=return_rows,
+                    general_sources=config.general_sources, rm_reward=config.rm_reward,
+                    rule_reward=config.rule_reward)
 
 
 def force_reasoning(model: torch.nn.Module | None, tokenizer: Any, backend: GenerationBackend,

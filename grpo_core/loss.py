@@ -42,8 +42,8 @@ def combine_rewards(rewards_per_func: Tensor, weights: Tensor | None = None) -> 
     """
     if weights is None:
         weights = torch.ones(rewards_per_func.shape[1], dtype=rewards_per_func.dtype)
-    weights = weights.to(rewards_per_func)  # [R]
-    return torch.nansum(rewards_per_func * weights.unsqueeze(0), dim=1)  # [B]
+    weights = weights.to(rewards_per_func)  # [R], or [B, R]: each row's own weights (a data mixture by source)
+    return torch.nansum(rewards_per_func * (weights if weights.dim() == 2 else weights.unsqueeze(0)), dim=1)  # [B]
 
 
 def compute_group_advantages(

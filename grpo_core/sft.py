@@ -132,6 +132,10 @@ def train_sft(config: SFTConfig, model_path: str | Path, rows: list[dict[str, An
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model, loaded = load_policy("sft", model_path, output_dir, config, ctx, resume=resume)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if config.sources:  # a data mixture: each source's share of every epoch (trainer.mixture.weighted_epoch)
+        from grpo_core.trainer.mixture import weighted_epoch
+
+        rows = weighted_epoch(rows, config.sources, config.seed)
     encoded = [encode_sft_row(tokenizer, r, config.max_length, config.completion_only_loss) for r in rows]
     max_steps = resolve_max_steps(config, len(encoded))
     per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps

@@ -11,7 +11,7 @@ straight before the answer, default half), so the SFT model has both a direct mo
 step-by-step mode and GRPO can discover that the steps pay (measured in the README's emergence table).
 
 Rows follow the pipeline's normalised schema (``grpo_core.data``):
-``{id, prompt: [{"role": "user", "content": ...}], answer: str, task: "chain", source: "builtin:chain"}``;
+``{id, prompt: [{"role": "user", "content": ...}], answer: str, task: "chain", source: "chain"}``;
 SFT rows are ``{prompt, completion}``. Everything is deterministic by seed.
 The reward ``chain_accuracy`` is 1 for exactly ``<think>...</think><answer>N</answer>`` with N right.
 """
@@ -25,7 +25,7 @@ from typing import Any
 from grpo_core.rewards.base import completion_text, register_reward
 
 TASK = "chain"
-SOURCE = "builtin:chain"
+SOURCE = "chain"
 OPERATORS = "+-*"
 MAX_VALUE = 99
 

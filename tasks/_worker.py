@@ -68,8 +68,8 @@ def fetch_checkpoint(spec: dict[str, Any], emit: Emit) -> int:
 
 
 def execute(spec: dict[str, Any], emit: Emit) -> dict[str, Any]:
-    """Train from ``model_path`` or the newest checkpoint in ``output_dir`` (the trainer writes
-    ``output_dir/metrics.jsonl``)."""
+    """Train (``kind``: grpo, sft or reward) from ``model_path`` or the newest checkpoint in ``output_dir``
+    (the trainer writes ``output_dir/metrics.jsonl``)."""
     from grpo_core.config import GRPOConfig, SFTConfig
     from grpo_core.data import read_parquet
     from tasks.plan import check_stage_memory
@@ -88,6 +88,13 @@ def execute(spec: dict[str, Any], emit: Emit) -> dict[str, Any]:
 
         metrics = train_grpo(config, spec["model_path"], rows, out,
                              resume=True, callbacks=callbacks)
+    elif spec["kind"] == "reward":
+        from grpo_core.config import RewardConfig
+        from grpo_core.reward_model import train_reward_model
+
+        eval_rows = read_parquet(Path(spec["eval_rows_path"])) if spec.get("eval_rows_path") else None
+        metrics = train_reward_model(RewardConfig.model_validate(spec["config"]), spec["model_path"], rows, out,
+                                     eval_rows=eval_rows, resume=True, callbacks=callbacks)
     else:
         from grpo_core.sft import train_sft
 

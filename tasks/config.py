@@ -14,11 +14,21 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from grpo_core.config import DataConfig, EvalConfig, GRPOConfig, RejectionSamplingConfig, SFTConfig
+from grpo_core.config import (
+    REWARD_MODEL_STAGE,
+    DataConfig,
+    EvalConfig,
+    GRPOConfig,
+    JudgeSpec,
+    RejectionSamplingConfig,
+    RewardConfig,
+    RewardModelSpec,
+    SFTConfig,
+)
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml"
 
@@ -55,6 +65,21 @@ class ConsolidateConfig(SFTConfig):
 
     init_from: Literal["base", "cold_start_sft", "grpo_train"] = "base"
     cold_start_mix: float = Field(0.0, ge=0, le=1, description="share of cold-start rows mixed in as general data")
+    cold_start_sources: list[str] = Field(default_factory=list, description="mix in only these sources' cold-start "
+                                          "rows (e.g. [helpful, unsafe]); empty = every source")
+
+
+class RewardModelStageConfig(RewardConfig):
+    """reward_model (optional; runs only when the config has this section): a reward model trained on
+    prepare_data's ``preferences.parquet`` with the Bradley-Terry loss (grpo_core.reward_model). Later stages
+    name it in ``reward_funcs`` as ``{reward_model: {model: reward_model}}``."""
+
+    init_from: Literal["base", "cold_start_sft"] = Field(
+        "base", description="the backbone under the fresh score head: the base model (for the embedded default the "
+        "tiny model prepare_data builds) or the cold-start SFT model",
+    )
+    model_name_or_path: str | None = Field(None, min_length=1, description="a different backbone or reward model "
+                                           "(local folder / hub name); overrides init_from")
 
 
 class RunSettings(_Strict):
@@ -79,6 +104,7 @@ class PipelineConfig(_Strict):
     rejection_sample: RejectionSamplingConfig = Field(default_factory=RejectionSamplingConfig)
     sft_consolidate: ConsolidateConfig = Field(default_factory=ConsolidateConfig)
     final_rl: GRPOConfig = Field(default_factory=GRPOConfig)
+    reward_model: RewardModelStageConfig | None = Field(None, description="optional stage; absent = not run")
     evaluate: EvalConfig = Field(default_factory=EvalConfig)
     run: RunSettings = Field(default_factory=RunSettings)
 
@@ -89,12 +115,18 @@ class PipelineConfig(_Strict):
         problems = unknown_rewards(self)
         if problems:
             raise UnknownReward(problems)
+        for section in ("grpo_train", "final_rl"):
+            cfg = getattr(self, section)
+            if cfg.sources and {"reward_funcs", "reward_weights"} & cfg.model_fields_set:
+                raise ValueError(f"{section}: with sources, each source names its own reward_funcs; remove "
+                                 f"{section}.reward_funcs / reward_weights")
         return self
 
 
 # The config fields that name registered reward functions (grpo_core.rewards.register_reward).
 REWARD_FIELDS = (("grpo_train", "reward_funcs"), ("final_rl", "reward_funcs"),
-                 ("rejection_sample", "reward_func"), ("evaluate", "reward_func"))
+                 ("rejection_sample", "reward_func"), ("evaluate", "reward_func"), ("evaluate", "rm_reward"),
+                 ("evaluate", "rule_reward"))
 
 
 class UnknownReward(ValueError):
@@ -106,23 +138,56 @@ class UnknownReward(ValueError):
 
 
 def unknown_rewards(config: "PipelineConfig") -> list[tuple[tuple, str]]:
-    """(location, message) for every reward name in ``config`` that is not registered."""
+    """(location, message) for every ``reward_funcs`` entry in ``config`` that cannot be used: a name that is not
+    registered, a reward model that names a stage the config does not run or a path that is not one."""
+    problems = []
+    named = [((section, field), getattr(getattr(config, section), field)) for section, field in REWARD_FIELDS
+             if not (field == "reward_funcs" and getattr(config, section).sources)]
+    named += [((section, "sources", j, "reward_funcs"), src.reward_funcs)
+              for section in ("grpo_train", "final_rl") for j, src in enumerate(getattr(config, section).sources)]
+    for where, value in named:
+        if value is None:  # an optional reward left unset
+            continue
+        for i, entry in (enumerate(value) if isinstance(value, list) else [(None, value)]):
+            msg = reward_entry_problem(entry, config)
+            if msg:
+                problems.append((where if i is None else (*where, i), msg))
+    for i, bench in enumerate(config.evaluate.benchmarks):
+        if not isinstance(bench, str) and (msg := reward_entry_problem(bench.reward_func, config)):
+            problems.append((("evaluate", "benchmarks", i, "reward_func"), msg))
+    return problems
+
+
+def reward_entry_problem(entry: Any, config: "PipelineConfig") -> str | None:
+    """Why a ``reward_funcs`` entry cannot be used under ``config`` (None when it can), before anything runs."""
     from grpo_core.rewards import REWARD_FUNCS
 
-    registered = ", ".join(sorted(REWARD_FUNCS))
-    problems = []
-    for section, field in REWARD_FIELDS:
-        value = getattr(getattr(config, section), field)
-        for i, name in (enumerate(value) if isinstance(value, list) else [(None, value)]):
-            if name not in REWARD_FUNCS:
-                loc = (section, field) if i is None else (section, field, i)
-                problems.append((loc, f"unknown reward function {name!r}; registered: {registered} "
-                                      "(register your own with grpo_core.rewards.register_reward('name'))"))
-    for i, bench in enumerate(config.evaluate.benchmarks):
-        if not isinstance(bench, str) and bench.reward_func not in REWARD_FUNCS:
-            problems.append((("evaluate", "benchmarks", i, "reward_func"),
-                             f"unknown reward function {bench.reward_func!r}; registered: {registered}"))
-    return problems
+    if isinstance(entry, str):
+        if entry in REWARD_FUNCS:
+            return None
+        return (f"unknown reward function {entry!r}; registered: {', '.join(sorted(REWARD_FUNCS))} "
+                "(register your own with grpo_core.rewards.register_reward('name'))")
+    if isinstance(entry, RewardModelSpec) and entry.model == REWARD_MODEL_STAGE:
+        if config.reward_model is None:
+            return ("model: reward_model names the reward_model stage, which this config does not run; add a "
+                    "`reward_model:` section (it trains on prepare_data's preference pairs) or give a path")
+        return None
+    if isinstance(entry, (RewardModelSpec, JudgeSpec)) and _looks_local(entry.model):
+        if not Path(entry.model).expanduser().exists():
+            return f"{entry.type} {entry.name}: model {entry.model!r}: no such folder"
+        if isinstance(entry, RewardModelSpec):
+            from grpo_core.rewards.reward_model import NotARewardModel, check_sequence_classifier
+
+            try:
+                check_sequence_classifier(Path(entry.model).expanduser())
+            except NotARewardModel as e:
+                return str(e)
+    return None
+
+
+def _looks_local(name: str) -> bool:
+    """A local path rather than a hub name (``org/model``): absolute, relative with a dot, home, or existing."""
+    return name.startswith(("/", ".", "~")) or Path(name).exists()
 
 
 class ConfigError(ValueError):

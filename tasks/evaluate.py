@@ -30,13 +30,24 @@ def output_name(stage: str) -> str:
 
 
 @stage_task_options(STAGE)
-def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRef, force: bool = False) -> StageRef:
+def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRef, force: bool = False,
+             reward_model: StageRef | None = None) -> StageRef:
     """Evaluate the model committed as ``model`` on ``data``'s held-out rows (``eval.parquet``) and on
-    ``config.evaluate.benchmarks``."""
+    ``config.evaluate.benchmarks``; general rows are scored by ``rm_reward``, which may name the run's
+    ``reward_model`` output (then ``reward_model`` is it; a model evaluated before the reward model exists is
+    evaluated without ``eval/rm_score``)."""
+    from tasks.reward_model import resolve_reward_models, uses_reward_model_stage
+
     ctx = StageContext.open(config, run, store, output_name(model.stage))
     try:
         cfg = ctx.config.evaluate
         parents = {"model": model, "prepare_data": data}
+        if uses_reward_model_stage(cfg):
+            if reward_model is None:
+                logger().info(f"evaluate {model.stage}: no reward_model output yet; evaluated without eval/rm_score")
+                cfg = cfg.model_copy(update={"rm_reward": None})
+            else:
+                parents["reward_model"] = reward_model
         benchmark_rows = load_benchmarks(cfg)
         extra = {"benchmarks": {name: _digest(rows) for name, rows in benchmark_rows.items()}} if benchmark_rows else None
         fp = fingerprint(STAGE, cfg, parents, extra)
@@ -47,8 +58,9 @@ def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRe
 
         rows = read_parquet(ctx.fetch(data, "eval.parquet"))
         model_path = str(ctx.fetch(model, "model"))
-        module, tokenizer, backend = make_eval_backend(cfg, model_path)
-        result = evaluate_with_config(cfg, module if module is not None else model_path, rows, tokenizer=tokenizer,
+        scoring = resolve_reward_models(ctx, cfg, parents)  # `model: reward_model` -> the fetched folder
+        module, tokenizer, backend = make_eval_backend(scoring, model_path)
+        result = evaluate_with_config(scoring, module if module is not None else model_path, rows, tokenizer=tokenizer,
                                       backend=backend, return_rows=True)
         held_out = result.pop("rows")
         sources = {str(r.get("id")): r.get("source") for r in rows}

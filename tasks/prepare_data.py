@@ -1,7 +1,9 @@
 """Stage 1, prepare_data: normalised train/eval prompt sets, the cold-start SFT set, and (for the embedded
 default) the tiny base model, written as parquet + a model folder and committed to the store.
 
-Output files: ``train.parquet``, ``eval.parquet``, ``cold_start.parquet``, ``base_model/`` (tiny only).
+Output files: ``train.parquet``, ``eval.parquet``, ``cold_start.parquet``, ``preferences.parquet`` (preference
+pairs ``{prompt, chosen, rejected, source}`` of the built-in general sources; only when there are pairs),
+``base_model/`` (tiny only). Every prompt row keeps its ``source`` column.
 A bad row fails the stage before anything is written (grpo_core.data.DataError names file, row, field),
 unless ``data.on_error: skip``, which counts the skipped rows in the manifest.
 """
@@ -21,6 +23,8 @@ def prepare_data(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> St
     write_parquet(data.train, out / "train.parquet")
     write_parquet(data.eval, out / "eval.parquet")
     write_parquet(data.cold_start, out / "cold_start.parquet")
+    if data.preferences:  # the reward_model stage reads it, and says so when it is missing
+        write_parquet(data.preferences, out / "preferences.parquet")
     if cfg.model.tiny is not None:
         from grpo_core.tiny import build_tiny_model
 
@@ -28,6 +32,7 @@ def prepare_data(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> St
     with ctx.begin() as writer:
         writer.put_dir(out)
         metrics = {"data/num_train": len(data.train), "data/num_eval": len(data.eval),
-                   "data/num_cold_start": len(data.cold_start)}
+                   "data/num_cold_start": len(data.cold_start), "data/num_preferences": len(data.preferences),
+                   **{f"data/{source}/num_train": n for source, n in data.stats["train_by_source"].items()}}
         return commit_stage(ctx, writer, fp=fp, section=cfg.data, parents=parents, metrics=metrics,
                             extra={"data_stats": data.stats})

@@ -32,9 +32,15 @@ def sft_consolidate(ctx: StageContext, parents: dict[str, StageRef], fp: str) ->
     n_mix = 0
     if section.cold_start_mix > 0:
         cold = read_parquet(ctx.fetch(data, "cold_start.parquet"))
+        if section.cold_start_sources:  # e.g. only the general sources' rows: R1 mixes non-reasoning data in here
+            cold = [r for r in cold if r.get("source") in section.cold_start_sources]
+            if not cold:
+                raise StageFailed(f"sft_consolidate.cold_start_sources {section.cold_start_sources} match no "
+                                  "cold-start rows; name sources of cold_start.parquet's source column")
         n_mix = min(len(cold), round(len(rows) * section.cold_start_mix / (1 - section.cold_start_mix + 1e-9)))
         rows += random.Random(section.seed).sample(cold, n_mix)
-    rows_path = write_parquet([{"prompt": r["prompt"], "completion": r["completion"]} for r in rows],
+    rows_path = write_parquet([{"prompt": r["prompt"], "completion": r["completion"],
+                               "source": r.get("source") or "rejection_sample"} for r in rows],
                               ctx.work / "sft_rows.parquet")
     init = section.init_from
     model_path = ctx.base_model(data) if init == "base" else str(ctx.fetch(parents[init], "model"))

@@ -20,16 +20,19 @@ from tasks.final_rl import final_rl
 from tasks.grpo_train import grpo_train
 from tasks.prepare_data import prepare_data
 from tasks.rejection_sample import rejection_sample
+from tasks.reward_model import enabled as reward_model_enabled, reward_model, reward_model_upstream
+from tasks.reward_model import upstream as reward_model_inputs
 from tasks.sft_consolidate import sft_consolidate, upstream as consolidate_upstream
 
-Kind = Literal["data", "sft", "rl", "sampling"]
+Kind = Literal["data", "sft", "rl", "sampling", "reward"]
 Pool = Literal["cpu", "gpu"]
 
 
 @dataclass(frozen=True)
 class Stage:
     """One stage: its name (the same in the CLI, config, store paths, Prefect task, flow and deployment names),
-    its task, the stages whose committed outputs it reads, what it makes and the work pool it runs on."""
+    its task, the stages whose committed outputs it reads, what it makes, the work pool it runs on, and (an
+    optional stage) when it runs."""
 
     name: str
     task: Any  # a ``tasks.common.stage_task``: (config, run, store, inputs, force) -> StageRef
@@ -37,6 +40,11 @@ class Stage:
     kind: Kind
     pool: Pool
     description: str
+    when: Callable[[PipelineConfig], bool] | None = None  # None: always; else the stage runs when it is true
+
+    def enabled(self, config: PipelineConfig) -> bool:
+        """Whether ``config`` runs this stage (the pipeline skips it otherwise; status shows it as skipped)."""
+        return self.when is None or self.when(config)
 
     @property
     def makes_model(self) -> bool:
@@ -57,13 +65,18 @@ STAGES: tuple[Stage, ...] = (
           "Stage 1: prompts, answers and the cold-start set, written as parquet to the store."),
     Stage("cold_start_sft", cold_start_sft, ("prepare_data",), "sft", "gpu",
           "Stage 2: SFT of the base model on long chain-of-thought samples."),
-    Stage("grpo_train", grpo_train, ("prepare_data", "cold_start_sft"), "rl", "gpu",
+    Stage("reward_model", reward_model, reward_model_inputs, "reward", "gpu",
+          "Optional (a `reward_model:` section): a reward model trained on preference pairs (Bradley-Terry).",
+          when=reward_model_enabled),
+    Stage("grpo_train", grpo_train,
+          lambda c: ("prepare_data", "cold_start_sft") + reward_model_upstream(c.grpo_train), "rl", "gpu",
           "Stage 3: GRPO on verifiable rewards (torchrun when the pool's job sets R1_NPROC_PER_NODE > 1)."),
     Stage("rejection_sample", rejection_sample, ("prepare_data", "grpo_train"), "sampling", "gpu",
           "Stage 4: rejection sampling from the GRPO model (vLLM where installed)."),
     Stage("sft_consolidate", sft_consolidate, consolidate_upstream, "sft", "gpu",
           "Stage 5: SFT on the rejection-sampled set."),
-    Stage("final_rl", final_rl, ("prepare_data", "sft_consolidate"), "rl", "gpu",
+    Stage("final_rl", final_rl,
+          lambda c: ("prepare_data", "sft_consolidate") + reward_model_upstream(c.final_rl), "rl", "gpu",
           "Stage 6: GRPO with the broader reward mix."),
 )
 

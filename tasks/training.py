@@ -12,25 +12,33 @@ import json
 from pathlib import Path
 from typing import Any
 
-from grpo_core.config import GRPOConfig, SFTConfig
+from grpo_core.config import GRPOConfig, RewardConfig, SFTConfig
 from tasks.common import Progress, StageContext, commit_stage, logger
 from tasks._worker import run_training
 from tasks.manifest import StageRef
 
 
-def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOConfig, model_path: str,
-                     rows_path: Path, parents: dict[str, StageRef], fp: str,
-                     extra_metrics: dict[str, Any] | None = None) -> StageRef:
-    """Train (resuming from the store's newest checkpoint for ``fp``), upload the final model, commit."""
+TRAINER_CONFIGS = {"grpo": GRPOConfig, "sft": SFTConfig, "reward": RewardConfig}
+
+
+def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOConfig | RewardConfig,
+                     model_path: str, rows_path: Path, parents: dict[str, StageRef], fp: str,
+                     extra_metrics: dict[str, Any] | None = None, eval_rows_path: Path | None = None) -> StageRef:
+    """Train (resuming from the store's newest checkpoint for ``fp``), upload the final model, commit.
+
+    ``kind``: grpo, sft or reward (``eval_rows_path``: the reward model's held-out pairs, if given)."""
+    from tasks.reward_model import resolve_reward_models
+
     log = logger()
-    trainer_cls = GRPOConfig if kind == "grpo" else SFTConfig
-    cfg = {k: v for k, v in section.model_dump(mode="json").items() if k in trainer_cls.model_fields}
+    trainer_cls = TRAINER_CONFIGS[kind]
+    trainer_section = resolve_reward_models(ctx, section, parents)  # `model: reward_model` -> the fetched folder
+    cfg = {k: v for k, v in trainer_section.model_dump(mode="json").items() if k in trainer_cls.model_fields}
     if ctx.config.run.torch_num_threads and not cfg.get("torch_num_threads"):
         cfg["torch_num_threads"] = ctx.config.run.torch_num_threads
     out = ctx.work / "train" / "out"
     spec = {"kind": kind, "config": cfg, "model_path": str(model_path), "rows_path": str(rows_path),
             "output_dir": str(out), "store": ctx.store.url, "run": ctx.run, "stage": ctx.stage, "key": fp,
-            "keep": ctx.config.run.keep_checkpoints}
+            "keep": ctx.config.run.keep_checkpoints, "eval_rows_path": str(eval_rows_path) if eval_rows_path else None}
     progress = Progress(ctx.run, ctx.stage)
 
     def on_event(event: dict[str, Any]) -> None:

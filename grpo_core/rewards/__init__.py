@@ -1,6 +1,8 @@
 """Verifiable rewards (RLVR) under TRL's contract: ``reward(completions, **columns) -> list[float | None]``.
 
-Built-in functions register themselves by name; configs refer to them as ``reward_funcs: [name, ...]``.
+Built-in functions register themselves by name; configs refer to them as ``reward_funcs: [name, ...]``, and to
+reward models and generative judges as ``{reward_model: {model: ...}}`` / ``{judge: {model: ...}}`` entries
+(``rewards.reward_model``, ``rewards.judge``; loaded by ``scoring.resolve_reward``).
 ``grpo_core.rewards.scoring.score_completions`` is the one place they are called (training, evaluation and
 rejection sampling alike).
 """
@@ -32,6 +34,7 @@ __all__ = [
 ]
 # Built-in reward modules register themselves on import (one line each below).
 import grpo_core.synthetic  # noqa: E402,F401  chain_accuracy, chain_format (the built-in task)
+import grpo_core.general  # noqa: E402,F401  preference_rule (the built-in general sources' rule)
 from grpo_core.rewards.code import code_execution  # noqa: E402,F401
 from grpo_core.rewards.shaping import language_consistency, overlong_penalty  # noqa: E402,F401
 from grpo_core.rewards.math import math_accuracy  # noqa: E402,F401

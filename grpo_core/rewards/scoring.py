@@ -15,7 +15,9 @@ import math
 from typing import Any, Protocol, Sequence
 
 import torch
+from pydantic import TypeAdapter
 
+from grpo_core.config import JudgeSpec, RewardModelSpec, RewardSpec, normalize_reward_entry
 from grpo_core.rewards.base import RewardFunc, get_reward_funcs, is_conversational
 
 PASS_THRESHOLD = 1.0  # a verifiable reward scores 1.0 for a correct completion
@@ -30,10 +32,22 @@ class ScoredCompletion(Protocol):
     completion_ids: list[int]
 
 
-def resolve_reward(reward: str | RewardFunc) -> tuple[RewardFunc, str]:
-    """``(function, name)`` of a registered name or a callable (named by its ``__name__``)."""
+def resolve_reward(reward: Any) -> tuple[RewardFunc, str]:
+    """``(function, name)`` of a ``reward_funcs`` entry: a registered name, a reward model or judge (a
+    ``RewardModelSpec`` / ``JudgeSpec``, or its YAML mapping ``{reward_model: {model: ...}}``, loaded here), or a
+    callable (named by its ``__name__``)."""
     if isinstance(reward, str):
         return get_reward_funcs([reward])[0], reward
+    if isinstance(reward, dict):
+        reward = TypeAdapter(RewardSpec).validate_python(normalize_reward_entry(reward))
+    if isinstance(reward, RewardModelSpec):
+        from grpo_core.rewards.reward_model import RewardModelReward
+
+        return RewardModelReward(reward), reward.name
+    if isinstance(reward, JudgeSpec):
+        from grpo_core.rewards.judge import JudgeReward
+
+        return JudgeReward(reward), reward.name
     return reward, getattr(reward, "__name__", "reward")
 
 
@@ -44,11 +58,13 @@ def score_completions(
     rollouts: Sequence[ScoredCompletion],
     num_generations: int,
     max_completion_length: int,
+    routes: Sequence[Sequence[int]] | None = None,
 ) -> torch.Tensor:
     """``[B, R]`` rewards, B = ``len(rows) * num_generations`` (a row's completions contiguous), R functions.
 
-    NaN where a function returned None. Raises ValueError naming the function when it returns a number
-    of scores other than B.
+    NaN where a function returned None. ``routes`` (a data mixture by source): for each function the indices
+    of the ``rows`` it scores; it is called on those rows' completions only, NaN elsewhere. Raises ValueError
+    naming the function when it returns a number of scores other than it was given completions.
     """
     B = len(rows) * num_generations
     if len(rollouts) != B:
@@ -63,16 +79,23 @@ def score_completions(
     completion_ids = [r.completion_ids for r in rollouts]
     out = torch.full((B, len(reward_funcs)), math.nan)  # [B, R]
     for col, (func, name) in enumerate(zip(reward_funcs, reward_names, strict=True)):
+        if routes is None:
+            seqs = list(range(B))
+        else:  # this function's rows only, each row's G completions
+            seqs = [r * num_generations + j for r in routes[col] for j in range(num_generations)]
+            if not seqs:
+                continue
+        pick = (lambda values: values) if routes is None else (lambda values: [values[i] for i in seqs])
         scores = func(
-            prompts=prompts,
-            completions=completions,
-            completion_ids=completion_ids,
+            prompts=pick(prompts),
+            completions=pick(completions),
+            completion_ids=pick(completion_ids),
             max_completion_length=max_completion_length,
-            **columns,
+            **{k: pick(v) for k, v in columns.items()},
         )
-        if len(scores) != B:
-            raise ValueError(f"reward function {name!r} returned {len(scores)} scores for {B} completions")
-        for i, s in enumerate(scores):
+        if len(scores) != len(seqs):
+            raise ValueError(f"reward function {name!r} returned {len(scores)} scores for {len(seqs)} completions")
+        for i, s in zip(seqs, scores):
             if s is not None:
                 out[i, col] = float(s)
     return out

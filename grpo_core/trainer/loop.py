@@ -29,12 +29,14 @@ from transformers import AutoTokenizer
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import backend_kind, backend_options, make_backend, release_memory
 from grpo_core.loss import combine_rewards, compute_group_advantages
-from grpo_core.rewards import get_reward_funcs, pop_reward_stats
+from grpo_core.rewards import pop_reward_stats
 from grpo_core.rewards.math import configure as configure_verifier
+from grpo_core.rewards.scoring import resolve_reward
 from grpo_core.trainer.distributed import gather_objects
 from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded
 from grpo_core.trainer.metrics import completion_metrics, reward_metrics
-from grpo_core.trainer.prompts import PromptStream, all_dropped_error, encode_prompts
+from grpo_core.trainer.mixture import Mixture, per_source_scale, source_labels, source_reward_metrics
+from grpo_core.trainer.prompts import all_dropped_error, encode_prompts
 from grpo_core.trainer.rollouts import collect_step_groups, generate_groups
 from grpo_core.trainer.skeleton import (
     TrainingRun,
@@ -49,7 +51,7 @@ from grpo_core.trainer.update import build_train_batch, optimise
 
 logger = logging.getLogger(__name__)
 
-RewardFuncs = list[str | Callable[..., list[float | None]]]
+RewardFuncs = list[Any]  # registered names, RewardModelSpec / JudgeSpec entries, callables
 
 
 def resolve_rewards(config: GRPOConfig, reward_funcs: RewardFuncs | None) -> tuple[list[Callable], list[str], torch.Tensor | None]:
@@ -62,8 +64,8 @@ def resolve_rewards(config: GRPOConfig, reward_funcs: RewardFuncs | None) -> tup
             f"reward_weights has {len(config.reward_weights)} entries but {len(items)} reward functions were "
             "given; pass one weight per function or set reward_weights=None"
         )
-    funcs = [get_reward_funcs([f])[0] if isinstance(f, str) else f for f in items]
-    names = [f if isinstance(f, str) else getattr(f, "__name__", f"reward_{i}") for i, f in enumerate(items)]
+    resolved = [resolve_reward(f) for f in items]  # names, reward models / judges (loaded here), callables
+    funcs, names = [f for f, _ in resolved], [n for _, n in resolved]
     weights = torch.tensor(config.reward_weights, dtype=torch.float32) if config.reward_weights is not None else None
     return funcs, names, weights
 
@@ -100,7 +102,8 @@ def train_grpo(
     """
     ctx = start_process(config)
     output_dir = Path(output_dir)
-    funcs, names, weights = resolve_rewards(config, reward_funcs)
+    if config.sources and reward_funcs is not None:
+        raise ValueError("config.sources names each source's reward functions; do not also pass reward_funcs")
     if config.prompts_per_step % ctx.world_size:
         raise ValueError(
             f"prompts_per_step ({config.prompts_per_step} = generation_batch_size / num_generations) must be "
@@ -117,6 +120,12 @@ def train_grpo(
     configure_verifier(timeout=config.reward_timeout, num_workers=config.reward_num_workers)  # math_accuracy's pool
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     train_rows, num_dropped = drop_long_prompts(tokenizer, train_rows, config)
+    if config.sources:
+        unweighted = config.model_copy(update={"reward_weights": None})
+        mixture = Mixture(config, train_rows, lambda entries: resolve_rewards(unweighted, entries)[:2])
+    else:
+        mixture = Mixture(config, train_rows, lambda _: resolve_rewards(config, reward_funcs)[:2])
+    names = mixture.reward_names
     model, loaded = load_policy("grpo", model_path, output_dir, config, ctx, resume=resume)
     ref_model = None
     if config.beta > 0.0:  # the reference model exists only when the KL term does
@@ -135,7 +144,6 @@ def train_grpo(
         else:
             backend = make_backend(kind, str(start_path), model=model, tokenizer=tokenizer, **opts)
         pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        stream = PromptStream(len(train_rows), config.seed)
 
         metrics: dict[str, Any] = state["log_history"][-1] if state["log_history"] else {}
         for step in range(state["step"] + 1, config.max_steps + 1):
@@ -143,17 +151,22 @@ def train_grpo(
             timings: dict[str, float] = {}
 
             def generate(position: int, count: int) -> Any:
-                return generate_groups(backend, tokenizer, train_rows, stream, position, count, step, config,
-                                       funcs, names, ctx, timings)
+                return generate_groups(backend, tokenizer, mixture, position, count, step, config, ctx, timings)
 
-            groups, generated, position, rounds = collect_step_groups(generate, state["stream_position"], config, weights)
+            def combine(g: Any) -> torch.Tensor:  # [P*G] each completion weighted by its own source
+                return combine_rewards(g.rewards_per_func, mixture.row_weights(g.rows, config.num_generations))
+
+            groups, generated, position, rounds = collect_step_groups(generate, state["stream_position"], config, combine)
             release_memory(backend)  # vllm_enable_sleep_mode: the engine sleeps until update_weights wakes it
-            _, group_metrics = compute_group_advantages(
-                combine_rewards(generated.rewards_per_func, weights), config.num_generations, config.scale_rewards
-            )
-            advantages, _ = compute_group_advantages(
-                combine_rewards(groups.rewards_per_func, weights), config.num_generations, config.scale_rewards
-            )  # [N]
+            generated_rewards = combine(generated)  # [P*G]
+            _, group_metrics = compute_group_advantages(generated_rewards, config.num_generations, config.scale_rewards)
+            rewards = combine(groups)  # [N]
+            labels = source_labels(groups.rows, config.num_generations)  # [N]
+            if mixture.mixed and config.scale_rewards == "batch":  # one std per source, not one over the mixture
+                centred, _ = compute_group_advantages(rewards, config.num_generations, "none")
+                advantages = per_source_scale(centred, rewards, labels)  # [N]
+            else:
+                advantages, _ = compute_group_advantages(rewards, config.num_generations, config.scale_rewards)  # [N]
             batch = build_train_batch(groups.rollouts, advantages, pad_token_id, config.mask_truncated_completions)
             train_start = time.perf_counter()
             update_metrics = optimise(model, ref_model, run.optimizer, run.scheduler, batch, config, ctx)
@@ -168,6 +181,8 @@ def train_grpo(
             metrics = {
                 **group_metrics,
                 **reward_metrics(generated.rewards_per_func, names),
+                **source_reward_metrics(generated_rewards, source_labels(generated.rows, config.num_generations),
+                                        config.num_generations),
                 **event_counts,
                 **completion_metrics(generated.rollouts, config.emergence.reflection_phrases,
                                      config.emergence.backtrack_phrases),

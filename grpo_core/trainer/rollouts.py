@@ -23,10 +23,10 @@ import torch
 
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import GenerationBackend, Rollout
-from grpo_core.loss import combine_rewards
 from grpo_core.rewards.scoring import score_completions
 from grpo_core.trainer.distributed import DistContext, gather_objects, shard
-from grpo_core.trainer.prompts import PromptStream, completion_seed, encode_prompts
+from grpo_core.trainer.mixture import Mixture
+from grpo_core.trainer.prompts import completion_seed, encode_prompts
 
 
 @dataclass
@@ -63,21 +63,19 @@ class ScoredGroups:
 def generate_groups(
     backend: GenerationBackend,
     tokenizer: Any,
-    train_rows: list[dict[str, Any]],
-    stream: PromptStream,
+    mixture: Mixture,
     position: int,
     num_prompts: int,
     step: int,
     config: GRPOConfig,
-    reward_funcs: list[Callable[..., list[float | None]]],
-    reward_names: list[str],
     ctx: DistContext,
     timings: dict[str, float],
 ) -> ScoredGroups:
-    """Generate and score the groups of stream positions ``position .. position + num_prompts - 1``."""
+    """Generate and score the groups of stream positions ``position .. position + num_prompts - 1``; each row
+    is scored by its own source's reward functions (``mixture.routes``)."""
     G = config.num_generations
     positions = list(range(position, position + num_prompts))
-    rows = [train_rows[i] for i in stream.rows_at(position, num_prompts)]
+    rows = [mixture.rows[i] for i in mixture.rows_at(position, num_prompts)]
     local_positions, local_rows = shard(positions, ctx), shard(rows, ctx)
     # under long_prompts "drop" train_grpo removed the over-long rows before the stream was built (a prompt
     # skipped here would leave the step a group short), so here the policy can only truncate
@@ -96,7 +94,8 @@ def generate_groups(
     )
     timings["time/generate"] = timings.get("time/generate", 0.0) + time.perf_counter() - start
     start = time.perf_counter()
-    rewards = score_completions(reward_funcs, reward_names, local_rows, rollouts, G, config.max_completion_length)
+    rewards = score_completions(mixture.funcs, mixture.reward_names, local_rows, rollouts, G,
+                                config.max_completion_length, mixture.routes(local_rows) if mixture.mixed else None)
     timings["time/reward"] = timings.get("time/reward", 0.0) + time.perf_counter() - start
     gathered = gather_objects([(rollouts, rewards, encoded.truncated)], ctx)
     all_rollouts = [r for part, _, _ in gathered for r in part]
@@ -115,23 +114,24 @@ def collect_step_groups(
     generate: Callable[[int, int], ScoredGroups],
     position: int,
     config: GRPOConfig,
-    reward_weights: torch.Tensor | None,
+    combine: Callable[[ScoredGroups], torch.Tensor],
 ) -> tuple[ScoredGroups, ScoredGroups, int, int]:
-    """``(train_groups, all_generated, new_position, rounds)``; ``generate(position, count)`` makes groups."""
+    """``(train_groups, all_generated, new_position, rounds)``; ``generate(position, count)`` makes groups,
+    ``combine(groups)`` gives their completions' combined rewards ``[P*G]``."""
     P, G = config.prompts_per_step, config.num_generations
     first = generate(position, P)
     position += P
     if not config.dynamic_sampling:
         return first, first, position, 1
     generated = first
-    kept = first.select(informative_groups(combine_rewards(first.rewards_per_func, reward_weights), G), G)
+    kept = first.select(informative_groups(combine(first), G), G)
     rounds = 1
     while len(kept) < P and rounds <= config.max_dynamic_sampling_rounds:
         more = generate(position, P)
         position += P
         rounds += 1
         generated = generated.extend(more)
-        kept = kept.extend(more.select(informative_groups(combine_rewards(more.rewards_per_func, reward_weights), G), G))
+        kept = kept.extend(more.select(informative_groups(combine(more), G), G))
     if len(kept) == 0:
         return first, generated, position, rounds
     return kept.select(list(range(min(P, len(kept)))), G), generated, position, rounds

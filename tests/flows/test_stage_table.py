@@ -46,13 +46,18 @@ def test_a_seventh_stage_appears_everywhere(monkeypatch):
 
 def test_the_table_is_in_dependency_order():
     seen: set[str] = set()
-    for config in (PipelineConfig(), load_config(DEFAULT_CONFIG)):
+    rm_everywhere = PipelineConfig.model_validate({
+        "reward_model": {"init_from": "cold_start_sft"},
+        **{s: {"reward_funcs": ["format", {"reward_model": {"model": "reward_model"}}]} for s in ("grpo_train", "final_rl")},
+    })
+    for config in (PipelineConfig(), load_config(DEFAULT_CONFIG), rm_everywhere):
         seen.clear()
         for stage in all_stages():
             assert set(stage.inputs(config)) <= seen, f"{stage.name} reads a stage that runs after it"
             seen.add(stage.name)
-    assert stage_names() == ["prepare_data", "cold_start_sft", "grpo_train", "rejection_sample", "sft_consolidate",
-                             "final_rl"]
+    assert "reward_model" in get_stage("final_rl").inputs(rm_everywhere)
+    assert stage_names() == ["prepare_data", "cold_start_sft", "reward_model", "grpo_train", "rejection_sample",
+                             "sft_consolidate", "final_rl"]
 
 
 def test_committed_prefect_file_is_the_table_rendered():

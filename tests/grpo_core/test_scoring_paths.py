@@ -20,7 +20,8 @@ from grpo_core.rewards.scoring import passes, score_completions
 from grpo_core.synthetic import chain_accuracy
 from grpo_core.tiny import build_tiny_model
 from grpo_core.trainer.distributed import DistContext
-from grpo_core.trainer.prompts import PromptStream, encode_prompt
+from grpo_core.trainer.mixture import Mixture
+from grpo_core.trainer.prompts import encode_prompt
 
 torch.set_num_threads(1)
 
@@ -77,10 +78,11 @@ def spy(monkeypatch):
     calls = []
 
     def wrap(module):
-        def spying(reward_funcs, reward_names, rows, rollout_list, num_generations, max_completion_length):
+        def spying(reward_funcs, reward_names, rows, rollout_list, num_generations, max_completion_length,
+                   routes=None):
             calls.append((module.__name__, len(rows), num_generations))
             return score_completions(reward_funcs, reward_names, rows, rollout_list, num_generations,
-                                     max_completion_length)
+                                     max_completion_length, routes)
         return spying
 
     for module in (rollouts, evaluation, rejection):
@@ -101,8 +103,8 @@ def test_three_paths_one_function_identical_scores(tok, spy):
     # training: one step's groups over the three rows (the stream's order; scores compared row by row)
     config = GRPOConfig(num_generations=G, generation_batch_size=3 * G, max_completion_length=16, use_vllm=False)
     ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-    groups = rollouts.generate_groups(backend, tok, ROWS, PromptStream(3, seed=0), 0, 3, 0, config, [probe],
-                                      ["probe"], ctx, {})
+    mixture = Mixture(config, ROWS, lambda _: ([probe], ["probe"]))
+    groups = rollouts.generate_groups(backend, tok, mixture, 0, 3, 0, config, ctx, {})
     for g, row in enumerate(groups.rows):
         i = ROWS.index(row)
         assert torch.equal(groups.rewards_per_func[g * G:(g + 1) * G], direct[i * G:(i + 1) * G])

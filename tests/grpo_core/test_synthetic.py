@@ -37,7 +37,7 @@ def test_rows_schema_ranges_and_determinism():
     counts = set()
     for r in rows:
         assert set(r) == {"id", "prompt", "answer", "task", "source"}
-        assert r["task"] == "chain" and r["source"] == "builtin:chain"
+        assert r["task"] == "chain" and r["source"] == "chain"
         (msg,) = r["prompt"]
         assert msg["role"] == "user"
         text = msg["content"]

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import Rollout
+from grpo_core.loss import combine_rewards
 from grpo_core.tiny import build_tiny_model
 from grpo_core.trainer import CheckpointError, list_checkpoints, load_latest_checkpoint, train_grpo
 from grpo_core.trainer.checkpoint import verify_checkpoint
@@ -206,6 +207,10 @@ def _groups(positions: list[int], rewards: list[list[float]]) -> ScoredGroups:
                         [False] * len(positions))
 
 
+def _combine(groups: ScoredGroups) -> torch.Tensor:
+    return combine_rewards(groups.rewards_per_func)
+
+
 def test_dynamic_sampling_drops_flat_groups_and_refills_with_a_cap():
     # Position p has rewards all equal when p is even.
     def generate(position: int, count: int) -> ScoredGroups:
@@ -213,7 +218,7 @@ def test_dynamic_sampling_drops_flat_groups_and_refills_with_a_cap():
         return _groups(pos, [[1.0, 1.0] if p % 2 == 0 else [0.0, 1.0] for p in pos])
 
     config = GRPOConfig(generation_batch_size=8, num_generations=2, dynamic_sampling=True, max_dynamic_sampling_rounds=3)
-    train, generated, position, rounds = collect_step_groups(generate, 0, config, None)
+    train, generated, position, rounds = collect_step_groups(generate, 0, config, _combine)
     assert train.positions == [1, 3, 5, 7] and rounds == 2 and position == 8 and len(generated) == 8
     config = config.model_copy(update={"max_dynamic_sampling_rounds": 1})
     # Only one informative group per round of 4 when 3 of 4 are flat: the cap stops at 2 rounds.
@@ -221,11 +226,11 @@ def test_dynamic_sampling_drops_flat_groups_and_refills_with_a_cap():
         pos = list(range(position, position + count))
         return _groups(pos, [[0.0, 1.0] if p % 4 == 1 else [0.0, 0.0] for p in pos])
 
-    train, generated, position, rounds = collect_step_groups(sparse, 0, config, None)
+    train, generated, position, rounds = collect_step_groups(sparse, 0, config, _combine)
     assert train.positions == [1, 5] and rounds == 2 and position == 8
     assert torch.equal(train.rewards_per_func[:, 0], torch.tensor([0.0, 1.0, 0.0, 1.0]))
     off = config.model_copy(update={"dynamic_sampling": False})
-    train, _, position, rounds = collect_step_groups(sparse, 0, off, None)
+    train, _, position, rounds = collect_step_groups(sparse, 0, off, _combine)
     assert train.positions == [0, 1, 2, 3] and rounds == 1 and position == 4
 
 

@@ -15,7 +15,7 @@ from tasks.stages import stage_names
 
 STAGES = stage_names()
 SPEC = yaml.safe_load(PREFECT_FILE.read_text())
-GPU_STAGES = {"cold_start_sft", "grpo_train", "rejection_sample", "sft_consolidate", "final_rl"}
+GPU_STAGES = {"cold_start_sft", "reward_model", "grpo_train", "rejection_sample", "sft_consolidate", "final_rl"}
 
 
 def by_entrypoint() -> dict[str, dict]:

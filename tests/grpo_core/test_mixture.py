@@ -1,0 +1,167 @@
+"""A GRPO data mixture by source: prompts per step by weight, rewards routed per source, groups of one source,
+per-source metrics in the JSONL."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from grpo_core.config import GRPOConfig, SourceMix
+from grpo_core.generation import Rollout
+from grpo_core.rewards import REWARD_FUNCS, register_reward
+from grpo_core.rewards.base import completion_text, last_user_text
+from grpo_core.rewards.scoring import score_completions
+from grpo_core.tiny import build_tiny_model
+from grpo_core.trainer import train_grpo
+from grpo_core.trainer.mixture import Mixture, MixtureError, allot_prompts, per_source_scale
+
+torch.set_num_threads(1)
+
+SOURCES = ("alpha", "beta", "gamma")
+ROWS = [{"prompt": [{"role": "user", "content": f"{s[0]}{i}"}], "answer": "", "task": s, "source": s}
+        for s in SOURCES for i in range(12)]
+CALLS: list[tuple[str, list[str], list[str]]] = []  # (reward, sources it saw, prompts it saw)
+
+
+def _recording(name: str, value: float):
+    def reward(prompts, completions, source, **kwargs):
+        CALLS.append((name, list(source), [last_user_text(p) for p in prompts]))
+        return [value + len(completion_text(c)) % 3 for c in completions]  # varies, so groups are informative
+
+    reward.__name__ = name
+    return reward
+
+
+@pytest.fixture(autouse=True, scope="module")
+def registered():
+    """The three rewards, registered by name for this module only (other tests list the registry)."""
+    names = {"mix_alpha": 0.0, "mix_beta": 10.0, "mix_gamma": 100.0}
+    for name, value in names.items():
+        register_reward(name)(_recording(name, value))
+    yield
+    for name in names:
+        REWARD_FUNCS.pop(name, None)
+
+
+def mix_config(**overrides) -> GRPOConfig:
+    fields = dict(
+        use_vllm=False, max_steps=2, generation_batch_size=16, num_generations=4, max_completion_length=6,
+        max_prompt_length=16, per_device_train_batch_size=16, learning_rate=1e-3, beta=0.0, save_steps=100,
+        report_to=["jsonl"], scale_rewards="batch",
+        sources=[SourceMix(name="alpha", weight=2.0, reward_funcs=["mix_alpha"]),
+                 SourceMix(name="beta", weight=1.0, reward_funcs=["mix_beta"]),
+                 SourceMix(name="gamma", weight=1.0, reward_funcs=["mix_gamma"])],
+    )
+    fields.update(overrides)
+    return GRPOConfig(**fields)
+
+
+def test_allot_prompts_largest_remainder():
+    assert allot_prompts([2, 1, 1], 4) == [2, 1, 1]
+    assert allot_prompts([1, 1], 3) == [2, 1]  # tie: the earlier source
+    assert allot_prompts([0.7, 0.2, 0.1], 10) == [7, 2, 1]
+    assert allot_prompts([1, 1, 1], 4) == [2, 1, 1]
+
+
+def test_each_step_takes_its_share_of_every_source_and_groups_stay_in_one_source():
+    config = mix_config(generation_batch_size=32)  # 8 prompts per step: 4 alpha, 2 beta, 2 gamma
+    mixture = Mixture(config, ROWS, lambda entries: ([REWARD_FUNCS[e] for e in entries], list(entries)))
+    assert mixture.counts == [4, 2, 2]
+    seen = Counter()
+    for step in range(6):
+        idx = mixture.rows_at(step * 8, 8)
+        assert mixture.rows_at(step * 8, 8) == idx  # a position names one prompt, always
+        rows = [mixture.rows[i] for i in idx]
+        assert [r["source"] for r in rows] == ["alpha"] * 4 + ["beta"] * 2 + ["gamma"] * 2
+        seen.update(r["prompt"][0]["content"] for r in rows)
+    assert sum(1 for p in seen if p.startswith("a")) == 12  # 24 alpha draws cover its 12 rows (an epoch each)
+
+
+def test_a_source_with_no_rows_or_no_share_is_refused():
+    resolve = lambda entries: ([REWARD_FUNCS[e] for e in entries], list(entries))  # noqa: E731
+    with pytest.raises(MixtureError, match="source 'gamma' has no training rows.*alpha, beta"):
+        Mixture(mix_config(), [r for r in ROWS if r["source"] != "gamma"], resolve)
+    tiny = mix_config(sources=[SourceMix(name="alpha", weight=100, reward_funcs=["mix_alpha"]),
+                               SourceMix(name="beta", weight=1, reward_funcs=["mix_beta"])])
+    with pytest.raises(MixtureError, match="source 'beta' .* gets 0 of the 4 prompts"):
+        Mixture(tiny, ROWS, resolve)
+
+
+@pytest.mark.parametrize("weight", [0, -1.0])
+def test_a_weight_of_zero_or_below_is_refused(weight):
+    with pytest.raises(ValueError, match=f"source 'beta' has weight {weight}.* must be > 0"):
+        SourceMix(name="beta", weight=weight, reward_funcs=["mix_beta"])
+
+
+def test_a_source_without_reward_functions_is_refused():
+    with pytest.raises(ValueError, match="source 'beta' has no reward function"):
+        SourceMix(name="beta", weight=1.0)
+
+
+def test_routes_call_each_function_on_its_own_rows_only():
+    rows = [ROWS[0], ROWS[12], ROWS[24], ROWS[1]]  # alpha, beta, gamma, alpha
+    mixture = Mixture(mix_config(), ROWS, lambda entries: ([REWARD_FUNCS[e] for e in entries], list(entries)))
+    rollouts = [Rollout([1], [2], None, False, "x" * k) for k in range(8)]  # G = 2
+    CALLS.clear()
+    scores = score_completions(mixture.funcs, mixture.reward_names, rows, rollouts, 2, 6, mixture.routes(rows))
+    assert [(n, s) for n, s, _ in CALLS] == [("mix_alpha", ["alpha"] * 4), ("mix_beta", ["beta"] * 2),
+                                             ("mix_gamma", ["gamma"] * 2)]
+    nan = float("nan")
+    expected = torch.tensor([[0, nan, nan], [1, nan, nan], [nan, 12, nan], [nan, 10, nan],
+                             [nan, nan, 101], [nan, nan, 102], [0, nan, nan], [1, nan, nan]])
+    torch.testing.assert_close(scores, expected, equal_nan=True)
+
+
+def test_batch_scaling_uses_each_sources_own_std():
+    rewards = torch.tensor([0.0, 2.0, 100.0, 300.0])
+    centred = torch.tensor([-1.0, 1.0, -100.0, 100.0])
+    out = per_source_scale(centred, rewards, ["a", "a", "b", "b"], eps=0.0)
+    a_std, b_std = torch.tensor([0.0, 2.0]).std(), torch.tensor([100.0, 300.0]).std()
+    torch.testing.assert_close(out, torch.tensor([-1 / a_std, 1 / a_std, -100 / b_std, 100 / b_std]))
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), hidden_size=32, num_layers=2, num_heads=2)
+
+
+def test_three_sources_three_rewards_routed_in_training(tmp_path, tiny_path):
+    CALLS.clear()
+    out = train_grpo(mix_config(), tiny_path, ROWS, tmp_path / "run", resume=False)
+    assert out["step"] == 2
+    # every call of a source's reward saw that source's rows only, each prompt's G completions together
+    by_reward = {"mix_alpha": "alpha", "mix_beta": "beta", "mix_gamma": "gamma"}
+    assert {n for n, _, _ in CALLS} == set(by_reward)
+    for name, sources, prompts in CALLS:
+        assert set(sources) == {by_reward[name]}, (name, sources)
+        groups = [prompts[i:i + 4] for i in range(0, len(prompts), 4)]
+        assert all(len(set(g)) == 1 for g in groups), prompts  # a group is G samples of one prompt
+    per_step = Counter(n for n, _, _ in CALLS)
+    assert per_step == {"mix_alpha": 2, "mix_beta": 2, "mix_gamma": 2}  # one call per source per step
+    assert Counter(len(p) for n, _, p in CALLS if n == "mix_alpha") == {8: 2}  # 2 prompts x G=4 per step
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for m in lines:
+        assert 0 <= m["rewards/alpha/mean"] < 3 and 10 <= m["rewards/beta/mean"] < 13
+        assert 100 <= m["rewards/gamma/mean"] < 103
+        assert m["rewards/mix_gamma/mean"] == m["rewards/gamma/mean"]  # gamma's function scored gamma only
+        assert (m["mixture/alpha/prompts"], m["mixture/beta/prompts"], m["mixture/gamma/prompts"]) == (2, 1, 1)
+
+
+def test_sft_epoch_takes_each_sources_share():
+    from grpo_core.config import SFTConfig, SourceWeight
+    from grpo_core.trainer.mixture import weighted_epoch
+
+    rows = [{"prompt": f"c{i}", "completion": "x", "source": "chain"} for i in range(30)]
+    rows += [{"prompt": f"h{i}", "completion": "y", "source": "helpful"} for i in range(6)]
+    rows += [{"prompt": f"o{i}", "completion": "z", "source": "other"} for i in range(4)]
+    sources = SFTConfig(sources=[SourceWeight(name="chain", weight=1), SourceWeight(name="helpful", weight=1)]).sources
+    epoch = weighted_epoch(rows, sources, seed=0)
+    assert Counter(r["source"] for r in epoch) == {"chain": 18, "helpful": 18}  # 36 rows, half each; "other" out
+    assert len({r["prompt"] for r in epoch if r["source"] == "chain"}) == 18  # subsampled without repeats
+    assert {r["prompt"] for r in epoch if r["source"] == "helpful"} == {f"h{i}" for i in range(6)}  # cycled 3 times
+    assert weighted_epoch(rows, sources, seed=0) == epoch
+    with pytest.raises(MixtureError, match="source 'missing' has no SFT rows"):
+        weighted_epoch(rows, [SourceWeight(name="missing")], seed=0)
