@@ -110,7 +110,7 @@ def test_tensor_parallel_splits_vllm_weights():
 
 def test_a_plan_that_does_not_fit_names_the_settings_that_would():
     shape = KNOWN_SHAPES["Qwen/Qwen2.5-7B"]
-    config = SFTConfig(bf16=True, per_device_train_batch_size=4, max_length=4096)  # ddp, no checkpointing
+    config = SFTConfig(bf16=True, per_device_train_batch_size=4, max_length=4096, distributed_strategy="ddp")  # no checkpointing
     plan = plan_stage("cold_start_sft", "sft", config, shape, Hardware(8, 80 * GiB))
     assert not plan.fits
     assert "distributed_strategy: fsdp" not in plan.suggestions  # sharding alone leaves ~100 GiB of activations
