@@ -70,7 +70,7 @@ def fetch_checkpoint(spec: dict[str, Any], emit: Emit) -> int:
 def execute(spec: dict[str, Any], emit: Emit) -> dict[str, Any]:
     """Train (``kind``: grpo, sft or reward) from ``model_path`` or the newest checkpoint in ``output_dir``
     (the trainer writes ``output_dir/metrics.jsonl``)."""
-    from grpo_core.config import GRPOConfig, SFTConfig
+    from grpo_core.config import GRPOConfig, RewardConfig, SFTConfig
     from grpo_core.data import read_parquet
     from tasks.plan import check_stage_memory
     from tasks.store import Store
@@ -79,7 +79,7 @@ def execute(spec: dict[str, Any], emit: Emit) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     store = Store(spec["store"], check=False)
     callbacks = [StoreCheckpoints(store, spec["run"], spec["stage"], spec["key"], int(spec.get("keep", 2)), emit)]
-    config = (GRPOConfig if spec["kind"] == "grpo" else SFTConfig).model_validate(spec["config"])
+    config = {"grpo": GRPOConfig, "reward": RewardConfig}.get(spec["kind"], SFTConfig).model_validate(spec["config"])
     # On CUDA: fail before loading anything when the plan does not fit (tasks/plan.py; `r1 plan` prints it)
     check_stage_memory(spec["stage"], "rl" if spec["kind"] == "grpo" else "sft", config, spec["model_path"])
     rows = read_parquet(Path(spec["rows_path"]))
@@ -89,11 +89,10 @@ def execute(spec: dict[str, Any], emit: Emit) -> dict[str, Any]:
         metrics = train_grpo(config, spec["model_path"], rows, out,
                              resume=True, callbacks=callbacks)
     elif spec["kind"] == "reward":
-        from grpo_core.config import RewardConfig
         from grpo_core.reward_model import train_reward_model
 
         eval_rows = read_parquet(Path(spec["eval_rows_path"])) if spec.get("eval_rows_path") else None
-        metrics = train_reward_model(RewardConfig.model_validate(spec["config"]), spec["model_path"], rows, out,
+        metrics = train_reward_model(config, spec["model_path"], rows, out,
                                      eval_rows=eval_rows, resume=True, callbacks=callbacks)
     else:
         from grpo_core.sft import train_sft
