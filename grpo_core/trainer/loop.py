@@ -137,6 +137,10 @@ def train_grpo(
             backend = ReplicaBackend(make_backend("hf", str(start_path), model=replica, tokenizer=tokenizer, **opts), replica)
         else:
             backend = make_backend(kind, str(start_path), model=model, tokenizer=tokenizer, **opts)
+        # The transformers backend on the trainer's own module (same weights, same autocast) reports the
+        # trainer's log-probs: its weights would be 1 but for float rounding, so the correction is skipped.
+        sampler_is_trainer = kind == "hf" and not is_sharded(model)
+        sampling_correction = config.vllm_importance_sampling_correction and not sampler_is_trainer
         pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         stream = PromptStream(len(train_rows), config.seed)
 
@@ -158,7 +162,8 @@ def train_grpo(
             )  # [N]
             batch = build_train_batch(groups.rollouts, advantages, pad_token_id, config.mask_truncated_completions)
             train_start = time.perf_counter()
-            update_metrics = optimise(model, ref_model, run.optimizer, run.scheduler, batch, config, ctx)
+            update_metrics = optimise(model, ref_model, run.optimizer, run.scheduler, batch, config, ctx,
+                                      sampling_correction=sampling_correction)
             backend.update_weights(model)  # the next step samples from the updated policy
             end = time.perf_counter()
 
