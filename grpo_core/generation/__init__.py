@@ -32,6 +32,9 @@ class Rollout:
 
 
 class GenerationBackend(Protocol):
+    """``batches_itself`` (optional, default False): the backend schedules its own batches (vLLM), so
+    evaluation and rejection sampling hand it every prompt in one call instead of fixed batches."""
+
     def generate(
         self,
         prompt_ids: list[list[int]],
