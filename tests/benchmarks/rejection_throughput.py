@@ -1,13 +1,16 @@
-# python tests/benchmarks/rejection_throughput.py [--model PATH] [--prompts 1500] [--rounds 2] [--threads 2]
+# python tests/benchmarks/rejection_throughput.py [--model PATH] [--prompts 1500] [--rounds 2] [--threads 2] [--no-chunked]
 """Rejection sampling's throughput against one raw ``LLM.generate`` call on the same engine, prompts and settings.
 
 The embedded default's rejection_sample stage (configs/tiny-cpu.yaml: 1,500 training prompts x 4 samples,
 48 new tokens, temperature 1, chain_accuracy) on vLLM: ``rejection_sample_with_config`` end to end (prompt
 encoding, generation, scoring, filters) against ``llm.generate(prompts, SamplingParams(n=4, ...))`` on the
-same engine. The two run interleaved (raw, ours, raw, ours, ...) so load from other processes hits both;
-the ratio is of the medians. ``--model`` is a trained GRPO model (its completions stop early, as in the
+same engine; ``chunked`` is the same stage with the engine marked as not batching itself, so it gets 16
+prompts (64 sequences) per call, as before this benchmark's change. They run interleaved (raw, ours, chunked,
+raw, ...) so load from other processes hits all of them; the ratios are of the medians. Each run also prints
+a progress line to stderr. ``--model`` is a trained GRPO model (its completions stop early, as in the
 stage); without it a random-init model of the embedded default's shape is built (completions run to the cap).
-Prints one JSON line: samples/s for each round, completion tokens/s, and ``ratio`` (ours / raw).
+Prints one JSON line: samples/s for each round, raw completion tokens/s, ``ratio`` (ours / raw) and
+``chunked_ratio`` (chunked / raw).
 Not a test: numbers depend on the machine and its load.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +33,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-chunked", action="store_true", help="skip the fixed-batch comparison")
     args = ap.parse_args()
 
     import torch
@@ -66,17 +71,30 @@ def main() -> None:
         kept, stats = rejection_sample_with_config(rs, backend, tokenizer, rows)
         return stats["rs/num_samples"], -1  # token count is not exposed by the stage; samples are what it reports
 
+    def chunked() -> tuple[int, int]:
+        backend.batches_itself = False  # the stage's fixed batches (batch_size 64 sequences per call)
+        try:
+            return ours()
+        finally:
+            backend.batches_itself = True
+
     backend.llm.generate(requests[:8], params, use_tqdm=False)  # warm-up: first-call compilation and allocation
-    result: dict[str, list[float]] = {"raw_samples_per_s": [], "ours_samples_per_s": [], "raw_tokens_per_s": []}
-    for _ in range(args.rounds):
-        for name, fn in (("raw", raw), ("ours", ours)):
+    runs = [("raw", raw), ("ours", ours)] + ([] if args.no_chunked else [("chunked", chunked)])
+    result: dict[str, list[float]] = {f"{name}_samples_per_s": [] for name, _ in runs}
+    result["raw_tokens_per_s"] = []
+    for round_ in range(args.rounds):
+        for name, fn in runs:
             start = time.perf_counter()
             samples, tokens = fn()
             wall = time.perf_counter() - start
             result[f"{name}_samples_per_s"].append(round(samples / wall, 1))
             if tokens >= 0:
                 result["raw_tokens_per_s"].append(round(tokens / wall, 1))
-    ratio = statistics.median(result["ours_samples_per_s"]) / statistics.median(result["raw_samples_per_s"])
+            print(f"round {round_ + 1} {name}: {samples} samples in {wall:.1f} s", file=sys.stderr, flush=True)
+    raw_median = statistics.median(result["raw_samples_per_s"])
+    ratio = statistics.median(result["ours_samples_per_s"]) / raw_median
+    if not args.no_chunked:
+        result["chunked_ratio"] = round(statistics.median(result["chunked_samples_per_s"]) / raw_median, 3)
     print(json.dumps({"model": "trained" if args.model else "random-init", "prompts": len(prompt_ids),
                       "samples": rs.num_samples, "threads": args.threads, **result, "ratio": round(ratio, 3)}))
 
