@@ -111,6 +111,13 @@ class GRPOConfig(OptimConfig):
     vllm_tensor_parallel_size: int = Field(1, ge=1)
     vllm_kv_cache_memory_bytes: int | None = Field(None, gt=0, description="fixed KV cache size (needed on CPU)")
 
+    # --- asynchronous rollouts (grpo_core/trainer/async_rollouts.py) ---
+    async_rollouts: bool = Field(False, description="generate step n+1's rollouts in a sampler process while step n "
+                                 "trains (one step stale, corrected by the sampler importance weights); one process only")
+    async_sampler_timeout: float = Field(600.0, gt=0, description="seconds the trainer waits for the sampler process "
+                                         "before failing the stage (a dead sampler fails at once)")
+    async_sampler_threads: int = Field(1, gt=0, description="torch threads of the sampler process")
+
     # --- sampler/trainer gap (grpo_core/loss.py: compute_sampling_correction; TRL's names) ---
     vllm_importance_sampling_correction: bool = Field(
         True, description="weight each completion token's loss term by pi_trainer_old / pi_sampler, bounded by "

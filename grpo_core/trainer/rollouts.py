@@ -75,6 +75,18 @@ def generate_groups(
     timings: dict[str, float],
 ) -> ScoredGroups:
     """Generate and score the groups of stream positions ``position .. position + num_prompts - 1``."""
+    prompt_ids, kwargs, truncated = group_request(tokenizer, train_rows, stream, position, num_prompts, step, config, ctx)
+    start = time.perf_counter()
+    rollouts = backend.generate(prompt_ids, **kwargs)
+    timings["time/generate"] = timings.get("time/generate", 0.0) + time.perf_counter() - start
+    return score_groups(rollouts, truncated, train_rows, stream, position, num_prompts, config, reward_funcs,
+                        reward_names, ctx, timings)
+
+
+def group_request(tokenizer: Any, train_rows: list[dict[str, Any]], stream: PromptStream, position: int,
+                  num_prompts: int, step: int, config: GRPOConfig, ctx: DistContext
+                  ) -> tuple[list[list[int]], dict[str, Any], list[bool]]:
+    """``(prompt_ids, generate keywords, truncated)`` of this rank's share of the groups at ``position``."""
     G = config.num_generations
     positions = list(range(position, position + num_prompts))
     rows = [train_rows[i] for i in stream.rows_at(position, num_prompts)]
@@ -82,23 +94,26 @@ def generate_groups(
     # under long_prompts "drop" train_grpo removed the over-long rows before the stream was built (a prompt
     # skipped here would leave the step a group short), so here the policy can only truncate
     encoded = encode_prompts(tokenizer, [row["prompt"] for row in local_rows], config.max_prompt_length, "truncate")
-    prompt_ids = encoded.ids
     seeds = [completion_seed(config.seed, step, p, j) for p in local_positions for j in range(G)]
-    start = time.perf_counter()
-    rollouts = backend.generate(
-        prompt_ids,
-        n=G,
-        max_tokens=config.max_completion_length,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        top_k=config.top_k,
-        seeds=seeds,
-    )
-    timings["time/generate"] = timings.get("time/generate", 0.0) + time.perf_counter() - start
+    kwargs = dict(n=G, max_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
+                  top_k=config.top_k, seeds=seeds)
+    return encoded.ids, kwargs, encoded.truncated
+
+
+def score_groups(
+    rollouts: list[Rollout], truncated: list[bool], train_rows: list[dict[str, Any]], stream: PromptStream,
+    position: int, num_prompts: int, config: GRPOConfig, reward_funcs: list[Callable[..., list[float | None]]],
+    reward_names: list[str], ctx: DistContext, timings: dict[str, float],
+) -> ScoredGroups:
+    """Score this rank's rollouts of the groups at ``position`` and gather every rank's groups."""
+    G = config.num_generations
+    positions = list(range(position, position + num_prompts))
+    rows = [train_rows[i] for i in stream.rows_at(position, num_prompts)]
+    local_rows = shard(rows, ctx)
     start = time.perf_counter()
     rewards = score_completions(reward_funcs, reward_names, local_rows, rollouts, G, config.max_completion_length)
     timings["time/reward"] = timings.get("time/reward", 0.0) + time.perf_counter() - start
-    gathered = gather_objects([(rollouts, rewards, encoded.truncated)], ctx)
+    gathered = gather_objects([(rollouts, rewards, truncated)], ctx)
     all_rollouts = [r for part, _, _ in gathered for r in part]
     all_rewards = torch.cat([rw for _, rw, _ in gathered])  # [P*G, R]
     all_truncated = [t for _, _, part in gathered for t in part]  # [P]
@@ -116,10 +131,12 @@ def collect_step_groups(
     position: int,
     config: GRPOConfig,
     reward_weights: torch.Tensor | None,
+    first: ScoredGroups | None = None,
 ) -> tuple[ScoredGroups, ScoredGroups, int, int]:
-    """``(train_groups, all_generated, new_position, rounds)``; ``generate(position, count)`` makes groups."""
+    """``(train_groups, all_generated, new_position, rounds)``; ``generate(position, count)`` makes groups;
+    ``first``: the first round's groups when already generated (asynchronous rollouts)."""
     P, G = config.prompts_per_step, config.num_generations
-    first = generate(position, P)
+    first = generate(position, P) if first is None else first
     position += P
     if not config.dynamic_sampling:
         return first, first, position, 1
