@@ -13,7 +13,7 @@ out of memory) or stops answering raises ``SamplerError`` naming the sampler pro
 within ``timeout``, never a hang. An exception inside the child comes back as a ``SamplerError`` with its
 traceback.
 
-Not yet wired into the trainer (the ``async_rollouts`` loop of issue 15 is the next step).
+The trainer's ``async_rollouts`` schedule (``grpo_core/trainer/async_rollouts.py``) is its user.
 """
 
 from __future__ import annotations

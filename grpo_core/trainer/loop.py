@@ -10,6 +10,8 @@ Determinism: prompts come from a seeded stream and every completion's sampling s
 ``(seed, step, stream position, j)``; so a run killed at any step and resumed from its checkpoint
 ends with the same weights as one that never stopped, and N processes give the curve of one.
 
+``async_rollouts``: the sampler runs in its own process one step behind (``trainer/async_rollouts.py``).
+
 Over-long prompts (``trainer.prompts.encode_prompts``): under ``long_prompts: truncate`` each step logs
 ``prompts/truncated``, its generated prompts cut to ``max_prompt_length``; under ``drop`` the rows over the
 limit are removed before the prompt stream is built (so every step keeps whole groups, and a resumed run
