@@ -6,7 +6,7 @@ The embedded default's rejection_sample stage (configs/tiny-cpu.yaml: 1,500 trai
 encoding, generation, scoring, filters) against ``llm.generate(prompts, SamplingParams(n=4, ...))`` on the
 same engine; ``chunked`` is the same stage with the engine marked as not batching itself, so it gets 16
 prompts (64 sequences) per call, as before this benchmark's change. They run interleaved (raw, ours, chunked,
-raw, ...) so load from other processes hits all of them; the ratios are of the medians. Each run also prints
+raw, ...) so load from other processes hits all of them; the ratios are of the medians, and ``ratio_per_round`` pairs each round's runs. Each run also prints
 a progress line to stderr. ``--model`` is a trained GRPO model (its completions stop early, as in the
 stage); without it a random-init model of the embedded default's shape is built (completions run to the cap).
 Prints one JSON line: samples/s for each round, raw completion tokens/s, ``ratio`` (ours / raw) and
@@ -91,6 +91,8 @@ def main() -> None:
             if tokens >= 0:
                 result["raw_tokens_per_s"].append(round(tokens / wall, 1))
             print(f"round {round_ + 1} {name}: {samples} samples in {wall:.1f} s", file=sys.stderr, flush=True)
+    # each round's own ratio compares runs minutes apart, under the same load
+    result["ratio_per_round"] = [round(o / r, 3) for o, r in zip(result["ours_samples_per_s"], result["raw_samples_per_s"])]
     raw_median = statistics.median(result["raw_samples_per_s"])
     ratio = statistics.median(result["ours_samples_per_s"]) / raw_median
     if not args.no_chunked:
