@@ -259,10 +259,49 @@ class GRPOConfig(OptimConfig):
         "runs and takes them back before generating (TRL's name); the memory planner then counts no vLLM share there",
     )
 
+    # --- asynchronous rollouts (grpo_core/trainer/async_rollouts.py) ---
+    async_rollouts: bool = Field(False, description="generate step n+1's rollouts in a sampler process while step n "
+                                 "trains (one step stale, corrected by the sampler importance weights); one process only")
+    async_sampler_timeout: float = Field(600.0, gt=0, description="seconds the trainer waits for the sampler process "
+                                         "before failing the stage (a dead sampler fails at once)")
+    async_sampler_threads: int = Field(1, gt=0, description="torch threads of the sampler process")
+
+    # --- sampler/trainer gap (grpo_core/loss.py: compute_sampling_correction; TRL's names) ---
+    vllm_importance_sampling_correction: bool = Field(
+        True, description="weight each completion token's loss term by pi_trainer_old / pi_sampler, bounded by "
+        "vllm_importance_sampling_mode; acts whenever the sampler is not the trainer's own forward (vLLM, a "
+        "replica); with the transformers sampler on the trainer's module the weights are 1 and it is skipped",
+    )
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = Field(
+        "token_truncate", description="token_*: one weight per token; sequence_*: one per completion (product of "
+        "its token ratios); *_truncate clamps to [clip_min, clip_max], *_mask zeroes weights outside it (TRL >= 1.6 "
+        "defaults to sequence_mask with clip_max 3.0; token_truncate with cap 2.0 is TRL's earlier default)",
+    )
+    vllm_importance_sampling_clip_max: float | None = Field(
+        2.0, gt=0, description="C_max: weights above it are clamped to it (truncate) or zeroed (mask); None = no "
+        "upper bound. The older name vllm_importance_sampling_cap is accepted",
+    )
+    vllm_importance_sampling_clip_min: float | None = Field(None, gt=0, description="C_min; None = no lower bound")
+
     # --- memory (logprob_chunk_size is in OptimConfig) ---
     share_prompt_forward: bool = Field(
         True, description="run each prompt once per micro-batch for its G completions (training and reference passes)"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        """TRL < 1.6's ``vllm_importance_sampling_cap`` is ``vllm_importance_sampling_clip_max`` (as TRL maps it)."""
+        if isinstance(data, dict) and "vllm_importance_sampling_cap" in data:
+            data = dict(data)
+            cap = data.pop("vllm_importance_sampling_cap")
+            if data.get("vllm_importance_sampling_clip_max", cap) != cap:
+                raise ValueError(
+                    "vllm_importance_sampling_cap (the older name) and vllm_importance_sampling_clip_max are both "
+                    "set and differ; keep only vllm_importance_sampling_clip_max"
+                )
+            data["vllm_importance_sampling_clip_max"] = cap
+        return data
 
     @field_validator("reward_funcs", mode="before")
     @classmethod
@@ -276,6 +315,11 @@ class GRPOConfig(OptimConfig):
             dup = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"reward_funcs names {dup} more than once; give each reward model / judge its own "
                              "`name:` (metrics are logged per name)")
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if low is not None and high is not None and low >= high:
+            raise ValueError(
+                f"vllm_importance_sampling_clip_min ({low}) must be below vllm_importance_sampling_clip_max ({high})"
+            )
         if self.generation_batch_size % self.num_generations:
             raise ValueError(
                 f"generation_batch_size ({self.generation_batch_size}) must be a multiple of num_generations "

@@ -33,7 +33,8 @@ Prompts longer than ``max_prompt_length`` are truncated or dropped by ``long_pro
 (``trainer.prompts.encode_prompts``, the call training makes); the counts are ``eval/prompts_truncated`` and
 ``eval/prompts_dropped``, and every other metric is over the rows kept (``eval/num_rows``).
 
-Generation goes through a ``GenerationBackend`` (vLLM or transformers); scores through
+Generation goes through a ``GenerationBackend`` (vLLM gets every prompt in one call and batches them itself;
+transformers gets ``batch_size`` sequences at a time); scores through
 ``grpo_core.rewards.scoring.score_completions``, the trainer's own call, so evaluation scores exactly what
 training rewards.
 """
@@ -325,6 +326,12 @@ def _single_token_id(tokenizer: Any, text: str) -> int | None:
 def _generate(backend: GenerationBackend, prompt_ids: list[list[int]], *, n: int, max_tokens: int, greedy: bool,
               batch: int, temperature: float = 1.0, top_p: float = 1.0, seeds: list[int] | None = None
               ) -> list[Rollout]:
+    """``n`` rollouts per prompt, ``batch`` prompts per ``generate`` call, or all of them in one call when the
+    backend schedules its own batches (vLLM's continuous batching: ``batches_itself``); the transformers
+    sampler's memory grows with its batch, so it keeps ``batch``. Seeds are per completion, so the results
+    do not depend on the split."""
+    if getattr(backend, "batches_itself", False):
+        batch = max(1, len(prompt_ids))
     out: list[Rollout] = []
     for start in range(0, len(prompt_ids), batch):
         chunk = prompt_ids[start: start + batch]

@@ -18,13 +18,21 @@ against a loop-by-loop transcription). Switches for the variants practice has mo
 - ``importance_sampling_level="sequence"``: GSPO (Zheng et al. 2025): one length-normalised ratio
   ``s_i = exp(mean_t(logp - logp_old))`` per sequence, in GSPO-token's stop-gradient form.
 
+Sampler/trainer gap (TRL's ``vllm_importance_sampling_correction``; Yao et al. 2025, "Your efficient RL
+framework secretly brings you off-policy RL training"): completions come from a sampler (vLLM, another
+precision, stale weights) whose probabilities ``pi_sampler`` differ from the trainer's ``pi_old``. Each
+token's policy term is multiplied by the truncated importance weight ``w = min(pi_old / pi_sampler, C)``
+(``compute_sampling_correction``, passed to ``compute_policy_loss`` as ``importance_sampling_ratio``);
+the KL term is not weighted, as in TRL.
+
 Departures from the paper formula: the std gets ``+ eps`` (1e-4, as TRL) so constant-reward groups give
 0 advantages instead of NaN; ``|o_i|`` is clamped to >= 1 so an empty completion contributes 0.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -32,6 +40,7 @@ from torch import Tensor
 ScaleRewards = Literal["group", "batch", "none"]
 LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
+SamplingCorrectionMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 
 def combine_rewards(rewards_per_func: Tensor, weights: Tensor | None = None) -> Tensor:
@@ -88,6 +97,7 @@ def compute_policy_loss(
     max_completion_length: int | None = None,
     num_sequences: int | None = None,
     num_tokens: int | None = None,
+    importance_sampling_ratio: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The clipped GRPO surrogate plus ``beta`` * k3 KL, aggregated by ``loss_type``; returns ``(loss, metrics)``.
 
@@ -95,6 +105,8 @@ def compute_policy_loss(
     means on-policy (one optimisation pass): the ratio is 1 in value but the gradient still flows.
     ``num_sequences`` / ``num_tokens`` are the totals of the whole optimiser step (all micro-batches and
     ranks), so that summing the micro-batch losses gives the full-batch loss; by default this batch's own.
+    ``importance_sampling_ratio`` (``[B, T]`` or ``[B, 1]``, no gradient): the sampler correction's weights
+    (``compute_sampling_correction``), multiplying each token's policy term before the KL term is added.
     Metrics are floats over this batch; ``kl`` is 0.0 when ``beta == 0`` (nothing is computed).
     """
     mask = completion_mask.to(per_token_logps.dtype)  # [B, T]
@@ -117,6 +129,8 @@ def compute_policy_loss(
     ratio = torch.exp(log_ratio)  # [B, T], seed's rho_it
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + eps_high)  # [B, T]
     per_token_loss = -torch.min(ratio * adv, clipped * adv)  # [B, T], seed: min(rho A, clip(rho) A)
+    if importance_sampling_ratio is not None:  # TRL: w * policy term, KL unweighted
+        per_token_loss = per_token_loss * importance_sampling_ratio.detach()  # [B, T]
 
     if beta != 0.0:
         if ref_per_token_logps is None:
@@ -153,3 +167,60 @@ def compute_policy_loss(
             "clip_ratio/region_mean": clip_mean((is_low | is_high).float()),
         }
     return loss, metrics
+
+
+def compute_sampling_correction(
+    old_per_token_logps: Tensor,
+    sampling_per_token_logps: Tensor,
+    completion_mask: Tensor,
+    *,
+    mode: SamplingCorrectionMode = "token_truncate",
+    clip_min: float | None = None,
+    clip_max: float | None = 2.0,
+) -> tuple[Tensor, dict[str, float]]:
+    """Importance weights ``pi_old / pi_sampler`` for the sampler/trainer gap, bounded by ``mode``; ``(weights, metrics)``.
+
+    ``old_per_token_logps`` are the trainer's log-probs of the sampled tokens before the update,
+    ``sampling_per_token_logps`` the sampler's, both ``[B, T]``. As TRL's ``vllm_importance_sampling_mode``:
+    ``token_*`` gives one weight per token ``[B, T]``; ``sequence_*`` one per sequence ``[B, 1]``, the
+    product of its token ratios (``exp(sum_t diff)``, not length-normalised). ``*_truncate`` clamps to
+    ``[clip_min, clip_max]`` (Ionides' truncated IS: ``min(w, C)`` with the default ``clip_min=None``);
+    ``*_mask`` sets weights outside the range to 0. Equal log-probs give weights of exactly 1.
+
+    Metrics (TRL's names): ``sampling/sampling_logp_difference/{mean,max}`` of ``|old - sampler|`` over
+    completion tokens, ``sampling/importance_sampling_ratio/{min,mean,max}`` over completion tokens
+    (token modes) or sequences (sequence modes); 0.0 for an empty batch.
+    """
+    mask = completion_mask.to(old_per_token_logps.dtype)  # [B, T]
+    diff = (old_per_token_logps - sampling_per_token_logps) * mask  # [B, T], log(pi_old / pi_sampler), 0 on padding
+    granularity, bound = mode.split("_") if mode.count("_") == 1 else ("", "")
+    if granularity == "sequence":
+        diff = diff.sum(dim=1, keepdim=True)  # [B, 1], log prod_t pi_old / pi_sampler
+    elif granularity != "token" or bound not in ("truncate", "mask"):
+        raise ValueError("vllm_importance_sampling_mode must be 'token_truncate', 'token_mask', "
+                         f"'sequence_truncate' or 'sequence_mask', got {mode!r}")
+    weights = torch.exp(diff)  # [B, T] or [B, 1]
+    if bound == "truncate":
+        if clip_min is not None or clip_max is not None:
+            weights = torch.clamp(weights, min=clip_min, max=clip_max)
+    else:
+        low = -math.inf if clip_min is None else clip_min
+        high = math.inf if clip_max is None else clip_max
+        weights = weights.masked_fill((weights < low) | (weights > high), 0.0)
+
+    with torch.no_grad():
+        on = mask.bool()  # [B, T]
+        gap = (old_per_token_logps - sampling_per_token_logps).abs()[on]  # [tokens]
+        flat = weights[on] if granularity == "token" else weights[:, 0]  # [tokens] or [B]
+
+        def stat(x: Tensor, fn: Any) -> float:
+            return float(fn(x)) if x.numel() else 0.0
+
+        metrics = {
+            "sampling/sampling_logp_difference/mean": stat(gap, torch.mean),
+            "sampling/sampling_logp_difference/max": stat(gap, torch.max),
+            "sampling/importance_sampling_ratio/min": stat(flat, torch.min),
+            "sampling/importance_sampling_ratio/mean": stat(flat, torch.mean),
+            "sampling/importance_sampling_ratio/max": stat(flat, torch.max),
+        }
+    return weights, metrics

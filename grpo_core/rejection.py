@@ -11,6 +11,9 @@ The rewards (correctness, plus format and language consistency when those filter
 ``score_completions`` call, the one the trainer makes, and judged by ``passes``, as evaluation judges them.
 At most ``keep_per_prompt`` survive per prompt, in sample order (seeded, so the choice is deterministic).
 
+Generation: vLLM gets every prompt in one call and schedules them itself; the transformers sampler gets
+``batch_size`` sequences per call (``evaluation._generate``).
+
 Prompts longer than ``max_prompt_length`` are truncated or dropped by ``long_prompts``
 (``trainer.prompts.encode_prompts``, the call training and evaluation make), counted in
 ``rs/prompts_truncated`` and ``rs/prompts_dropped``; a dropped prompt is not sampled and has no ``per_prompt`` entry.

@@ -7,7 +7,8 @@ relies on this).
 
 ``logprobs`` are the sampled tokens' log-probs under ``softmax(logits / temperature)`` before
 top-k/top-p filtering, the same quantity the trainer's ``compute_token_logps(temperature=...)``
-gives; the trainer logs their difference as ``sampling/logprob_diff_mean``/``max``.
+gives; the trainer logs their difference as ``sampling/sampling_logp_difference/{mean,max}`` and, when
+the sampler is not the trainer's own forward, corrects for it (``grpo_core.loss.compute_sampling_correction``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class Rollout:
 
 
 class GenerationBackend(Protocol):
+    """``batches_itself`` (optional, default False): the backend schedules its own batches (vLLM), so
+    evaluation and rejection sampling hand it every prompt in one call instead of fixed batches."""
+
     def generate(
         self,
         prompt_ids: list[list[int]],

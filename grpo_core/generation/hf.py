@@ -28,6 +28,8 @@ from grpo_core.generation import Rollout, merge_eos_ids, resolve_seeds
 class HFBackend:
     """Sample from ``model`` (a transformers causal LM) with ``tokenizer`` for pad/EOS ids and text."""
 
+    batches_itself = False  # one padded batch per call: its memory grows with the batch, so callers chunk
+
     def __init__(
         self,
         model: torch.nn.Module,

@@ -52,6 +52,10 @@ CPU_KV_CACHE_BYTES = (64 * 2**20, 2**30)  # default KV cache size bounds on CPU
 class VLLMBackend:
     """A colocated ``vllm.LLM`` on ``model_path``; ``tokenizer`` decodes text and names the EOS ids."""
 
+    # Continuous batching schedules the requests itself: callers hand it every prompt at once
+    # (grpo_core.evaluation._generate) rather than fixed batches that leave its slots idle at each batch's tail.
+    batches_itself = True
+
     def __init__(
         self,
         model_path: str | Path,

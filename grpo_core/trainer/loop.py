@@ -10,6 +10,8 @@ Determinism: prompts come from a seeded stream and every completion's sampling s
 ``(seed, step, stream position, j)``; so a run killed at any step and resumed from its checkpoint
 ends with the same weights as one that never stopped, and N processes give the curve of one.
 
+``async_rollouts``: the sampler runs in its own process one step behind (``trainer/async_rollouts.py``).
+
 Over-long prompts (``trainer.prompts.encode_prompts``): under ``long_prompts: truncate`` each step logs
 ``prompts/truncated``, its generated prompts cut to ``max_prompt_length``; under ``drop`` the rows over the
 limit are removed before the prompt stream is built (so every step keeps whole groups, and a resumed run
@@ -32,6 +34,7 @@ from grpo_core.loss import combine_rewards, compute_group_advantages
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.rewards.scoring import resolve_reward
+from grpo_core.trainer.async_rollouts import NextRollouts, groups_from_state, groups_to_state
 from grpo_core.trainer.distributed import gather_objects
 from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded
 from grpo_core.trainer.metrics import completion_metrics, reward_metrics
@@ -138,71 +141,100 @@ def train_grpo(
         kind = backend_kind(config.use_vllm)
         start_path = loaded.path if loaded else model_path
         opts = backend_options(config, kind, ctx.device, model.config)
-        if is_sharded(model) and kind == "hf":  # sample from a full replica: a sharded module decodes only in lockstep
+        if config.async_rollouts:  # the sampler in its own process (trainer/async_rollouts.py)
+            if ctx.enabled:
+                raise ValueError("async_rollouts runs in one process for now; run without torchrun or set "
+                                 "async_rollouts: false")
+            from grpo_core.generation.process import ProcessBackend
+
+            backend = ProcessBackend(kind, str(start_path), timeout=config.async_sampler_timeout,
+                                     torch_num_threads=config.async_sampler_threads, **opts)
+        elif is_sharded(model) and kind == "hf":  # sample from a full replica: a sharded module decodes only in lockstep
             replica = load_model(start_path, ctx.device).eval().requires_grad_(False)
             backend = ReplicaBackend(make_backend("hf", str(start_path), model=replica, tokenizer=tokenizer, **opts), replica)
         else:
             backend = make_backend(kind, str(start_path), model=model, tokenizer=tokenizer, **opts)
+        # The transformers backend on the trainer's own module (same weights, same autocast) reports the
+        # trainer's log-probs: its weights would be 1 but for float rounding, so the correction is skipped.
+        sampler_is_trainer = kind == "hf" and not is_sharded(model) and not config.async_rollouts
+        sampling_correction = config.vllm_importance_sampling_correction and not sampler_is_trainer
         pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        next_rollouts = NextRollouts(backend, tokenizer, mixture, config, ctx) if config.async_rollouts else None
 
         metrics: dict[str, Any] = state["log_history"][-1] if state["log_history"] else {}
-        for step in range(state["step"] + 1, config.max_steps + 1):
-            start = time.perf_counter()
-            timings: dict[str, float] = {}
+        try:
+            for step in range(state["step"] + 1, config.max_steps + 1):
+                start = time.perf_counter()
+                timings: dict[str, float] = {}
 
-            def generate(position: int, count: int) -> Any:
-                return generate_groups(backend, tokenizer, mixture, position, count, step, config, ctx, timings)
+                def generate(position: int, count: int) -> Any:
+                    return generate_groups(backend, tokenizer, mixture, position, count, step, config, ctx, timings)
 
-            def combine(g: Any) -> torch.Tensor:  # [P*G] each completion weighted by its own source
-                return combine_rewards(g.rewards_per_func, mixture.row_weights(g.rows, config.num_generations))
+                def combine(g: Any) -> torch.Tensor:  # [P*G] each completion weighted by its own source
+                    return combine_rewards(g.rewards_per_func, mixture.row_weights(g.rows, config.num_generations))
 
-            groups, generated, position, rounds = collect_step_groups(generate, state["stream_position"], config, combine)
-            release_memory(backend)  # vllm_enable_sleep_mode: the engine sleeps until update_weights wakes it
-            generated_rewards = combine(generated)  # [P*G]
-            _, group_metrics = compute_group_advantages(generated_rewards, config.num_generations, config.scale_rewards)
-            rewards = combine(groups)  # [N]
-            labels = source_labels(groups.rows, config.num_generations)  # [N]
-            if mixture.mixed and config.scale_rewards == "batch":  # one std per source, not one over the mixture
-                centred, _ = compute_group_advantages(rewards, config.num_generations, "none")
-                advantages = per_source_scale(centred, rewards, labels)  # [N]
-            else:
-                advantages, _ = compute_group_advantages(rewards, config.num_generations, config.scale_rewards)  # [N]
-            batch = build_train_batch(groups.rollouts, advantages, pad_token_id, config.mask_truncated_completions)
-            train_start = time.perf_counter()
-            update_metrics = optimise(model, ref_model, run.optimizer, run.scheduler, batch, config, ctx)
-            backend.update_weights(model)  # the next step samples from the updated policy
-            end = time.perf_counter()
+                saved = state.pop("next_rollouts", None)  # async: generated during the previous step
+                first = groups_from_state(saved, mixture) if saved is not None else None
+                groups, generated, position, rounds = collect_step_groups(generate, state["stream_position"], config,
+                                                                          combine, first=first)
+                if next_rollouts is not None and step < config.max_steps:
+                    next_rollouts.submit(position, step + 1)  # with the weights the sampler holds: step - 1's
+                release_memory(backend)  # vllm_enable_sleep_mode: the engine sleeps until update_weights wakes it
+                generated_rewards = combine(generated)  # [P*G]
+                _, group_metrics = compute_group_advantages(generated_rewards, config.num_generations,
+                                                            config.scale_rewards)
+                rewards = combine(groups)  # [N]
+                labels = source_labels(groups.rows, config.num_generations)  # [N]
+                if mixture.mixed and config.scale_rewards == "batch":  # one std per source, not one over the mixture
+                    centred, _ = compute_group_advantages(rewards, config.num_generations, "none")
+                    advantages = per_source_scale(centred, rewards, labels)  # [N]
+                else:
+                    advantages, _ = compute_group_advantages(rewards, config.num_generations, config.scale_rewards)
+                batch = build_train_batch(groups.rollouts, advantages, pad_token_id, config.mask_truncated_completions)
+                train_start = time.perf_counter()
+                update_metrics = optimise(model, ref_model, run.optimizer, run.scheduler, batch, config, ctx,
+                                          sampling_correction=sampling_correction)
+                if next_rollouts is not None and step < config.max_steps:  # kept in the state: a checkpoint carries them
+                    state["next_rollouts"] = groups_to_state(next_rollouts.collect(timings))
+                backend.update_weights(model)  # the next step samples from the updated policy
+                end = time.perf_counter()
 
-            event_counts: dict[str, float] = {}
-            for part in gather_objects([pop_reward_stats()], ctx):
-                for k, v in part.items():
-                    event_counts[k] = event_counts.get(k, 0.0) + v
-            num_tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in generated.rollouts)
-            metrics = {
-                **group_metrics,
-                **reward_metrics(generated.rewards_per_func, names),
-                **source_reward_metrics(generated_rewards, source_labels(generated.rows, config.num_generations),
-                                        config.num_generations),
-                **event_counts,
-                **completion_metrics(generated.rollouts, config.emergence.reflection_phrases,
-                                     config.emergence.backtrack_phrases),
-                "prompts/truncated": float(sum(generated.truncated)),
-                "prompts/dropped": float(num_dropped),
-                **update_metrics,
-                "time/generate": timings.get("time/generate", 0.0),
-                "time/reward": timings.get("time/reward", 0.0),
-                "time/train": end - train_start,
-                "time/step": end - start,
-                "tokens_per_second": num_tokens / (end - start),
-            }
-            if config.dynamic_sampling:
-                metrics["dynamic_sampling/rounds"] = float(rounds)
-                metrics["dynamic_sampling/kept_groups"] = float(len(groups))
-            state["stream_position"] = position
-            state["optimizer_steps"] += num_updates
-            logger.debug("step %d/%d reward %.3f loss %.4f (%.2fs)", step, config.max_steps,
-                         metrics["reward"], metrics["loss"], metrics["time/step"])
-            run.end_step(step, metrics, loss=metrics["loss"], reward=metrics["reward"], lr=metrics["learning_rate"])
-        run.finish()
+                event_counts: dict[str, float] = {}
+                for part in gather_objects([pop_reward_stats()], ctx):
+                    for k, v in part.items():
+                        event_counts[k] = event_counts.get(k, 0.0) + v
+                num_tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in generated.rollouts)
+                metrics = {
+                    **group_metrics,
+                    **reward_metrics(generated.rewards_per_func, names),
+                    **source_reward_metrics(generated_rewards, source_labels(generated.rows, config.num_generations),
+                                            config.num_generations),
+                    **event_counts,
+                    **completion_metrics(generated.rollouts, config.emergence.reflection_phrases,
+                                         config.emergence.backtrack_phrases),
+                    "prompts/truncated": float(sum(generated.truncated)),
+                    "prompts/dropped": float(num_dropped),
+                    **update_metrics,
+                    "time/generate": timings.get("time/generate", 0.0),
+                    "time/reward": timings.get("time/reward", 0.0),
+                    "time/train": end - train_start,
+                    "time/step": end - start,
+                    "tokens_per_second": num_tokens / (end - start),
+                }
+                if config.async_rollouts:
+                    metrics["async/staleness"] = 0.0 if first is None else 1.0
+                    metrics["time/wait_sampler"] = timings.get("time/wait_sampler", 0.0)
+                if config.dynamic_sampling:
+                    metrics["dynamic_sampling/rounds"] = float(rounds)
+                    metrics["dynamic_sampling/kept_groups"] = float(len(groups))
+                state["stream_position"] = position
+                state["optimizer_steps"] += num_updates
+                logger.debug("step %d/%d reward %.3f loss %.4f (%.2fs)", step, config.max_steps,
+                             metrics["reward"], metrics["loss"], metrics["time/step"])
+                run.end_step(step, metrics, loss=metrics["loss"], reward=metrics["reward"], lr=metrics["learning_rate"])
+            run.finish()
+        finally:
+            if config.async_rollouts:  # the sampler process ends with the stage, failed or not
+                backend.close()
     return {"step": state["step"], **{k: v for k, v in metrics.items() if k != "step"}}
 

@@ -73,6 +73,16 @@ def generate_groups(
 ) -> ScoredGroups:
     """Generate and score the groups of stream positions ``position .. position + num_prompts - 1``; each row
     is scored by its own source's reward functions (``mixture.routes``)."""
+    prompt_ids, kwargs, truncated = group_request(tokenizer, mixture, position, num_prompts, step, config, ctx)
+    start = time.perf_counter()
+    rollouts = backend.generate(prompt_ids, **kwargs)
+    timings["time/generate"] = timings.get("time/generate", 0.0) + time.perf_counter() - start
+    return score_groups(rollouts, truncated, mixture, position, num_prompts, config, ctx, timings)
+
+
+def group_request(tokenizer: Any, mixture: Mixture, position: int, num_prompts: int, step: int, config: GRPOConfig,
+                  ctx: DistContext) -> tuple[list[list[int]], dict[str, Any], list[bool]]:
+    """``(prompt_ids, generate keywords, truncated)`` of this rank's share of the groups at ``position``."""
     G = config.num_generations
     positions = list(range(position, position + num_prompts))
     rows = [mixture.rows[i] for i in mixture.rows_at(position, num_prompts)]
@@ -80,24 +90,25 @@ def generate_groups(
     # under long_prompts "drop" train_grpo removed the over-long rows before the stream was built (a prompt
     # skipped here would leave the step a group short), so here the policy can only truncate
     encoded = encode_prompts(tokenizer, [row["prompt"] for row in local_rows], config.max_prompt_length, "truncate")
-    prompt_ids = encoded.ids
     seeds = [completion_seed(config.seed, step, p, j) for p in local_positions for j in range(G)]
-    start = time.perf_counter()
-    rollouts = backend.generate(
-        prompt_ids,
-        n=G,
-        max_tokens=config.max_completion_length,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        top_k=config.top_k,
-        seeds=seeds,
-    )
-    timings["time/generate"] = timings.get("time/generate", 0.0) + time.perf_counter() - start
+    kwargs = dict(n=G, max_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
+                  top_k=config.top_k, seeds=seeds)
+    return encoded.ids, kwargs, encoded.truncated
+
+
+def score_groups(rollouts: list[Rollout], truncated: list[bool], mixture: Mixture, position: int, num_prompts: int,
+                 config: GRPOConfig, ctx: DistContext, timings: dict[str, float]) -> ScoredGroups:
+    """Score this rank's rollouts of the groups at ``position`` (each row by its source's reward functions) and
+    gather every rank's groups."""
+    G = config.num_generations
+    positions = list(range(position, position + num_prompts))
+    rows = [mixture.rows[i] for i in mixture.rows_at(position, num_prompts)]
+    local_rows = shard(rows, ctx)
     start = time.perf_counter()
     rewards = score_completions(mixture.funcs, mixture.reward_names, local_rows, rollouts, G,
                                 config.max_completion_length, mixture.routes(local_rows) if mixture.mixed else None)
     timings["time/reward"] = timings.get("time/reward", 0.0) + time.perf_counter() - start
-    gathered = gather_objects([(rollouts, rewards, encoded.truncated)], ctx)
+    gathered = gather_objects([(rollouts, rewards, truncated)], ctx)
     all_rollouts = [r for part, _, _ in gathered for r in part]
     all_rewards = torch.cat([rw for _, rw, _ in gathered])  # [P*G, R]
     all_truncated = [t for _, _, part in gathered for t in part]  # [P]
@@ -115,11 +126,13 @@ def collect_step_groups(
     position: int,
     config: GRPOConfig,
     combine: Callable[[ScoredGroups], torch.Tensor],
+    first: ScoredGroups | None = None,
 ) -> tuple[ScoredGroups, ScoredGroups, int, int]:
     """``(train_groups, all_generated, new_position, rounds)``; ``generate(position, count)`` makes groups,
-    ``combine(groups)`` gives their completions' combined rewards ``[P*G]``."""
+    ``combine(groups)`` gives their completions' combined rewards ``[P*G]``; ``first``: the first round's
+    groups when already generated (asynchronous rollouts)."""
     P, G = config.prompts_per_step, config.num_generations
-    first = generate(position, P)
+    first = generate(position, P) if first is None else first
     position += P
     if not config.dynamic_sampling:
         return first, first, position, 1

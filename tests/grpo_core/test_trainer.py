@@ -121,14 +121,17 @@ def test_metrics_and_off_policy_iterations(tmp_path, tiny_path):
         "completions/mean_length", "completions/max_length", "completions/clipped_ratio", "kl", "entropy",
         "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "grad_norm", "learning_rate",
         "loss", "time/generate", "time/reward", "time/train", "tokens_per_second",
-        "sampling/logprob_diff_mean", "sampling/logprob_diff_max", "completions/reflection_rate",
-        "completions/mean_steps", "completions/backtrack_rate", "completions/direct_rate",
+        "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+        "completions/reflection_rate", "completions/mean_steps", "completions/backtrack_rate",
+        "completions/direct_rate",
     }
     assert expected <= set(metrics[0])
     # 4 optimiser steps per step; warmup 1 then cosine over 8: step 1 averages lr 0, 1.0, cos(1/7 pi)...
     assert metrics[0]["learning_rate"] < config.learning_rate
     # The backend's log-probs are the trainer's (same fp32 weights): float rounding only.
-    assert metrics[0]["sampling/logprob_diff_max"] < 1e-4
+    assert metrics[0]["sampling/sampling_logp_difference/max"] < 1e-4
+    # ... so the correction is skipped: no weights applied, none logged.
+    assert not any(k.startswith("sampling/importance_sampling_ratio/") for k in metrics[0])
     assert metrics[1]["kl"] > 0.0  # the policy moved away from the reference
     assert math.isclose(metrics[0]["reward"], metrics[0]["rewards/digit_fraction/mean"], rel_tol=1e-6)
     assert list((tmp_path / "runs").glob("events.out.tfevents.*"))

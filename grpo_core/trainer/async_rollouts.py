@@ -1,0 +1,77 @@
+"""One-step-off asynchronous rollouts (``async_rollouts: true``): step n+1's rollouts are generated while step n trains.
+
+The sampler runs in its own process (``generation.process.ProcessBackend``). Schedule, per step n:
+
+1. the first round of step n's groups is the one generated during step n-1 (step 1, or a resume without one:
+   generated now); DAPO's extra rounds, if any, are generated now;
+2. step n+1's first round is submitted to the sampler, which still holds the weights of step n-1;
+3. step n trains; then the trainer waits for step n+1's rollouts (bounded by ``async_sampler_timeout``),
+   scores them, keeps them in the trainer state, and pushes its new weights to the sampler (a file).
+
+So a step trains on completions one optimiser step stale (``async/staleness``: 1 from step 2 on, 0 at step 1),
+corrected by the sampler importance weights against the behaviour policy's log-probs (always on here: the
+sampler is never the trainer's own forward). The next step's rollouts are part of the trainer state, so a
+checkpoint carries them and a resumed run trains on exactly the rollouts the uninterrupted run would have.
+Departure from the issue's plan: staleness is fixed at one step (not configurable yet) and one process only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from grpo_core.config import GRPOConfig
+from grpo_core.generation import Rollout
+from grpo_core.generation.process import ProcessBackend
+from grpo_core.trainer.distributed import DistContext
+from grpo_core.trainer.mixture import Mixture
+from grpo_core.trainer.rollouts import ScoredGroups, group_request, score_groups
+
+
+class NextRollouts:
+    """The sampler process and the first round of the next step's groups, in flight or received."""
+
+    def __init__(self, backend: ProcessBackend, tokenizer: Any, mixture: Mixture, config: GRPOConfig,
+                 ctx: DistContext) -> None:
+        self.backend, self.tokenizer, self.mixture, self.config, self.ctx = backend, tokenizer, mixture, config, ctx
+        self._request: tuple[int, list[bool]] | None = None  # (position, truncated) of the submitted round
+
+    def submit(self, position: int, step: int) -> None:
+        """Start generating the first round of ``step`` (stream ``position``) with the sampler's current weights."""
+        prompt_ids, kwargs, truncated = group_request(self.tokenizer, self.mixture, position,
+                                                      self.config.prompts_per_step, step, self.config, self.ctx)
+        self.backend.submit(prompt_ids, **kwargs)
+        self._request = (position, truncated)
+
+    def collect(self, timings: dict[str, float]) -> ScoredGroups:
+        """Wait for the submitted round and score it."""
+        assert self._request is not None, "collect() without submit()"
+        position, truncated = self._request
+        self._request = None
+        start = time.perf_counter()
+        rollouts = self.backend.result()
+        timings["time/wait_sampler"] = timings.get("time/wait_sampler", 0.0) + time.perf_counter() - start
+        return score_groups(rollouts, truncated, self.mixture, position, self.config.prompts_per_step, self.config,
+                            self.ctx, timings)
+
+
+def groups_to_state(groups: ScoredGroups) -> dict[str, Any]:
+    """A JSON-able form of ``groups`` for ``trainer_state.json`` (rows are re-read from the stream)."""
+    rewards = [[None if math.isnan(v) else v for v in row] for row in groups.rewards_per_func.tolist()]
+    return {
+        "positions": groups.positions,
+        "rollouts": [[r.prompt_ids, r.completion_ids, r.logprobs, r.truncated, r.text] for r in groups.rollouts],
+        "rewards_per_func": rewards,
+        "truncated": groups.truncated,
+    }
+
+
+def groups_from_state(saved: dict[str, Any], mixture: Mixture) -> ScoredGroups:
+    positions = saved["positions"]
+    rows = [mixture.rows[i] for i in mixture.rows_at(positions[0], len(positions))]
+    rollouts = [Rollout(list(p), list(c), lp, bool(t), text) for p, c, lp, t, text in saved["rollouts"]]
+    rewards = torch.tensor([[math.nan if v is None else v for v in row] for row in saved["rewards_per_func"]])
+    return ScoredGroups(list(positions), rows, rollouts, rewards, list(saved["truncated"]))

