@@ -183,6 +183,24 @@ class DatasetSource(_Strict):
     max_rows: int | None = Field(None, gt=0)
 
 
+class ReadabilityConfig(_Strict):
+    """R1's readability filters for reasoning samples (``grpo_core.readability``); None/False turns one off.
+
+    R1 (sec. 2.3.3) filtered "chain-of-thought with mixed languages, long paragraphs, and code blocks"; truncated
+    and overlong chains are dropped too (no answer to learn from / over the SFT budget)."""
+
+    max_other_script_share: float | None = Field(
+        0.1, ge=0, le=1, description="mixed language: drop reasoning whose share of CJK (prompt in Latin script) or of "
+        "Latin (prompt in CJK) word units is above this")
+    max_paragraph_chars: int | None = Field(3000, gt=0, description="long paragraph: drop when a paragraph of the "
+                                            "reasoning (text between blank lines) has more characters")
+    max_paragraph_words: int | None = Field(None, gt=0, description="long paragraph, counted in words")
+    drop_code_blocks: bool = Field(True, description="drop reasoning that holds a ``` code fence")
+    drop_truncated: bool = Field(True, description="drop a completion with no closing </think> or nothing after it")
+    max_chars: int | None = Field(None, gt=0, description="overlong: drop completions with more characters")
+    max_tokens: int | None = Field(None, gt=0, description="overlong: drop completions with more tokens (needs a tokenizer)")
+
+
 class DataConfig(_Strict):
     """prepare_data: built-in task and/or external sources -> normalised, deduplicated, decontaminated splits."""
 
