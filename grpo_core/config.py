@@ -11,9 +11,9 @@ lr 1e-6..5e-6, max_new_tokens 1024-2048) where it gives one.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from grpo_core.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES
 
@@ -201,6 +201,74 @@ class ReadabilityConfig(_Strict):
     max_tokens: int | None = Field(None, gt=0, description="overlong: drop completions with more tokens (needs a tokenizer)")
 
 
+class TraceSource(_Strict):
+    """``kind: traces``: a reasoning-trace data set (hub name or local file) whose rows hold a problem and several
+    generations with a verdict each, e.g. ``open-r1/OpenR1-Math-220k`` (``grpo_core.cold_start.load_trace_rows``)."""
+
+    kind: Literal["traces"] = "traces"
+    dataset: str = Field(..., min_length=1, description="hub name (open-r1/OpenR1-Math-220k) or local jsonl/json/parquet")
+    name: str | None = Field(None, description="dataset config name (OpenR1-Math-220k: default, extended or all)")
+    split: str = "train"
+    field_map: dict[str, str] = Field(
+        default_factory=lambda: {"prompt": "problem", "generations": "generations", "correct": "correctness_math_verify"},
+        description="prompt: the problem column; generations: a list of '<think>..</think> summary' strings (or one "
+        "string); correct: a list of booleans, one per generation (omit the key to keep every generation); id: optional")
+    prompt_template: str | None = Field(None, description="format string with {prompt}, as the training prompts use")
+    limit: int | None = Field(None, gt=0, description="read the first N problems")
+    keep_per_prompt: int = Field(1, ge=1, description="k: at most this many traces per problem")
+    readability: ReadabilityConfig = Field(default_factory=ReadabilityConfig)
+
+    @field_validator("field_map")
+    @classmethod
+    def _check_field_map(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = set(value) - {"prompt", "generations", "correct", "id"}
+        if unknown or not {"prompt", "generations"} <= set(value):
+            raise ValueError(f"field_map of a trace set maps prompt, generations and optionally correct and id to "
+                             f"columns; got keys {sorted(value)}")
+        return value
+
+
+class FewShotExample(_Strict):
+    prompt: str = Field(..., min_length=1)
+    completion: str = Field(..., min_length=1, description="a long chain of thought: <think>...</think> summary")
+
+
+class TeacherSource(_Strict):
+    """``kind: teacher``: long chains of thought sampled from a teacher model with a few-shot long-CoT prompt,
+    verified by ``reward_func``, filtered for readability, k kept per prompt (``grpo_core.cold_start``)."""
+
+    kind: Literal["teacher"] = "teacher"
+    model: str = Field(..., min_length=1, description="local model folder of the teacher")
+    prompts: DatasetSource | None = Field(None, description="prompt rows to sample on; None = the training prompts")
+    max_prompts: int | None = Field(None, gt=0, description="sample on the first N prompts")
+    few_shot: list[FewShotExample] = Field(default_factory=list, description="worked examples put before each "
+                                           "prompt as user/assistant turns (not kept in the written rows)")
+    num_samples: int = Field(4, ge=1, description="n completions sampled per prompt")
+    keep_per_prompt: int = Field(1, ge=1, description="k: at most this many kept per prompt")
+    reward_func: str = Field("math_accuracy", description="registered reward that verifies a sample")
+    reward_threshold: float = 1.0
+    temperature: float = Field(0.7, gt=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    max_new_tokens: int = Field(1024, gt=0)
+    max_prompt_length: int = Field(2048, gt=0, description="prompt tokens (few-shot included); longer ones are dropped")
+    use_vllm: bool | None = Field(False, description="sample with vLLM; None: vLLM when importable")
+    batch_size: int = Field(16, gt=0)
+    readability: ReadabilityConfig = Field(default_factory=ReadabilityConfig)
+    seed: int = 0
+
+
+def _cold_start_kind(value: object) -> str:
+    kind = value.get("kind", "file") if isinstance(value, dict) else getattr(value, "kind", "file")
+    return kind if kind in ("traces", "teacher") else "file"
+
+
+ColdStartSource = Annotated[
+    Union[Annotated[DatasetSource, Tag("file")], Annotated[TraceSource, Tag("traces")],
+          Annotated[TeacherSource, Tag("teacher")]],
+    Discriminator(_cold_start_kind),
+]
+
+
 class DataConfig(_Strict):
     """prepare_data: built-in task and/or external sources -> normalised, deduplicated, decontaminated splits."""
 
@@ -213,8 +281,10 @@ class DataConfig(_Strict):
     cold_start_direct_fraction: float = Field(0.5, ge=0, le=1, description="share of cold-start rows with an empty <think>")
     train_sources: list[DatasetSource] = Field(default_factory=list)
     eval_sources: list[DatasetSource] = Field(default_factory=list)
-    cold_start_sources: list[DatasetSource] = Field(
-        default_factory=list, description="reasoning traces for real runs; field_map needs prompt and completion"
+    cold_start_sources: list[ColdStartSource] = Field(
+        default_factory=list, description="reasoning traces for real runs: a {prompt, completion} file (field_map "
+        "needs prompt and completion), kind: traces (a trace set such as open-r1/OpenR1-Math-220k) or kind: teacher "
+        "(sampled from a teacher model); grpo_core.cold_start"
     )
     eval_fraction: float = Field(0.05, gt=0, lt=1, description="held-out share when no eval_sources are given")
     on_error: Literal["raise", "skip"] = Field("raise", description="a bad row fails the stage, or is skipped and counted")

@@ -433,10 +433,11 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
             rows, s = load_prompt_rows(src, on_error=config.on_error)
             target += rows
             stats["sources"][f"{kind}:{src.path}"] = s.as_dict()
-    for src in config.cold_start_sources:
-        rows, s = load_sft_rows(src, on_error=config.on_error)
+    for src in config.cold_start_sources:  # files, trace sets and teachers: grpo_core.cold_start
+        from grpo_core.cold_start import load_cold_start_source, source_key
+
+        rows, stats["sources"][source_key(src)] = load_cold_start_source(src, train, on_error=config.on_error)
         cold += rows
-        stats["sources"][f"cold_start:{src.path}"] = s.as_dict()
     if config.dedupe:
         train, stats["train_duplicates"] = dedupe_rows(train)
         eval_rows, stats["eval_duplicates"] = dedupe_rows(eval_rows)
