@@ -15,7 +15,8 @@ duplicate + over_limit + sum(rejected/{filter})``.
   from the hub by name or from a local file in that schema. The set's own verdicts verify.
 - ``kind: teacher`` (``sample_teacher_traces``): the teacher samples ``num_samples`` completions per prompt
   after a few-shot long-CoT prompt (the examples as earlier user/assistant turns, left out of the written
-  rows); ``reward_func`` verifies them through ``score_completions``, the call training makes.
+  rows); ``reward_func`` verifies them through ``score_completions``, the call training makes. They are written
+  as sampled (the text the reward passed, in the layout the teacher was taught), not re-spaced.
   Departure from R1: no human post-processing of the traces; the filters stand in for it.
 """
 
@@ -44,10 +45,11 @@ def to_cold_start_completion(generation: str) -> str:
 class _Keeper:
     """Applies verification, readability, dedupe and the per-prompt cap; counts every sample once."""
 
-    def __init__(self, readability: ReadabilityConfig, keep_per_prompt: int, tokenizer: Any = None) -> None:
+    def __init__(self, readability: ReadabilityConfig, keep_per_prompt: int, tokenizer: Any = None, *,
+                 convert: bool = True) -> None:
         if readability.max_tokens is not None and tokenizer is None:
             raise ValueError("readability.max_tokens needs a tokenizer; give the source a model or use max_chars")
-        self.readability, self.k, self.tokenizer = readability, keep_per_prompt, tokenizer
+        self.readability, self.k, self.tokenizer, self.convert = readability, keep_per_prompt, tokenizer, convert
         self.counts: Counter[str] = Counter()
         self.rows: list[dict[str, Any]] = []
 
@@ -55,7 +57,7 @@ class _Keeper:
         kept: list[str] = []
         for text, verified in samples:
             self.counts["samples"] += 1
-            completion = to_cold_start_completion(text)
+            completion = to_cold_start_completion(text) if self.convert else text
             num_tokens = (len(self.tokenizer(completion, add_special_tokens=False)["input_ids"])
                           if self.readability.max_tokens is not None else None)
             reason = None if verified else "unverified"
@@ -168,7 +170,7 @@ def sample_teacher_traces(src: TeacherSource, rows: list[dict[str, Any]], *, bac
     func, name = resolve_reward(src.reward_func)
     scores = score_completions([func], [name], kept_rows, rollouts, n, src.max_new_tokens)  # [N*n, 1]
     verified = passes(scores[:, 0], src.reward_threshold)
-    keeper = _Keeper(src.readability, src.keep_per_prompt, tokenizer)
+    keeper = _Keeper(src.readability, src.keep_per_prompt, tokenizer, convert=False)  # written as verified
     for p, i in enumerate(encoded.kept):
         keeper.add_prompt(prompts[i], [(rollouts[p * n + j].text, verified[p * n + j]) for j in range(n)])
     return keeper.rows, keeper.stats(prompts=len(encoded.kept), prompts_dropped=encoded.num_dropped)
