@@ -20,8 +20,10 @@ from tasks.manifest import StageRef
 
 def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOConfig, model_path: str,
                      rows_path: Path, parents: dict[str, StageRef], fp: str,
-                     extra_metrics: dict[str, Any] | None = None) -> StageRef:
-    """Train (resuming from the store's newest checkpoint for ``fp``), upload the final model, commit."""
+                     extra_metrics: dict[str, Any] | None = None,
+                     extra_files: dict[str, Path] | None = None) -> StageRef:
+    """Train (resuming from the store's newest checkpoint for ``fp``), upload the final model (and
+    ``extra_files``, output name -> local file, e.g. the training rows), commit."""
     log = logger()
     trainer_cls = GRPOConfig if kind == "grpo" else SFTConfig
     cfg = {k: v for k, v in section.model_dump(mode="json").items() if k in trainer_cls.model_fields}
@@ -46,6 +48,8 @@ def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOC
     history = out / "metrics.jsonl"  # the trainer's step history, complete across resumes
     with ctx.begin() as writer:
         writer.put_dir(final, "model")
+        for name, path in (extra_files or {}).items():
+            writer.put_file(path, name)
         steps_logged = 0
         if history.exists():
             writer.put_file(history, "metrics.jsonl")
