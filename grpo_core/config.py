@@ -422,6 +422,9 @@ class RejectionSamplingConfig(_Strict):
         None, ge=0, le=1, description="drop completions whose language_consistency reward is below this"
     )
     drop_truncated: bool = True
+    readability: ReadabilityConfig | None = Field(
+        None, description="R1's readability filters (mixed language, long paragraphs, code blocks, truncated, "
+        "overlong); None = off; each drop is counted as rs/rejected/{filter}")
     max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")
     long_prompts: Literal["truncate", "drop"] = Field("truncate", description=LONG_PROMPTS_HELP)
     seed: int = 0
