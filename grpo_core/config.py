@@ -258,8 +258,9 @@ class TeacherSource(_Strict):
 
 
 def _cold_start_kind(value: object) -> str:
-    kind = value.get("kind", "file") if isinstance(value, dict) else getattr(value, "kind", "file")
-    return kind if kind in ("traces", "teacher") else "file"
+    """A cold-start source's tag: its ``kind`` (traces, teacher), or ``file`` when it has none; an unknown kind
+    stays as given, so the error lists the tags that exist."""
+    return str(value.get("kind", "file")) if isinstance(value, dict) else getattr(value, "kind", "file")
 
 
 ColdStartSource = Annotated[

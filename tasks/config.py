@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from grpo_core.config import DatasetSource, DataConfig, EvalConfig, GRPOConfig, RejectionSamplingConfig, SFTConfig
 
+_UNION_TAGS = ("file", "traces", "teacher")  # data.cold_start_sources' kinds (grpo_core.config.ColdStartSource)
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml"
 
 
@@ -155,7 +156,8 @@ def parse_config(data: dict, source: str = "<config>", lines: dict[tuple, int] |
                 problems += [f"{source}{_at(lines, loc)}: {'.'.join(map(str, loc))}: {msg}"
                              for loc, msg in unknown.problems]
                 continue
-            loc = tuple(err["loc"])
+            loc = tuple(p for i, p in enumerate(err["loc"])  # without the tag pydantic puts after a union's index
+                        if not (i and isinstance(err["loc"][i - 1], int) and p in _UNION_TAGS))
             where = ".".join(str(p) for p in loc) or "(top level)"
             line = _nearest_line(lines or {}, loc)
             got = "" if err["type"] == "extra_forbidden" else f" (got {err.get('input')!r})"
