@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from grpo_core.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES
 
@@ -390,6 +390,96 @@ class DatasetSource(_Strict):
                                "per-source rewards and metrics use); default the file name or hub name")
 
 
+class ReadabilityConfig(_Strict):
+    """R1's readability filters for reasoning samples (``grpo_core.readability``); None/False turns one off.
+
+    R1 (sec. 2.3.3) filtered "chain-of-thought with mixed languages, long paragraphs, and code blocks"; truncated
+    and overlong chains are dropped too (no answer to learn from / over the SFT budget)."""
+
+    max_other_script_share: float | None = Field(
+        0.1, ge=0, le=1, description="mixed language: drop reasoning whose share of CJK (prompt in Latin script) or of "
+        "Latin (prompt in CJK) word units is above this")
+    max_paragraph_chars: int | None = Field(3000, gt=0, description="long paragraph: drop when a paragraph of the "
+                                            "reasoning (text between blank lines) has more characters")
+    max_paragraph_words: int | None = Field(None, gt=0, description="long paragraph, counted in words")
+    drop_code_blocks: bool = Field(True, description="drop reasoning that holds a ``` code fence")
+    drop_truncated: bool = Field(True, description="drop a completion with no closing </think> or nothing after it")
+    max_chars: int | None = Field(None, gt=0, description="overlong: drop completions with more characters")
+    max_tokens: int | None = Field(None, gt=0, description="overlong: drop completions with more tokens (needs a tokenizer)")
+
+
+class TraceSource(_Strict):
+    """``kind: traces``: a reasoning-trace data set (hub name or local file) whose rows hold a problem and several
+    generations with a verdict each, e.g. ``open-r1/OpenR1-Math-220k`` (``grpo_core.cold_start.load_trace_rows``)."""
+
+    kind: Literal["traces"] = "traces"
+    dataset: str = Field(..., min_length=1, description="hub name (open-r1/OpenR1-Math-220k) or local jsonl/json/parquet")
+    name: str | None = Field(None, description="dataset config name (OpenR1-Math-220k: default, extended or all)")
+    split: str = "train"
+    field_map: dict[str, str] = Field(
+        default_factory=lambda: {"prompt": "problem", "generations": "generations", "correct": "correctness_math_verify"},
+        description="prompt: the problem column; generations: a list of '<think>..</think> summary' strings (or one "
+        "string); correct: a list of booleans, one per generation (omit the key to keep every generation); id: optional")
+    prompt_template: str | None = Field(None, description="format string with {prompt}, as the training prompts use")
+    limit: int | None = Field(None, gt=0, description="read the first N problems")
+    keep_per_prompt: int = Field(1, ge=1, description="k: at most this many traces per problem")
+    readability: ReadabilityConfig = Field(default_factory=ReadabilityConfig)
+
+    @field_validator("field_map")
+    @classmethod
+    def _check_field_map(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = set(value) - {"prompt", "generations", "correct", "id"}
+        if unknown or not {"prompt", "generations"} <= set(value):
+            raise ValueError(f"field_map of a trace set maps prompt, generations and optionally correct and id to "
+                             f"columns; got keys {sorted(value)}")
+        return value
+
+
+class FewShotExample(_Strict):
+    prompt: str = Field(..., min_length=1)
+    completion: str = Field(..., min_length=1, description="a long chain of thought: <think>...</think> summary")
+
+
+class TeacherSource(_Strict):
+    """``kind: teacher``: long chains of thought sampled from a teacher model with a few-shot long-CoT prompt,
+    verified by ``reward_func``, filtered for readability, k kept per prompt (``grpo_core.cold_start``)."""
+
+    kind: Literal["teacher"] = "teacher"
+    model: str = Field(..., min_length=1, description="local model folder of the teacher")
+    prompts: DatasetSource | None = Field(None, description="prompt rows to sample on; None = the training prompts")
+    max_prompts: int | None = Field(None, gt=0, description="sample on the first N prompts")
+    few_shot: list[FewShotExample] = Field(default_factory=list, description="worked examples put before each "
+                                           "prompt as user/assistant turns (not kept in the written rows)")
+    num_samples: int = Field(4, ge=1, description="n completions sampled per prompt")
+    keep_per_prompt: int = Field(1, ge=1, description="k: at most this many kept per prompt")
+    reward_func: str = Field("math_accuracy", description="registered reward that verifies a sample")
+    reward_threshold: float = 1.0
+    temperature: float = Field(0.7, gt=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    max_new_tokens: int = Field(1024, gt=0)
+    max_prompt_length: int = Field(2048, gt=0, description="prompt tokens (few-shot included); longer ones are dropped")
+    use_vllm: bool | None = Field(False, description="sample with vLLM; None: vLLM when importable")
+    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    vllm_tensor_parallel_size: int = Field(1, ge=1)
+    vllm_kv_cache_memory_bytes: int | None = Field(None, gt=0, description="fixed KV cache size (needed on CPU)")
+    batch_size: int = Field(16, gt=0)
+    readability: ReadabilityConfig = Field(default_factory=ReadabilityConfig)
+    seed: int = 0
+
+
+def _cold_start_kind(value: object) -> str:
+    """A cold-start source's tag: its ``kind`` (traces, teacher), or ``file`` when it has none; an unknown kind
+    stays as given, so the error lists the tags that exist."""
+    return str(value.get("kind", "file")) if isinstance(value, dict) else getattr(value, "kind", "file")
+
+
+ColdStartSource = Annotated[
+    Union[Annotated[DatasetSource, Tag("file")], Annotated[TraceSource, Tag("traces")],
+          Annotated[TeacherSource, Tag("teacher")]],
+    Discriminator(_cold_start_kind),
+]
+
+
 class DataConfig(_Strict):
     """prepare_data: built-in task and/or external sources -> normalised, deduplicated, decontaminated splits."""
 
@@ -411,8 +501,10 @@ class DataConfig(_Strict):
     general_num_pairs: int = Field(1000, ge=0, description="built-in general sources: preference pairs per source")
     train_sources: list[DatasetSource] = Field(default_factory=list)
     eval_sources: list[DatasetSource] = Field(default_factory=list)
-    cold_start_sources: list[DatasetSource] = Field(
-        default_factory=list, description="reasoning traces for real runs; field_map needs prompt and completion"
+    cold_start_sources: list[ColdStartSource] = Field(
+        default_factory=list, description="reasoning traces for real runs: a {prompt, completion} file (field_map "
+        "needs prompt and completion), kind: traces (a trace set such as open-r1/OpenR1-Math-220k) or kind: teacher "
+        "(sampled from a teacher model); grpo_core.cold_start"
     )
     eval_fraction: float = Field(0.05, gt=0, lt=1, description="held-out share when no eval_sources are given")
     on_error: Literal["raise", "skip"] = Field("raise", description="a bad row fails the stage, or is skipped and counted")
@@ -562,6 +654,9 @@ class RejectionSamplingConfig(_Strict):
         None, ge=0, le=1, description="drop completions whose language_consistency reward is below this"
     )
     drop_truncated: bool = True
+    readability: ReadabilityConfig | None = Field(
+        None, description="R1's readability filters (mixed language, long paragraphs, code blocks, truncated, "
+        "overlong); None = off; each drop is counted as rs/rejected/{filter}")
     max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")
     long_prompts: Literal["truncate", "drop"] = Field("truncate", description=LONG_PROMPTS_HELP)
     seed: int = 0

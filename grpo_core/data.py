@@ -454,10 +454,12 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
             rows, s = load_prompt_rows(src, on_error=config.on_error)
             target += rows
             stats["sources"][f"{kind}:{src.path}"] = s.as_dict()
-    for src in config.cold_start_sources:
-        rows, s = load_sft_rows(src, on_error=config.on_error)
-        cold += [{**r, "source": _source_label(src)} for r in rows]
-        stats["sources"][f"cold_start:{src.path}"] = s.as_dict()
+    for src in config.cold_start_sources:  # files, trace sets and teachers: grpo_core.cold_start
+        from grpo_core.cold_start import load_cold_start_source, source_key
+
+        rows, stats["sources"][source_key(src)] = load_cold_start_source(src, train, on_error=config.on_error)
+        label = _source_label(src) if isinstance(src, DatasetSource) else source_key(src).split(":", 1)[1]
+        cold += [{**r, "source": r.get("source") or label} for r in rows]
     if config.dedupe:
         train, stats["train_duplicates"] = dedupe_rows(train)
         eval_rows, stats["eval_duplicates"] = dedupe_rows(eval_rows)

@@ -6,7 +6,8 @@ it is correct (the reward passes ``reward_threshold``), it stopped on EOS (not t
 optimises and evaluation's ``eval/format_rate`` counts; a direct answer with an empty think block fails), it is
 no longer than ``max_completion_tokens``, its language_consistency reward passes
 ``language_consistency_threshold`` (R1 filters out mixed-language chains of thought; a prompt the reward does
-not apply to passes), and it is not an exact duplicate of a completion already kept for that prompt.
+not apply to passes), it passes the ``readability`` filters when set (``grpo_core.readability``: truncated,
+overlong in tokens, code blocks, long paragraphs, mixed CJK/Latin; counted under each filter's name), and it is not an exact duplicate of a completion already kept for that prompt.
 The rewards (correctness, plus format and language consistency when those filters are on) are scored in one
 ``score_completions`` call, the one the trainer makes, and judged by ``passes``, as evaluation judges them.
 At most ``keep_per_prompt`` survive per prompt, in sample order (seeded, so the choice is deterministic).
@@ -30,9 +31,10 @@ import math
 from collections import Counter
 from typing import Any
 
-from grpo_core.config import RejectionSamplingConfig
+from grpo_core.config import ReadabilityConfig, RejectionSamplingConfig
 from grpo_core.evaluation import _generate, completion_length, sample_seed
 from grpo_core.generation import GenerationBackend
+from grpo_core.readability import FILTERS, readability_reason
 from grpo_core.rewards import get_reward_funcs
 from grpo_core.rewards.base import RewardFunc
 from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
@@ -61,6 +63,7 @@ def rejection_sample(
     batch_size: int = 64,
     max_prompt_length: int | None = 512,
     long_prompts: LongPrompts = "truncate",
+    readability: ReadabilityConfig | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``(sft_rows, stats)``: SFT rows ``{prompt, completion, id}`` and the filter statistics.
 
@@ -115,6 +118,9 @@ def rejection_sample(
                 reason = "too_long"
             elif not lang_ok[k]:
                 reason = "language"
+            elif readability is not None and (why := readability_reason(r.text, row["prompt"], readability,
+                                                                          completion_length(r))):
+                reason = why.split(":", 1)[0]  # a readability filter's name (grpo_core.readability.FILTERS)
             elif r.text in kept_texts:
                 reason = "duplicate"
             elif len(kept_texts) >= keep_per_prompt:
@@ -137,7 +143,8 @@ def rejection_sample(
         **encoded.counts("rs/prompts_"),
         "rs/mean_kept_length": (sum(len(tokenizer(r["completion"], add_special_tokens=False)["input_ids"])
                                     for r in kept_rows) / len(kept_rows)) if kept_rows else 0.0,
-        **{f"rs/rejected/{reason}": rejected.get(reason, 0) for reason in REJECT_REASONS},
+        **{f"rs/rejected/{reason}": rejected.get(reason, 0)
+           for reason in REJECT_REASONS + (FILTERS if readability is not None else ())},
         "per_prompt": per_prompt,
     }
     return kept_rows, stats
@@ -156,5 +163,6 @@ def rejection_sample_with_config(config: RejectionSamplingConfig, backend: Gener
         language_consistency_threshold=config.language_consistency_threshold,
         drop_truncated=config.drop_truncated, seed=config.seed, batch_size=batch_size,
         max_prompt_length=config.max_prompt_length, long_prompts=config.long_prompts,
+        readability=config.readability,
     )
 

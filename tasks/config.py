@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from grpo_core.config import (
     REWARD_MODEL_STAGE,
+    DatasetSource,
     DataConfig,
     EvalConfig,
     GRPOConfig,
@@ -30,6 +31,7 @@ from grpo_core.config import (
     SFTConfig,
 )
 
+_UNION_TAGS = ("file", "traces", "teacher")  # data.cold_start_sources' kinds (grpo_core.config.ColdStartSource)
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml"
 
 
@@ -63,10 +65,24 @@ class ModelConfig(_Strict):
 class ConsolidateConfig(SFTConfig):
     """sft_consolidate: SFT on the rejection-sampled set (R1 starts this from the base model)."""
 
-    init_from: Literal["base", "cold_start_sft", "grpo_train"] = "base"
+    init_from: Literal["base", "cold_start_sft", "grpo_train", "model"] = Field(
+        "base", description="base: the pipeline's base model (R1); a stage's model; model: init_model (e.g. a smaller "
+        "base to distil into)")
+    init_model: str | None = Field(None, min_length=1, description="model folder or hub name trained when init_from: model")
     cold_start_mix: float = Field(0.0, ge=0, le=1, description="share of cold-start rows mixed in as general data")
     cold_start_sources: list[str] = Field(default_factory=list, description="mix in only these sources' cold-start "
                                           "rows (e.g. [helpful, unsafe]); empty = every source")
+    general_sources: list[DatasetSource] = Field(
+        default_factory=list, description="general (non-reasoning) SFT data mixed in as R1 did: {prompt, completion} "
+        "columns, or field_map: {messages: COLUMN} for chat sets such as HuggingFaceH4/ultrachat_200k")
+    reasoning_to_general: float = Field(3.0, gt=0, description="reasoning rows per general row (R1: ~600k:200k = 3)")
+
+    @model_validator(mode="after")
+    def _check_init(self) -> "ConsolidateConfig":
+        if (self.init_from == "model") != (self.init_model is not None):
+            raise ValueError("init_from: model needs init_model (a model folder or hub name), and init_model is only "
+                             f"read with init_from: model (got init_from {self.init_from!r}, init_model {self.init_model!r})")
+        return self
 
 
 class RewardModelStageConfig(RewardConfig):
@@ -206,7 +222,8 @@ def parse_config(data: dict, source: str = "<config>", lines: dict[tuple, int] |
                 problems += [f"{source}{_at(lines, loc)}: {'.'.join(map(str, loc))}: {msg}"
                              for loc, msg in unknown.problems]
                 continue
-            loc = tuple(err["loc"])
+            loc = tuple(p for i, p in enumerate(err["loc"])  # without the tag pydantic puts after a union's index
+                        if not (i and isinstance(err["loc"][i - 1], int) and p in _UNION_TAGS))
             where = ".".join(str(p) for p in loc) or "(top level)"
             line = _nearest_line(lines or {}, loc)
             got = "" if err["type"] == "extra_forbidden" else f" (got {err.get('input')!r})"

@@ -1,14 +1,18 @@
-"""Stage 5, sft_consolidate: SFT on the rejection-sampled set, optionally mixed with cold-start rows.
+"""Stage 5, sft_consolidate: SFT on the rejection-sampled set, optionally mixed with cold-start rows and, as R1
+did, with general SFT data at ``reasoning_to_general`` reasoning rows per general row (grpo_core.consolidation).
 
-Starts from ``sft_consolidate.init_from``: the base model (as R1 does), the cold-start model, or the GRPO
-model (what worked best at the embedded default's scale). Only the parent it actually starts from is an
-input (``upstream``), so only that one enters the fingerprint. Output: ``model/`` and ``metrics.jsonl``.
+Starts from ``sft_consolidate.init_from``: the base model (as R1 does), the cold-start model, the GRPO
+model (what worked best at the embedded default's scale), or ``model``: ``init_model``, any model folder or hub
+name (a smaller base distils the same data). Only the parent it actually starts from is an input (``upstream``),
+so only that one enters the fingerprint. Output: ``model/``, ``metrics.jsonl`` and ``sft_rows.parquet`` (the
+rows trained on, each with its ``source``).
 """
 
 from __future__ import annotations
 
 import random
 
+from grpo_core.consolidation import load_general_rows, mix_by_ratio
 from grpo_core.data import read_parquet, write_parquet
 from tasks.common import StageContext, StageFailed, stage_task
 from tasks.config import PipelineConfig
@@ -18,7 +22,7 @@ from tasks.training import train_and_commit
 
 def upstream(config: PipelineConfig) -> tuple[str, ...]:
     init = config.sft_consolidate.init_from
-    return ("prepare_data", "rejection_sample") + (() if init == "base" else (init,))
+    return ("prepare_data", "rejection_sample") + (() if init in ("base", "model") else (init,))
 
 
 @stage_task("sft_consolidate")
@@ -39,11 +43,17 @@ def sft_consolidate(ctx: StageContext, parents: dict[str, StageRef], fp: str) ->
                                   "cold-start rows; name sources of cold_start.parquet's source column")
         n_mix = min(len(cold), round(len(rows) * section.cold_start_mix / (1 - section.cold_start_mix + 1e-9)))
         rows += random.Random(section.seed).sample(cold, n_mix)
-    rows_path = write_parquet([{"prompt": r["prompt"], "completion": r["completion"],
-                               "source": r.get("source") or "rejection_sample"} for r in rows],
-                              ctx.work / "sft_rows.parquet")
+    rows = [{"prompt": r["prompt"], "completion": r["completion"], "source": r.get("source") or "rejection_sample"}
+            for r in rows]
+    counts = {}
+    if section.general_sources:  # R1's non-reasoning data at reasoning_to_general : 1 (sources become reasoning/general:*)
+        general = {src.path: load_general_rows(src, on_error=ctx.config.data.on_error) for src in section.general_sources}
+        rows, counts = mix_by_ratio(rows, general, section.reasoning_to_general, seed=section.seed)
+    rows_path = write_parquet(rows, ctx.work / "sft_rows.parquet")
     init = section.init_from
-    model_path = ctx.base_model(data) if init == "base" else str(ctx.fetch(parents[init], "model"))
-    return train_and_commit(ctx, kind="sft", section=section, model_path=model_path, rows_path=rows_path,
-                            parents=parents, fp=fp,
-                            extra_metrics={"data/num_sft_rows": len(rows), "data/num_mixed_cold_start": n_mix})
+    model_path = (ctx.base_model(data) if init == "base" else section.init_model if init == "model"
+                  else str(ctx.fetch(parents[init], "model")))
+    return train_and_commit(ctx, kind="sft", section=section, model_path=str(model_path), rows_path=rows_path,
+                            parents=parents, fp=fp, extra_files={"sft_rows.parquet": rows_path},
+                            extra_metrics={"data/num_sft_rows": len(rows), "data/num_mixed_cold_start": n_mix,
+                                           **{f"data/num_rows/{k}": v for k, v in counts.items()}})

@@ -23,8 +23,10 @@ TRAINER_CONFIGS = {"grpo": GRPOConfig, "sft": SFTConfig, "reward": RewardConfig}
 
 def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOConfig | RewardConfig,
                      model_path: str, rows_path: Path, parents: dict[str, StageRef], fp: str,
-                     extra_metrics: dict[str, Any] | None = None, eval_rows_path: Path | None = None) -> StageRef:
-    """Train (resuming from the store's newest checkpoint for ``fp``), upload the final model, commit.
+                     extra_metrics: dict[str, Any] | None = None, eval_rows_path: Path | None = None,
+                     extra_files: dict[str, Path] | None = None) -> StageRef:
+    """Train (resuming from the store's newest checkpoint for ``fp``), upload the final model (and
+    ``extra_files``, output name -> local file, e.g. the training rows), commit.
 
     ``kind``: grpo, sft or reward (``eval_rows_path``: the reward model's held-out pairs, if given)."""
     from tasks.reward_model import resolve_reward_models
@@ -56,6 +58,8 @@ def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOC
     history = out / "metrics.jsonl"  # the trainer's step history, complete across resumes
     with ctx.begin() as writer:
         writer.put_dir(final, "model")
+        for name, path in (extra_files or {}).items():
+            writer.put_file(path, name)
         steps_logged = 0
         if history.exists():
             writer.put_file(history, "metrics.jsonl")

@@ -193,3 +193,26 @@ def test_vllm_gets_every_prompt_in_one_call(tiny, monkeypatch):
         assert calls == [5, 5]  # greedy, then sampled
     finally:
         backend.close()
+
+
+def test_readability_filters_drop_and_count_by_filter(tiny):
+    from grpo_core.config import ReadabilityConfig
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    rows = [{"id": "en", "prompt": [{"role": "user", "content": "What is one plus two? Answer in tags."}], "answer": "3"}]
+    good = "<think>one plus two is three</think><answer>3</answer>"
+    samples = [[(good, False),
+                ("<think>```1+2```</think><answer>3</answer>", False),
+                ("<think>" + "one plus two " * 6 + "</think><answer>3</answer>", False),
+                ("<think>一加二等于三，答案是三</think><answer>3</answer>", False),
+                ("<think>" + "one plus two is three\n\n" * 8 + "</think><answer>3</answer>", False)]]
+    prompts = [encode_prompt(tok, rows[0]["prompt"])]
+    config = ReadabilityConfig(max_paragraph_chars=60, max_tokens=120)  # the tiny tokenizer: a token per byte
+    kept, stats = rejection_sample(ScriptedBackend(tok, prompts, samples), tok, rows, n=5, keep_per_prompt=5,
+                                   reward_func="math_accuracy", readability=config)
+    assert [k["completion"] for k in kept] == [good]
+    assert {k: stats[f"rs/rejected/{k}"] for k in ("code_block", "long_paragraph", "mixed_language", "overlong")} == {
+        "code_block": 1, "long_paragraph": 1, "mixed_language": 1, "overlong": 1}
+    _, off = rejection_sample(ScriptedBackend(tok, prompts, samples), tok, rows, n=5, keep_per_prompt=5,
+                              reward_func="math_accuracy")
+    assert off["rs/num_kept"] == 5 and "rs/rejected/code_block" not in off
