@@ -91,7 +91,7 @@ def test_prepare_data_teacher_source_and_sft_on_its_rows(teacher, prompts, tmp_p
     data = prepare_datasets(config)
     stats = data.stats["sources"][f"cold_start:teacher:{teacher}"]
     assert _adds_up(stats) and 0 < stats["kept"] == len(data.cold_start) <= 8
-    assert set(data.cold_start[0]) == {"prompt", "completion"}
+    assert set(data.cold_start[0]) == {"prompt", "completion", "source"}  # rows keep their source (the mixture)
     out = train_sft(SFTConfig(learning_rate=1e-3, max_steps=3, per_device_train_batch_size=4, save_steps=1000,
                               report_to=["jsonl"]), teacher, data.cold_start, tmp_path / "sft")
     assert out["train/steps"] == 3 and (tmp_path / "sft" / "final" / "model.safetensors").exists()
