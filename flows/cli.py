@@ -25,136 +25,27 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
-import uuid
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, NoReturn, Optional
+from typing import Any, Optional
 
 import typer
 
-# Before Prefect is imported: no analytics (machines without internet) and a generous ephemeral
-# server start-up on busy laptops. Users' own settings win.
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-
-
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message.strip().splitlines()[0] if message.strip() else 'failed'}", err=True)
-    raise typer.Exit(1)
-
-
-def _config(path: Optional[Path]) -> Any:
-    from tasks.config import ConfigError, load_config
-
-    try:
-        return load_config(path)
-    except ConfigError as e:
-        _fail(str(e))
-
-
-def _store(url: Optional[str]) -> Any:
-    from tasks.config import ConfigError, check_store_url
-    from tasks.store import Store, StoreError
-
-    url = url or os.environ.get("R1_STORE") or None
-    try:
-        if url is not None:
-            check_store_url(url)  # before Store() touches anything
-        return Store(url)
-    except (ConfigError, StoreError) as e:
-        _fail(str(e))
-
-
-@contextmanager
-def _prefect_api() -> Iterator[None]:
-    """Flows inside report to ``PREFECT_API_URL``'s server once it answers (else one line naming it), or to a
-    temporary server of our own that a Ctrl-C does not kill before ``r1`` can record the interruption."""
-    from flows.prefect_api import PrefectAPIUnreachable, prefect_api
-
-    try:
-        with prefect_api():
-            yield
-    except PrefectAPIUnreachable as e:
-        _fail(str(e))
-
-
-def _run_name(name: str) -> str:
-    from tasks.config import ConfigError, check_run_name
-
-    try:
-        return check_run_name(name)
-    except ConfigError as e:
-        _fail(str(e))
-
-
-def _existing_run(st: Any, name: str) -> None:
-    """Fail unless the store holds run ``name``; the message lists a few runs it does hold."""
-    runs = st.runs()
-    if name in runs:
-        return
-    shown = ", ".join(runs[-5:]) + (f" (and {len(runs) - 5} more)" if len(runs) > 5 else "")
-    _fail(f"no run {name!r} in store {st.url}; " + (f"runs there: {shown}" if runs else "it holds no runs yet")
-          + "; pass --store if the run is in another store")
-
-
-def _lease(st: Any, run_name: str, force: bool) -> Any:
-    """The run's lease (one writer per run), taken before any stage starts; enter it to keep it alive."""
-    from tasks.lease import acquire_lease
-    from tasks.store import StoreError
-
-    try:
-        return acquire_lease(st, run_name, force=force)
-    except StoreError as e:  # LeaseHeld names the holder and how to proceed
-        _fail(str(e))
-
-
-INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C while flows ran, after their runs were marked Cancelled; the message says so."""
-
-
-@contextmanager
-def _interruptible() -> Iterator[None]:
-    """Outermost around a command's flows: Ctrl-C ends the command with one line and exit code 130, once the
-    contexts inside have unwound (lease released, temporary server stopped)."""
-    try:
-        yield
-    except KeyboardInterrupt as e:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        typer.echo(str(e) if isinstance(e, Interrupted) else "interrupted before any stage started", err=True)
-        raise typer.Exit(INTERRUPTED) from None
-
-
-FORCE_UNLOCK = "take the run's lease even if another writer holds it (only when that writer is gone)"
-
-
-def _run_flow(fn: Any, **params: Any) -> Any:
-    """Call a flow; a failure becomes one error line (Prefect's log above it has the traceback).
-
-    Ctrl-C: the task in progress takes its training process group down (``tasks/launch.py``), Prefect records the
-    runs as Crashed, and we mark this call's flow runs Cancelled (found by a tag given to them here) and exit 130.
-    The next ``r1 run``/``r1 stage`` with the same run resumes from the last stored checkpoint."""
-    import prefect
-
-    tag = f"r1-call-{uuid.uuid4().hex[:12]}"
-    try:
-        with prefect.tags(tag):
-            state = fn(**params, return_state=True)
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
-        from flows.prefect_api import cancel_flow_runs
-
-        cancelled = cancel_flow_runs(tag)
-        raise Interrupted(f"interrupted: {cancelled} flow run(s) marked Cancelled; rerun the same command to resume "
-                          "from the last checkpoint") from None
-    if state.is_completed():
-        return state.result()
-    exc = state.result(raise_on_failure=False)
-    _fail(f"{type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else str(state.message))
+from flows.cli_common import (  # noqa: F401 - _config is also what tests use to read a config as the CLI does
+    FORCE_UNLOCK,
+    INTERRUPTED,
+    _config,
+    _existing_run,
+    _fail,
+    _interruptible,
+    _lease,
+    _prefect_api,
+    _run_flow,
+    _run_name,
+    _short,
+    _stage_entry,
+    _store,
+)
 
 
 def run(
@@ -272,19 +163,6 @@ def _print_status(st: Any, run_name: str) -> None:
         shown = [f"{k.split('/')[-1]}={_short(v)}" for k, v in s["metrics"].items()
                  if k in KEY_METRICS or (k.startswith("eval/accuracy") and "reflection" not in k)][:4]
         typer.echo(f"{stage_name:<18}{s['state']:<12}{' '.join(shown):<58}{s['uri'] or ''}")
-
-
-def _short(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-def _stage_entry(name: str) -> Any:
-    from tasks.stages import UnknownStage, get_stage
-
-    try:
-        return get_stage(name)
-    except UnknownStage as e:
-        _fail(str(e))
 
 
 def build_app() -> typer.Typer:

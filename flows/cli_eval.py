@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import typer
 
-from flows.cli import (FORCE_UNLOCK, _config, _existing_run, _fail, _interruptible, _lease, _prefect_api,
+from flows.cli_common import (FORCE_UNLOCK, _config, _existing_run, _fail, _interruptible, _lease, _prefect_api,
                        _run_flow, _run_name, _short, _stage_entry, _store)
 
 

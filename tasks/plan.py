@@ -49,12 +49,17 @@ def stage_section(config: PipelineConfig, stage: str, kind: str) -> Any:
 
 
 def plan_pipeline(config: PipelineConfig, hw: Hardware, shape: ModelShape | None = None) -> list[StagePlan]:
-    """One plan per GPU stage, in pipeline order."""
+    """One plan per GPU stage the config runs, in pipeline order."""
     from tasks.stages import all_stages
 
     shape = shape or model_shape(config)
-    return [plan_stage(s.name, s.kind, stage_section(config, s.name, s.kind), shape, hw)
-            for s in all_stages() if s.pool == "gpu"]
+    plans = []
+    for s in all_stages():
+        if s.pool != "gpu" or not s.enabled(config):
+            continue
+        kind = "sft" if s.kind == "reward" else s.kind  # a reward model trains like SFT (a score head, no reference)
+        plans.append(plan_stage(s.name, kind, stage_section(config, s.name, kind), shape, hw))
+    return plans
 
 
 def check_stage_memory(stage: str, kind: str, section: Any, model_path: str | Path, *,
