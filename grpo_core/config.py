@@ -676,7 +676,8 @@ class RejectionSamplingConfig(_Strict):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(64, gt=0)
-    max_prompts: int | None = Field(None, gt=0, description="sample from the first N training prompts")
+    max_prompts: int | None = Field(None, gt=0, description="sample from the first N training prompts (with "
+                                    "sources: the first N of each source)")
     reward_func: str = Field("chain_accuracy", description="registered reward; a sample is correct when it scores >= reward_threshold")
     reward_threshold: float = 1.0
     require_format: bool = Field(True, description="keep only completions that pass the registered `format` reward "

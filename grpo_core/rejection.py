@@ -163,10 +163,9 @@ def rejection_sample_with_config(config: RejectionSamplingConfig, backend: Gener
                                  ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``rejection_sample`` with the fields of a RejectionSamplingConfig (the stage's entry point).
 
-    With ``config.sources`` each listed source's rows are sampled and kept by that source's rule (one
+    With ``config.sources`` each listed source's rows (the first ``max_prompts`` of each) are sampled and kept by that source's rule (one
     ``rejection_sample`` call per source); rows of other sources are not sampled (``rs/prompts_unlisted``). The
     stats are the totals plus ``rs/{source}/{metric}`` per source; kept rows carry their ``source``."""
-    rows = rows[: config.max_prompts] if config.max_prompts else rows
     common = dict(n=config.num_samples, temperature=config.temperature, top_p=config.top_p,
                   max_new_tokens=config.max_new_tokens, max_completion_tokens=config.max_completion_tokens,
                   language_consistency_threshold=config.language_consistency_threshold,
@@ -174,6 +173,7 @@ def rejection_sample_with_config(config: RejectionSamplingConfig, backend: Gener
                   max_prompt_length=config.max_prompt_length, long_prompts=config.long_prompts,
                   readability=config.readability)
     if not config.sources:
+        rows = rows[: config.max_prompts] if config.max_prompts else rows
         return rejection_sample(backend, tokenizer, rows, keep_per_prompt=config.keep_per_prompt,
                                 reward_func=config.reward_func, reward_threshold=config.reward_threshold,
                                 require_format=config.require_format, **common)
@@ -182,7 +182,7 @@ def rejection_sample_with_config(config: RejectionSamplingConfig, backend: Gener
     kept_all: list[dict[str, Any]] = []
     per_source: dict[str, dict[str, Any]] = {}
     for rule in config.sources:
-        subset = [r for r in rows if r.get("source") == rule.name]
+        subset = [r for r in rows if r.get("source") == rule.name][: config.max_prompts]  # first N of each source
         if not subset:
             raise ValueError(f"rejection_sample.sources names {rule.name!r} but no training row has that source "
                              f"(sources present: {present}); fix the name or remove the rule")

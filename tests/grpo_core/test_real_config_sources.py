@@ -69,3 +69,13 @@ def test_general_sft_source_of_the_real_config_loads_and_mixes_at_three_to_one(t
                  for i in range(6)]
     _, counts = mix_by_ratio(reasoning, {src.path: general}, section.reasoning_to_general)
     assert counts == {"reasoning": 6, f"general:{src.path}": 2}
+
+
+@pytest.mark.parametrize("config_name", CONFIGS)
+def test_rejection_sampling_has_a_rule_for_every_training_source(config_name):
+    cfg = load_config(ROOT / "configs" / config_name)
+    rules = {s.name: s for s in cfg.rejection_sample.sources}
+    assert set(rules) == {s.source for s in cfg.data.train_sources}
+    reasoning = cfg.grpo_train.sources[0].name
+    assert rules[reasoning].reward_func == "math_accuracy" and rules[reasoning].min_score is None
+    assert all(r.min_score is not None and r.reward_func.type == "reward_model" for n, r in rules.items() if n != reasoning)

@@ -109,3 +109,18 @@ def test_bad_rules_fail_early(sources, message):
         RejectionSamplingConfig(sources=sources)
     with pytest.raises(ValueError, match="each source names its own reward_func"):
         RejectionSamplingConfig(reward_func="math_accuracy", sources=[{"name": "c", "reward_func": "chain_accuracy"}])
+
+
+def test_max_prompts_is_per_source(models):
+    """The first N prompts of each source: a source listed after N rows of another is still sampled."""
+    base, _ = models
+    tok = AutoTokenizer.from_pretrained(base)
+    rows = [{"id": f"{s}{i}", "prompt": [{"role": "user", "content": f"{i}+1+5="}], "answer": "6", "source": s}
+            for s, i in (("a", 0), ("a", 1), ("b", 2))]
+    prompts = [encode_prompt(tok, r["prompt"]) for r in rows]
+    backend = ScriptedBackend(tok, prompts, [[(CORRECT, False)]] * 3)
+    config = RejectionSamplingConfig(num_samples=1, max_prompts=1, sources=[
+        {"name": "a", "reward_func": "chain_accuracy"}, {"name": "b", "reward_func": "chain_accuracy"}])
+    kept, stats = rejection_sample_with_config(config, backend, tok, rows)
+    assert stats["rs/a/num_prompts"] == 1 and stats["rs/b/num_prompts"] == 1 and stats["rs/num_prompts"] == 2
+    assert [k["id"] for k in kept] == ["a0-rs0", "b2-rs0"]
