@@ -54,7 +54,7 @@ def plan_pipeline(config: PipelineConfig, hw: Hardware, shape: ModelShape | None
 
     shape = shape or model_shape(config)
     return [plan_stage(s.name, s.kind, stage_section(config, s.name, s.kind), shape, hw)
-            for s in all_stages() if s.pool == "gpu"]
+            for s in all_stages() if s.pool == "gpu" and s.kind != "reward"]  # the reward model is not sized here
 
 
 def check_stage_memory(stage: str, kind: str, section: Any, model_path: str | Path, *,
