@@ -45,6 +45,8 @@ def test_cold_start_trace_set_of_the_real_config_loads_filters_and_is_a_real_sft
     assert stats["kept"] == len(rows) == 6 and stats["problems"] == 8
     assert stats["rejected/code_block"] == 2 and stats["unverified"] == 4 and stats["duplicate"] == 2
     assert all(r["completion"].startswith("<think>\n") and "\\boxed" in r["completion"] for r in rows)
+    assert rows[0]["prompt"][-1]["content"].startswith("What is 10 + 20?\n")
+    assert rows[0]["prompt"][-1]["content"].endswith("\\boxed{}.")  # the set's answers are boxed; so is the ask
 
     # steps = traces x epochs / (batch x GPUs x grad-accum) with traces <= limit x k: hundreds of optimizer steps,
     # and between half an epoch and four epochs of the configured traces (about half pass the overlong cap)
