@@ -636,6 +636,38 @@ class EvalConfig(_Strict):
         return sorted(set(self.k)) if self.k else [max(self.num_samples, 1)]
 
 
+class RejectionSource(_Strict):
+    """One source's rule in rejection sampling (R1 sec. 2.3.3: rule-checked where a rule applies, a generative
+    reward model's judgement elsewhere). The rows whose ``source`` column is ``name`` are sampled and kept by:
+
+    - verifiable (no ``min_score``): ``reward_func`` scores >= ``reward_threshold`` (e.g. ``math_accuracy``);
+    - scored (``min_score`` set): ``reward_func`` (a reward model or judge, e.g. ``{reward_model: {model:
+      reward_model}}``) scores >= ``min_score``, the best ``keep_per_prompt`` per prompt by score."""
+
+    name: str = Field(..., min_length=1, description="the rows' source column, e.g. chain, helpful, gsm8k")
+    reward_func: RewardEntry = Field(..., description="a registered reward's name, {reward_model: {...}} or {judge: {...}}")
+    reward_threshold: float | None = Field(None, description="verifiable: the pass mark; None = the section's")
+    min_score: float | None = Field(None, description="scored: keep samples scoring at least this, best first")
+    keep_per_prompt: int | None = Field(None, ge=1, description="k for this source; None = the section's")
+    require_format: bool | None = Field(None, description="None = the section's (general answers may have no <think>)")
+
+    @field_validator("reward_func", mode="before")
+    @classmethod
+    def _reward_entry(cls, value: Any) -> Any:
+        return normalize_reward_entry(value)
+
+    @model_validator(mode="after")
+    def _check_rule(self) -> "RejectionSource":
+        scored = not isinstance(self.reward_func, str)
+        if scored and self.min_score is None:
+            raise ValueError(f"source {self.name!r}: a reward model or judge gives a score, not a verdict; give "
+                             "min_score (keep samples scoring at least this, best keep_per_prompt per prompt)")
+        if self.min_score is not None and self.reward_threshold is not None:
+            raise ValueError(f"source {self.name!r}: set reward_threshold (verifiable: pass/fail) or min_score "
+                             "(scored: best k above it), not both")
+        return self
+
+
 class RejectionSamplingConfig(_Strict):
     """rejection_sample: n samples per prompt, keep correct ones that pass the filters, at most k per prompt."""
 
@@ -644,7 +676,8 @@ class RejectionSamplingConfig(_Strict):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(64, gt=0)
-    max_prompts: int | None = Field(None, gt=0, description="sample from the first N training prompts")
+    max_prompts: int | None = Field(None, gt=0, description="sample from the first N training prompts (with "
+                                    "sources: the first N of each source)")
     reward_func: str = Field("chain_accuracy", description="registered reward; a sample is correct when it scores >= reward_threshold")
     reward_threshold: float = 1.0
     require_format: bool = Field(True, description="keep only completions that pass the registered `format` reward "
@@ -660,6 +693,19 @@ class RejectionSamplingConfig(_Strict):
     max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")
     long_prompts: Literal["truncate", "drop"] = Field("truncate", description=LONG_PROMPTS_HELP)
     seed: int = 0
+    sources: list[RejectionSource] = Field(
+        default_factory=list, description="per-source rules (verifiable: reward_func passes; scored: min_score, best "
+        "k); only the listed sources' rows are sampled; empty = every row by reward_func")
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> "RejectionSamplingConfig":
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"rejection_sample.sources names a source twice: {names}; give each source one rule")
+        if self.sources and {"reward_func", "reward_threshold"} & self.model_fields_set:
+            raise ValueError("rejection_sample: with sources, each source names its own reward_func (and "
+                             "reward_threshold); remove rejection_sample.reward_func / reward_threshold")
+        return self
 
 
 SFTConfig.model_rebuild()

@@ -21,8 +21,9 @@ Prompts longer than ``max_prompt_length`` are truncated or dropped by ``long_pro
 
 The per-prompt pass rate (correct / n, before the other filters) is recorded for every prompt: it is
 the difficulty signal R1's data curation uses and the table a user looks at to see what the RL model
-can and cannot solve. Departure from R1: no LLM judge for non-verifiable data and no general-data mix
-here; the consolidation stage mixes other SFT rows in if configured.
+can and cannot solve. Every source (``sources``, ``rejection_sample_with_config``) has its own rule: verifiable
+sources keep correct samples; non-verifiable ones (general, safety) keep samples a reward model or judge scores at
+least ``min_score``, best first. The consolidation stage mixes general SFT rows in if configured.
 """
 
 from __future__ import annotations
@@ -64,8 +65,13 @@ def rejection_sample(
     max_prompt_length: int | None = 512,
     long_prompts: LongPrompts = "truncate",
     readability: ReadabilityConfig | None = None,
+    min_score: float | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``(sft_rows, stats)``: SFT rows ``{prompt, completion, id}`` and the filter statistics.
+
+    ``min_score`` (a non-verifiable source scored by a reward model or judge): a sample passes when its
+    ``reward_func`` score is at least ``min_score`` (instead of ``reward_threshold``), and a prompt's samples are
+    taken best score first, so the ``keep_per_prompt`` kept are its best ones that pass every filter.
 
     ``stats`` has ``rs/num_prompts``, ``rs/num_samples``, ``rs/num_kept``, ``rs/mean_pass_rate``,
     ``rs/prompts_with_kept``, ``rs/prompts_truncated``, ``rs/prompts_dropped`` and ``rs/rejected/{reason}``
@@ -91,7 +97,8 @@ def rejection_sample(
     rollouts = _generate(backend, prompt_ids, n=n, max_tokens=max_new_tokens, greedy=False,
                          batch=max(1, batch_size // n), temperature=temperature, top_p=top_p, seeds=seeds)
     scores = score_completions(funcs, names, rows, rollouts, n, max_new_tokens)  # [N*n, R]
-    correct = passes(scores[:, 0], reward_threshold)
+    correct = passes(scores[:, 0], reward_threshold if min_score is None else min_score)
+    score = [-math.inf if math.isnan(v) else v for v in scores[:, 0].tolist()]
     formatted = passes(scores[:, 1]) if require_format else [True] * len(rollouts)
     if language_consistency_threshold is not None:
         lang = scores[:, -1]  # [N*n] NaN where the prompt has no words to detect a language from
@@ -104,7 +111,8 @@ def rejection_sample(
     per_prompt = []
     for i, row in enumerate(rows):
         kept_texts: list[str] = []
-        for j in range(n):
+        order = range(n) if min_score is None else sorted(range(n), key=lambda j: -score[i * n + j])  # stable
+        for j in order:
             k = i * n + j
             r = rollouts[k]
             reason = None
@@ -153,16 +161,53 @@ def rejection_sample(
 def rejection_sample_with_config(config: RejectionSamplingConfig, backend: GenerationBackend, tokenizer: Any,
                                  rows: list[dict[str, Any]], *, batch_size: int = 64
                                  ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """``rejection_sample`` with the fields of a RejectionSamplingConfig (the stage's entry point)."""
-    rows = rows[: config.max_prompts] if config.max_prompts else rows
-    return rejection_sample(
-        backend, tokenizer, rows, n=config.num_samples, keep_per_prompt=config.keep_per_prompt,
-        reward_func=config.reward_func, reward_threshold=config.reward_threshold, temperature=config.temperature,
-        top_p=config.top_p, max_new_tokens=config.max_new_tokens, require_format=config.require_format,
-        max_completion_tokens=config.max_completion_tokens,
-        language_consistency_threshold=config.language_consistency_threshold,
-        drop_truncated=config.drop_truncated, seed=config.seed, batch_size=batch_size,
-        max_prompt_length=config.max_prompt_length, long_prompts=config.long_prompts,
-        readability=config.readability,
-    )
+    """``rejection_sample`` with the fields of a RejectionSamplingConfig (the stage's entry point).
 
+    With ``config.sources`` each listed source's rows (the first ``max_prompts`` of each) are sampled and kept by that source's rule (one
+    ``rejection_sample`` call per source); rows of other sources are not sampled (``rs/prompts_unlisted``). The
+    stats are the totals plus ``rs/{source}/{metric}`` per source; kept rows carry their ``source``."""
+    common = dict(n=config.num_samples, temperature=config.temperature, top_p=config.top_p,
+                  max_new_tokens=config.max_new_tokens, max_completion_tokens=config.max_completion_tokens,
+                  language_consistency_threshold=config.language_consistency_threshold,
+                  drop_truncated=config.drop_truncated, seed=config.seed, batch_size=batch_size,
+                  max_prompt_length=config.max_prompt_length, long_prompts=config.long_prompts,
+                  readability=config.readability)
+    if not config.sources:
+        rows = rows[: config.max_prompts] if config.max_prompts else rows
+        return rejection_sample(backend, tokenizer, rows, keep_per_prompt=config.keep_per_prompt,
+                                reward_func=config.reward_func, reward_threshold=config.reward_threshold,
+                                require_format=config.require_format, **common)
+    rows = [{**r, "id": r.get("id", i)} for i, r in enumerate(rows)]  # ids (and so seeds) unique across sources
+    present = sorted({str(r.get("source")) for r in rows})
+    kept_all: list[dict[str, Any]] = []
+    per_source: dict[str, dict[str, Any]] = {}
+    for rule in config.sources:
+        subset = [r for r in rows if r.get("source") == rule.name][: config.max_prompts]  # first N of each source
+        if not subset:
+            raise ValueError(f"rejection_sample.sources names {rule.name!r} but no training row has that source "
+                             f"(sources present: {present}); fix the name or remove the rule")
+        kept, stats = rejection_sample(
+            backend, tokenizer, subset, reward_func=rule.reward_func, min_score=rule.min_score,
+            reward_threshold=config.reward_threshold if rule.reward_threshold is None else rule.reward_threshold,
+            keep_per_prompt=rule.keep_per_prompt or config.keep_per_prompt,
+            require_format=config.require_format if rule.require_format is None else rule.require_format, **common)
+        kept_all += [{**r, "source": rule.name} for r in kept]
+        per_source[rule.name] = stats
+    return kept_all, _merge_stats(per_source, unlisted=sum(r.get("source") not in per_source for r in rows))
+
+
+def _merge_stats(per_source: dict[str, dict[str, Any]], *, unlisted: int) -> dict[str, Any]:
+    """Totals over the sources (means weighted by prompts / kept rows) and each source's under ``rs/{source}/``."""
+    parts = list(per_source.values())
+    per_prompt = [{**p, "source": name} for name, st in per_source.items() for p in st["per_prompt"]]
+    num_kept = sum(st["rs/num_kept"] for st in parts)
+    out: dict[str, Any] = {key: sum(st[key] for st in parts) for key in parts[0]
+                           if key not in ("per_prompt", "rs/mean_pass_rate", "rs/mean_kept_length")}
+    out["rs/mean_pass_rate"] = sum(p["pass_rate"] for p in per_prompt) / len(per_prompt) if per_prompt else 0.0
+    out["rs/mean_kept_length"] = (sum(st["rs/mean_kept_length"] * st["rs/num_kept"] for st in parts) / num_kept
+                                  if num_kept else 0.0)
+    out["rs/prompts_unlisted"] = unlisted
+    for name, st in per_source.items():
+        out.update({f"rs/{name}/{key[len('rs/'):]}": value for key, value in st.items() if key != "per_prompt"})
+    out["per_prompt"] = per_prompt
+    return out

@@ -161,6 +161,8 @@ def unknown_rewards(config: "PipelineConfig") -> list[tuple[tuple, str]]:
              if not (field == "reward_funcs" and getattr(config, section).sources)]
     named += [((section, "sources", j, "reward_funcs"), src.reward_funcs)
               for section in ("grpo_train", "final_rl") for j, src in enumerate(getattr(config, section).sources)]
+    named += [(("rejection_sample", "sources", j, "reward_func"), src.reward_func)
+              for j, src in enumerate(config.rejection_sample.sources)]
     for where, value in named:
         if value is None:  # an optional reward left unset
             continue

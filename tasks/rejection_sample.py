@@ -1,7 +1,9 @@
 """Stage 4, rejection_sample: sample N completions per training prompt from the GRPO model and keep the
 correct ones that pass the format, length and language filters, deduplicated, at most k per prompt
-(grpo_core.rejection). Output: ``samples.parquet`` (SFT rows ``{prompt, completion, ...}``) and
-``pass_rates.parquet`` (one row per prompt), with the keep/drop counts in the manifest.
+(grpo_core.rejection); with ``sources`` each source by its own rule (a reward model / judge score for the
+non-verifiable ones; ``model: reward_model`` names the reward_model stage's output, then an input here).
+Output: ``samples.parquet`` (SFT rows ``{prompt, completion, ...}``) and ``pass_rates.parquet`` (one row per
+prompt), with the keep/drop counts in the manifest.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from tasks.manifest import StageRef
 @stage_task("rejection_sample")
 def rejection_sample(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> StageRef:
     rows = read_parquet(ctx.fetch(parents["prepare_data"], "train.parquet"))
-    kept, stats = _sample(ctx, str(ctx.fetch(parents["grpo_train"], "model")), rows)
+    kept, stats = _sample(ctx, str(ctx.fetch(parents["grpo_train"], "model")), rows, parents)
     out = ctx.work / "out"
     write_parquet(kept, out / "samples.parquet")
     write_parquet(stats.pop("per_prompt"), out / "pass_rates.parquet")
@@ -25,7 +27,8 @@ def rejection_sample(ctx: StageContext, parents: dict[str, StageRef], fp: str) -
         return commit_stage(ctx, writer, fp=fp, section=ctx.config.rejection_sample, parents=parents, metrics=stats)
 
 
-def _sample(ctx: StageContext, model_path: str, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict]:
+def _sample(ctx: StageContext, model_path: str, rows: list[dict[str, Any]], parents: dict[str, StageRef]
+            ) -> tuple[list[dict[str, Any]], dict]:
     """Sample with the same backend kind the GRPO stage used (vLLM for real runs, transformers for tiny)."""
     import torch
     from transformers import AutoConfig, AutoTokenizer
@@ -33,8 +36,9 @@ def _sample(ctx: StageContext, model_path: str, rows: list[dict[str, Any]]) -> t
     from grpo_core.generation import backend_kind, backend_options, make_backend
     from grpo_core.rejection import rejection_sample_with_config
     from tasks.plan import check_stage_memory
+    from tasks.reward_model import resolve_reward_models
 
-    grpo, rs = ctx.config.grpo_train, ctx.config.rejection_sample
+    grpo, rs = ctx.config.grpo_train, resolve_reward_models(ctx, ctx.config.rejection_sample, parents)
     kind = backend_kind(grpo.use_vllm)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -193,3 +193,29 @@ def test_cli_run_with_a_causal_lm_as_reward_model_is_one_line_and_writes_nothing
     assert line.startswith(f"error: {path}:4: final_rl.reward_funcs.0: reward model {base}: its config.json names "
                            "['LlamaForCausalLM'], not a ...ForSequenceClassification model")
     assert not (tmp_path / "store").exists()
+
+
+def test_rejection_sample_names_the_stage_output_in_a_source_rule(trained, tmp_path):
+    tmp, store, data, ref = trained
+    rules = [{"name": "chain", "reward_func": "chain_accuracy"},
+             {"name": "helpful", "reward_func": {"reward_model": {"model": "reward_model", "scope": "summary"}},
+              "min_score": 0.0, "keep_per_prompt": 1}]
+    cfg = config(rejection_sample={"sources": rules})
+    assert get_stage("rejection_sample").inputs(cfg) == ("prepare_data", "grpo_train", "reward_model")
+    assert get_stage("rejection_sample").inputs(config()) == ("prepare_data", "grpo_train")
+    ctx = StageContext.open(cfg, "r", str(tmp / "store"), "rejection_sample")
+    try:
+        resolved = resolve_reward_models(ctx, cfg.rejection_sample, {"prepare_data": data, "reward_model": ref})
+        assert Path(resolved.sources[1].reward_func.model, "config.json").is_file()
+        assert resolved.sources[0].reward_func == "chain_accuracy" and cfg.rejection_sample.sources[1].reward_func.model == "reward_model"
+    finally:
+        ctx.cleanup()
+    path = tmp_path / "c.yaml"  # no reward_model section: the rule's line and field, before anything runs
+    path.write_text("rejection_sample:\n  sources:\n    - {name: chain, reward_func: chain_accuracy}\n"
+                    "    - {name: helpful, reward_func: {reward_model: {model: reward_model}}, min_score: 0.0}\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:4: rejection_sample.sources.1.reward_func: model: reward_model "
+                                          r"names the reward_model stage, which this config does not run"):
+        load_config(path)
+    path.write_text("rejection_sample:\n  sources:\n    - {name: chain, reward_func: chain_acuracy}\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:3: rejection_sample.sources.0.reward_func: unknown reward function"):
+        load_config(path)
