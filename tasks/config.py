@@ -133,7 +133,9 @@ class PipelineConfig(_Strict):
             raise UnknownReward(problems)
         for section in ("grpo_train", "final_rl"):
             cfg = getattr(self, section)
-            if cfg.sources and {"reward_funcs", "reward_weights"} & cfg.model_fields_set:
+            # A saved run config (every field written out) carries the defaults back: only values differ
+            default_funcs = type(cfg).model_fields["reward_funcs"].get_default(call_default_factory=True)
+            if cfg.sources and (cfg.reward_funcs != default_funcs or cfg.reward_weights is not None):
                 raise ValueError(f"{section}: with sources, each source names its own reward_funcs; remove "
                                  f"{section}.reward_funcs / reward_weights")
         return self

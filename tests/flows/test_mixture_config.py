@@ -57,3 +57,13 @@ def test_sources_and_top_level_reward_funcs_together_are_refused(tmp_path, no_pi
                    + "  reward_funcs: [chain_accuracy]\n")
     result = CliRunner().invoke(app, ["run", "-c", str(cfg), "--run", "mix", "--store", str(tmp_path / "s")])
     assert result.exit_code == 1 and "final_rl: with sources, each source names its own reward_funcs" in result.output
+
+
+def test_a_saved_mixture_config_loads_again():
+    """What a run saves (every field written out, reward_funcs' default included) is what `r1 stage` and
+    `r1 eval` read back: a config with sources must round-trip."""
+    from tasks.config import DEFAULT_CONFIG, PipelineConfig, load_config
+
+    config = load_config(DEFAULT_CONFIG)
+    assert config.final_rl.sources  # the embedded default mixes sources in final RL
+    assert PipelineConfig.model_validate(config.model_dump(mode="json")) == config
