@@ -3,7 +3,7 @@ its own.
 
 Held-out set: greedy accuracy, pass@1 over k samples, mean completion length, format rate and the rest of
 grpo_core.evaluation's metrics (``eval/...``), per source too when the set has several
-(``eval/source/{source}/accuracy``). Benchmarks (``evaluate.benchmarks``, grpo_core.benchmarks): the R1
+(``eval/{source}/accuracy``, computed there). Benchmarks (``evaluate.benchmarks``, grpo_core.benchmarks): the R1
 protocol's ``eval/{benchmark}/pass@1``, ``pass@{k}``, ``maj@{k}`` and ``greedy``. The output lives at
 ``{run}/evaluate/{stage}/{version}/`` with ``results.jsonl`` (held-out, per prompt), ``benchmarks/{name}.jsonl``
 (per problem: samples, extracted answers, verdicts) and a manifest whose parents are the model it scored and
@@ -53,7 +53,7 @@ def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRe
         fp = fingerprint(STAGE, cfg, parents, extra)
         if (ref := ctx.reuse(fp, force)) is not None:
             return cached(ref, "this model was already evaluated with this config")
-        from grpo_core.benchmarks import evaluate_benchmarks, per_source
+        from grpo_core.benchmarks import evaluate_benchmarks
         from grpo_core.evaluation import evaluate_with_config
 
         rows = read_parquet(ctx.fetch(data, "eval.parquet"))
@@ -67,8 +67,6 @@ def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRe
         for r in held_out:
             r["source"] = sources.get(str(r["id"]))
         metrics = {k: float(v) for k, v in result.items() if isinstance(v, (int, float))}
-        metrics.update({f"eval/source/{k}": v for k, v in
-                        per_source(held_out, {"correct": "accuracy", "pass@1": "pass@1"}).items()})
         out = ctx.work / "out"
         files = {"results.jsonl": write_jsonl(held_out, out / "results.jsonl")}
         if benchmark_rows:
