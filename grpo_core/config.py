@@ -490,6 +490,8 @@ class DataConfig(_Strict):
     max_operands: int = Field(4, ge=2, le=8)
     cold_start_size: int = Field(4000, ge=0, description="built-in task: worked solutions for cold-start SFT")
     cold_start_direct_fraction: float = Field(0.5, ge=0, le=1, description="share of cold-start rows with an empty <think>")
+    cold_start_coarse_fraction: float = Field(
+        0.0, ge=0, le=1, description="share of cold-start rows worked in coarse steps (two operations a step)")
     builtin_general: list[Literal["helpful", "unsafe"]] = Field(
         default_factory=list, description="built-in non-verifiable sources (grpo_core.general): prompts, held-out "
         "prompts, cold-start answers and rule-made preference pairs (preferences.parquet)")
@@ -517,6 +519,9 @@ class DataConfig(_Strict):
     def _check(self) -> "DataConfig":
         if self.min_operands > self.max_operands:
             raise ValueError(f"min_operands ({self.min_operands}) > max_operands ({self.max_operands})")
+        if self.cold_start_direct_fraction + self.cold_start_coarse_fraction > 1:
+            raise ValueError(f"cold_start_direct_fraction ({self.cold_start_direct_fraction}) + cold_start_coarse_fraction "
+                             f"({self.cold_start_coarse_fraction}) is above 1: they are shares of the same cold-start rows")
         if self.builtin_task is None and not self.train_sources:
             raise ValueError("no training data: set builtin_task: chain or give train_sources")
         return self

@@ -432,7 +432,8 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
             cs_prompts = synthetic.make_chain_rows(config.cold_start_size, seed=10_000 + config.seed,
                                                    exclude=exclude, **kw)
             cold += [{**r, "source": synthetic.SOURCE} for r in synthetic.make_cold_start_rows(
-                cs_prompts, direct_fraction=config.cold_start_direct_fraction, seed=config.seed)]
+                cs_prompts, direct_fraction=config.cold_start_direct_fraction,
+                coarse_fraction=config.cold_start_coarse_fraction, seed=config.seed)]
     preferences: list[dict[str, Any]] = []
     for name in config.builtin_general:  # grpo_core.general: prompts, cold-start answers, rule-made pairs
         g_train, g_eval = general.make_general_splits(name, config.general_num_train, config.general_num_eval,

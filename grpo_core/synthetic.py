@@ -9,6 +9,9 @@ convention, no operator precedence), with every intermediate result kept in 0..9
 The cold-start SFT set leaves the reasoning out of a fraction of the examples (``<think></think>``
 straight before the answer, default half), so the SFT model has both a direct mode and a
 step-by-step mode and GRPO can discover that the steps pay (measured in the README's emergence table).
+Another fraction can work in coarse steps, two operations at a time (``<think>7+8*3=45;45-5=40</think>``):
+a worse reasoning strategy than one operation a step for a model that has to do each step in its head,
+so RL can also improve how the model reasons (when to split a step), measured with the direct mode banned.
 
 Rows follow the pipeline's normalised schema (``grpo_core.data``):
 ``{id, prompt: [{"role": "user", "content": ...}], answer: str, task: "chain", source: "chain"}``;
@@ -58,12 +61,17 @@ def sample_chain_problem(rng: random.Random, min_operands: int = 3, max_operands
     return operands, ops
 
 
-def chain_steps(operands: list[int], ops: list[str]) -> list[str]:
-    """The worked steps, e.g. ``["7+8=15", "15*3=45", "45-5=40"]``."""
+def chain_steps(operands: list[int], ops: list[str], ops_per_step: int = 1) -> list[str]:
+    """The worked steps, e.g. ``["7+8=15", "15*3=45", "45-5=40"]``; with ``ops_per_step=2``
+    ``["7+8*3=45", "45-5=40"]`` (coarse steps: two operations done at once)."""
     steps, value = [], operands[0]
-    for op, b in zip(ops, operands[1:]):
-        nxt = apply_op(value, op, b)
-        steps.append(f"{value}{op}{b}={nxt}")
+    pairs = list(zip(ops, operands[1:]))
+    for i in range(0, len(pairs), ops_per_step):
+        text, nxt = str(value), value
+        for op, b in pairs[i:i + ops_per_step]:
+            text += f"{op}{b}"
+            nxt = apply_op(nxt, op, b)
+        steps.append(f"{text}={nxt}")
         value = nxt
     return steps
 
@@ -77,8 +85,8 @@ def evaluate_chain(expression: str) -> int:
     return value
 
 
-def format_solution(operands: list[int], ops: list[str], *, with_reasoning: bool = True) -> str:
-    steps = chain_steps(operands, ops) if with_reasoning else []
+def format_solution(operands: list[int], ops: list[str], *, with_reasoning: bool = True, ops_per_step: int = 1) -> str:
+    steps = chain_steps(operands, ops, ops_per_step) if with_reasoning else []
     answer = evaluate_chain(_expression(operands, ops))
     return f"<think>{';'.join(steps)}</think><answer>{answer}</answer>"
 
@@ -126,21 +134,28 @@ def make_chain_splits(num_train: int, num_eval: int, *, seed: int = 0, **kwargs:
     return train_rows, eval_rows
 
 
-def make_cold_start_rows(rows: list[dict[str, Any]], *, direct_fraction: float = 0.5, seed: int = 0) -> list[dict[str, Any]]:
+def make_cold_start_rows(rows: list[dict[str, Any]], *, direct_fraction: float = 0.5, coarse_fraction: float = 0.0,
+                         seed: int = 0) -> list[dict[str, Any]]:
     """Worked solutions for chain prompt rows as SFT rows ``{prompt, completion}``.
 
-    A ``direct_fraction`` of them (chosen by ``seed``) get an empty ``<think></think>``.
+    A ``direct_fraction`` of them (chosen by ``seed``) get an empty ``<think></think>``, a ``coarse_fraction``
+    coarse steps (two operations a step), the rest one operation a step.
     """
-    if not 0.0 <= direct_fraction <= 1.0:
-        raise ValueError(f"direct_fraction must be in [0, 1], got {direct_fraction}")
+    for name, value in (("direct_fraction", direct_fraction), ("coarse_fraction", coarse_fraction)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {value}")
+    if direct_fraction + coarse_fraction > 1.0:
+        raise ValueError(f"direct_fraction + coarse_fraction must be at most 1, got {direct_fraction} + {coarse_fraction}")
     rng = random.Random(seed)
     out = []
     for row in rows:
         text = row["prompt"][0]["content"] if isinstance(row["prompt"], list) else row["prompt"]
         tokens = re.findall(r"\d+|[-+*]", text.rstrip("="))
         operands, ops = [int(t) for t in tokens[0::2]], tokens[1::2]
-        with_reasoning = rng.random() >= direct_fraction
-        out.append({"prompt": row["prompt"], "completion": format_solution(operands, ops, with_reasoning=with_reasoning)})
+        u = rng.random()  # one draw a row: direct below direct_fraction, then coarse, then fine steps
+        completion = format_solution(operands, ops, with_reasoning=u >= direct_fraction,
+                                     ops_per_step=2 if u < direct_fraction + coarse_fraction else 1)
+        out.append({"prompt": row["prompt"], "completion": completion})
     return out
 
 

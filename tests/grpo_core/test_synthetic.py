@@ -71,6 +71,34 @@ def test_cold_start_direct_fraction_and_correctness():
         make_cold_start_rows(rows, direct_fraction=1.5)
 
 
+def test_coarse_steps_do_two_operations_a_step():
+    assert chain_steps([7, 8, 3, 5], ["+", "*", "-"], ops_per_step=2) == ["7+8*3=45", "45-5=40"]
+    assert chain_steps([7, 8, 3], ["+", "*"], ops_per_step=2) == ["7+8*3=45"]
+    assert format_solution([2, 3, 4, 5, 6], list("+*-+"), ops_per_step=2) == \
+        "<think>2+3*4=20;20-5+6=21</think><answer>21</answer>"
+
+
+def test_cold_start_mixes_direct_coarse_and_fine_rows_by_fraction():
+    rows = make_chain_rows(600, seed=3)
+    sft = make_cold_start_rows(rows, direct_fraction=0.4, coarse_fraction=0.3, seed=3)
+    assert chain_accuracy([s["completion"] for s in sft], answer=[r["answer"] for r in rows]) == [1.0] * 600
+
+    def ops_in_first_step(completion: str) -> int:
+        first = parse_chain_completion(completion)[0].split(";")[0].split("=")[0]
+        return sum(first.count(c) for c in "+-*")
+
+    kinds = ["direct" if is_direct(s["completion"]) else "coarse" if ops_in_first_step(s["completion"]) == 2 else "fine"
+             for s in sft]
+    assert 0.33 < kinds.count("direct") / 600 < 0.47
+    assert 0.23 < kinds.count("coarse") / 600 < 0.37
+    assert 0.23 < kinds.count("fine") / 600 < 0.37
+    # without coarse rows the draw is the one it always was: the same direct rows as before
+    assert make_cold_start_rows(rows, direct_fraction=0.4, seed=3) == \
+        make_cold_start_rows(rows, direct_fraction=0.4, coarse_fraction=0.0, seed=3)
+    with pytest.raises(ValueError, match="at most 1"):
+        make_cold_start_rows(rows, direct_fraction=0.6, coarse_fraction=0.5)
+
+
 def test_reward_is_strict():
     good = "<think>7+8=15;15*3=45;45-5=40</think><answer>40</answer>"
     comps = [good, "<think></think><answer>40</answer>", good.replace("40</answer>", "41</answer>"),
