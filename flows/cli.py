@@ -109,7 +109,7 @@ def status(
     st = _store(store)
     _existing_run(st, run_name)
     if as_json:
-        from flows.report import stage_status
+        from flows.run_status import stage_status
 
         typer.echo(json.dumps(stage_status(st, run_name)))
     else:
@@ -155,7 +155,7 @@ KEY_METRICS = ("eval/accuracy", "eval/pass@1", "eval/mean_length", "data/num_tra
 
 
 def _print_status(st: Any, run_name: str) -> None:
-    from flows.report import stage_status
+    from flows.run_status import stage_status
 
     info = stage_status(st, run_name)
     typer.echo(f"{'stage':<18}{'state':<12}{'metrics':<58}uri")

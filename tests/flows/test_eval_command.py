@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.report import evaluation_of
+from flows.run_status import evaluation_of
 from flows.stages import RUN_CONFIG, stage_flow
 from tasks.config import load_config
 from tasks.evaluate import output_name

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.r1_pipeline import r1_pipeline
-from flows.report import evaluation_of
+from flows.run_status import evaluation_of
 from flows.stages import stage_flow
 from tasks.config import load_config
 from tasks.stages import all_stages, stage_names

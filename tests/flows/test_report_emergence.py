@@ -16,7 +16,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.report import NOT_MEASURED, write_report
+from flows.report import write_report
+from flows.report_emergence import NOT_MEASURED
 from grpo_core.emergence import PHASES
 from tasks.evaluate import output_name
 from tasks.store import Store

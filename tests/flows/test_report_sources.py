@@ -3,7 +3,7 @@ rewards/{source}/mean at their last step."""
 
 from __future__ import annotations
 
-from flows.report import _source_table, source_rows
+from flows.report_tables import source_rows, source_table
 from tasks.manifest import StageRef
 
 
@@ -27,5 +27,5 @@ def test_source_rows_and_table():
         {"stage": "final_rl step 2 (train samples)", "source": "chain", "metric": "reward", "value": 0.5},
         {"stage": "final_rl step 2 (train samples)", "source": "helpful", "metric": "reward", "value": 0.9},
     ]  # rewards/chain_accuracy/mean is a reward function's, not a source's
-    table = _source_table(rows)
+    table = source_table(rows)
     assert "| final_rl step 2 (train samples) | helpful | reward | 0.9 |" in table.splitlines()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.report import stage_status
+from flows.run_status import stage_status
 from flows.stages import RUN_CONFIG
 from grpo_core.data import write_parquet
 from grpo_core.rewards.reward_model import RewardModelReward

@@ -1,0 +1,78 @@
+"""The report's "Emergence, measured" section: the seed's phase table rebuilt from each evaluated stage's
+measured response features (``grpo_core.emergence``: phase by ``phase_label``'s stated rule), and the
+candidate "aha" step of each RL stage by ``find_aha_step``'s stated rule over its logged reflection rate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flows.report_tables import first_metric
+from grpo_core import emergence
+from tasks.manifest import StageRef
+
+REFLECTION_KEY = "completions/reflection_rate"
+# column -> evaluation key(s), the first present wins; features of the sampled held-out completions
+MEASURED_COLUMNS = {"direct answers": ("eval/direct_rate",), "mean steps": ("eval/mean_steps",),
+                    "reflection": ("eval/reflection_rate",), "backtracking": ("eval/backtrack_rate",),
+                    "mean length": ("eval/mean_length_sampled", "eval/mean_length"), "pass@1": ("eval/pass@1",),
+                    "accuracy with reflection": ("eval/accuracy_with_reflection",),
+                    "accuracy without reflection": ("eval/accuracy_without_reflection",),
+                    "greedy accuracy": ("eval/accuracy",)}
+NOT_MEASURED = "not measured (evaluated before the emergence features existed; `r1 run` this run again)"
+
+
+def measured_emergence(evaluations: dict[str, StageRef | None], histories: dict[str, list[dict[str, Any]]],
+                       window: int = emergence.AHA_WINDOW, delta: float = emergence.AHA_DELTA) -> dict[str, Any]:
+    """``{"rows": [...], "aha": {rl_stage: step | None}, "rules": {...}}``: one row per evaluated model stage
+    with its phase and features; per RL stage, ``find_aha_step`` over its logged ``completions/reflection_rate``
+    (a stage that logged none is absent from ``aha``)."""
+    rows = []
+    for stage, evaluation in evaluations.items():
+        if evaluation is None:
+            continue
+        row: dict[str, Any] = {"stage": stage}
+        for column, keys in MEASURED_COLUMNS.items():
+            row[column] = first_metric(evaluation.metrics, keys)
+        features = [row[c] for c in ("direct answers", "mean steps", "reflection", "backtracking")]
+        row["phase"] = NOT_MEASURED if None in features else emergence.phase_label(*features)
+        rows.append(row)
+    aha = {}
+    for stage, hist in histories.items():
+        points = [(h["step"], h[REFLECTION_KEY]) for h in hist if h.get(REFLECTION_KEY) is not None]
+        if points:
+            aha[stage] = emergence.find_aha_step([s for s, _ in points], [v for _, v in points], window, delta)
+    return {"rows": rows, "aha": aha, "rules": {"aha_window": window, "aha_delta": delta}}
+
+
+def emergence_section(measured: dict[str, Any]) -> str:
+    """The report's "Emergence, measured" section: the phase table, the rules, the aha verdict per RL stage."""
+    window, delta = measured["rules"]["aha_window"], measured["rules"]["aha_delta"]
+    columns = ["stage", "phase", *MEASURED_COLUMNS]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in measured["rows"]:
+        cells = [r["stage"], r["phase"]]
+        for c in MEASURED_COLUMNS:
+            v = r.get(c)
+            cells.append("" if v is None else f"{v:.1f}" if c in ("mean steps", "mean length") else f"{100 * v:.1f}%")
+        lines.append("| " + " | ".join(cells) + " |")
+    aha = [f"- {stage}: candidate aha step **{step}**" if step is not None else
+           f"- {stage}: no aha step found under the rule (window {window}, delta {delta})"
+           for stage, step in measured["aha"].items()] or ["- no RL stage logged `completions/reflection_rate`"]
+    return "\n\n".join([
+        "## Emergence, measured\nThe seed's phases, read off each evaluated stage's sampled held-out completions "
+        "(`grpo_core/emergence.py`): direct answers = share opening with an empty `<think></think>`; steps = "
+        "non-empty pieces of the reasoning between line breaks, `;` and sentence ends; reflection / backtracking "
+        "= share whose reasoning holds a phrase of the configured lists (`emergence.reflection_phrases` / "
+        "`backtrack_phrases`: whole English words, Chinese anywhere, case-insensitive); mean length in tokens; "
+        "accuracy split by whether the completion reflects.",
+        "\n".join(lines),
+        f"Phase rule (first that holds): direct answers >= {emergence.DIRECT_PHASE_MIN_DIRECT_RATE:.0%} or mean "
+        f"steps < {emergence.LITTLE_REASONING_MAX_STEPS:g}: *{emergence.PHASES[0]}*; else reflection < "
+        f"{emergence.SELF_CHECK_MIN_REFLECTION_RATE:.0%}: *{emergence.PHASES[1]}*; else backtracking < "
+        f"{emergence.BACKTRACK_MIN_RATE:.0%}: *{emergence.PHASES[2]}*; else *{emergence.PHASES[3]}*.",
+        f"Aha rule: over each RL stage's logged `{REFLECTION_KEY}` (the training samples of each step), m(t) is "
+        f"the mean of the {window} steps ending at t; the first t where m(t) exceeds the lowest earlier m by more "
+        f"than {delta} triggers, and the step marked is the first step of that window whose own reflection rate "
+        f"is that far above the lowest m. [reflection.png](reflection.png) plots reflection rate and accuracy "
+        f"against GRPO step with the marked step.\n" + "\n".join(aha),
+    ])

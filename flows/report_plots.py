@@ -1,0 +1,77 @@
+"""The report's plots (PNG, matplotlib Agg): reward, accuracy and completion length over GRPO steps, and
+reflection rate with each RL stage's candidate aha step. RL stages follow one another on a shared step
+axis (final_rl continues after grpo_train)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flows.report_emergence import REFLECTION_KEY
+from flows.report_tables import ACCURACY_KEYS, LENGTH_KEYS, first_metric
+
+
+def plot_histories(histories: dict[str, list[dict[str, Any]]], out_dir: Path) -> dict[str, Path]:
+    """reward.png, accuracy.png, length.png: the RL stages one after the other on a shared step axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = {}
+    for name, keys, label in (("reward", ("reward",), "mean reward"), ("accuracy", ACCURACY_KEYS, "accuracy reward"),
+                              ("length", LENGTH_KEYS, "mean completion length (tokens)")):
+        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+        offset = 0
+        for stage, hist in histories.items():
+            points = [(offset + h["step"], first_metric(h, keys)) for h in hist]
+            points = [(x, y) for x, y in points if y is not None]
+            if points:
+                ax.plot(*zip(*points), marker="." if len(points) < 40 else None, label=stage)
+            offset += max((h["step"] for h in hist), default=0)
+        ax.set_xlabel("GRPO step (final_rl continues after grpo_train)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend()
+        fig.tight_layout()
+        path = out_dir / f"{name}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        plots[name] = path
+    return plots
+
+
+def plot_reflection(histories: dict[str, list[dict[str, Any]]], aha: dict[str, int | None], out_dir: Path) -> Path:
+    """reflection.png: reflection rate and accuracy reward per GRPO step (RL stages one after the other, as
+    ``plot_histories``), a dashed line at each stage's candidate aha step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    offset = 0
+    for i, (stage, hist) in enumerate(histories.items()):
+        for keys, style, label in (((REFLECTION_KEY,), "-", "reflection rate"), (ACCURACY_KEYS, ":", "accuracy reward")):
+            points = [(offset + h["step"], first_metric(h, keys)) for h in hist]
+            points = [(x, y) for x, y in points if y is not None]
+            if points:
+                ax.plot(*zip(*points), style, color=f"C{i}", marker="." if len(points) < 40 else None,
+                        label=f"{stage} {label}")
+        if aha.get(stage) is not None:
+            ax.axvline(offset + aha[stage], color=f"C{i}", linestyle="--", label=f"{stage} aha? step {aha[stage]}")
+        offset += max((h["step"] for h in hist), default=0)
+    ax.set_xlabel("GRPO step (final_rl continues after grpo_train)")
+    ax.set_ylabel("share of completions")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    path = out_dir / "reflection.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
