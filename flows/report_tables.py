@@ -97,7 +97,7 @@ def source_rows(evaluations: dict[str, StageRef | None], histories: dict[str, li
     for stage, evaluation in evaluations.items():
         for key, value in sorted((evaluation.metrics if evaluation else {}).items()):
             parts = key.split("/")
-            if len(parts) == 3 and parts[0] == "eval":
+            if len(parts) == 3 and parts[0] == "eval" and not BENCHMARK_METRIC.match(key):  # benchmarks: own table
                 rows.append({"stage": f"{stage} (held-out)", "source": parts[1], "metric": parts[2], "value": value})
     for stage, hist in histories.items():
         last = hist[-1] if hist else {}
@@ -113,7 +113,7 @@ def source_table(rows: list[dict[str, Any]]) -> str:
     """The markdown of ``source_rows``' rows."""
     lines = ["| stage | source | metric | value |", "|---|---|---|---|"]
     lines += [f"| {r['stage']} | {r['source']} | {r['metric']} | "
-              f"{r['value']:.4g} |" if isinstance(r["value"], (int, float)) else "" for r in rows]
+              + (f"{r['value']:.4g}" if isinstance(r["value"], (int, float)) else str(r["value"])) + " |" for r in rows]
     return "\n".join(lines)
 
 
