@@ -490,6 +490,8 @@ class DataConfig(_Strict):
     max_operands: int = Field(4, ge=2, le=8)
     cold_start_size: int = Field(4000, ge=0, description="built-in task: worked solutions for cold-start SFT")
     cold_start_direct_fraction: float = Field(0.5, ge=0, le=1, description="share of cold-start rows with an empty <think>")
+    pretrain_size: int = Field(0, ge=0, description="built-in task: worked solutions (one operation a step) the "
+                               "embedded default's tiny model is pretrained on (model.tiny.pretrain); 0: none")
     cold_start_coarse_fraction: float = Field(
         0.0, ge=0, le=1, description="share of cold-start rows worked in coarse steps (two operations a step)")
     builtin_general: list[Literal["helpful", "unsafe"]] = Field(

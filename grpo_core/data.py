@@ -412,6 +412,7 @@ class PreparedData:
     cold_start: list[dict[str, Any]]
     stats: dict[str, Any]
     preferences: list[dict[str, Any]] = field(default_factory=list)  # {prompt, chosen, rejected, source}
+    pretrain: list[dict[str, Any]] = field(default_factory=list)  # {prompt, completion}: the tiny base's corpus
 
 
 def prepare_datasets(config: DataConfig) -> PreparedData:
@@ -421,6 +422,7 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
     train: list[dict[str, Any]] = []
     eval_rows: list[dict[str, Any]] = []
     cold: list[dict[str, Any]] = []
+    pretrain: list[dict[str, Any]] = []
     stats: dict[str, Any] = {"sources": {}}
     if config.builtin_task == "chain":
         kw = {"min_operands": config.min_operands, "max_operands": config.max_operands}
@@ -434,6 +436,10 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
             cold += [{**r, "source": synthetic.SOURCE} for r in synthetic.make_cold_start_rows(
                 cs_prompts, direct_fraction=config.cold_start_direct_fraction,
                 coarse_fraction=config.cold_start_coarse_fraction, seed=config.seed)]
+        if config.pretrain_size:  # other problems than the cold start's, none held out, every one worked in full
+            exclude = {r["prompt"][0]["content"] for r in b_eval}
+            pretrain = synthetic.make_cold_start_rows(synthetic.make_chain_rows(
+                config.pretrain_size, seed=30_000 + config.seed, exclude=exclude, **kw), direct_fraction=0.0)
     preferences: list[dict[str, Any]] = []
     for name in config.builtin_general:  # grpo_core.general: prompts, cold-start answers, rule-made pairs
         g_train, g_eval = general.make_general_splits(name, config.general_num_train, config.general_num_eval,
@@ -475,9 +481,10 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
     if not train:
         raise DataError("no training rows left after loading, dedupe and decontamination")
     stats.update({"num_train": len(train), "num_eval": len(eval_rows), "num_cold_start": len(cold),
-                  "num_preferences": len(preferences), "train_by_source": _count_by_source(train),
+                  "num_preferences": len(preferences), "num_pretrain": len(pretrain), "train_by_source": _count_by_source(train),
                   "eval_by_source": _count_by_source(eval_rows)})
-    return PreparedData(train=train, eval=eval_rows, cold_start=cold, stats=stats, preferences=preferences)
+    return PreparedData(train=train, eval=eval_rows, cold_start=cold, stats=stats, preferences=preferences,
+                        pretrain=pretrain)
 
 
 def _count_by_source(rows: list[dict[str, Any]]) -> dict[str, int]:

@@ -40,13 +40,22 @@ class _Strict(BaseModel):
 
 
 class TinyModelConfig(_Strict):
-    """The embedded default's randomly initialised model (grpo_core.tiny.build_tiny_model)."""
+    """The embedded default's model, built by prepare_data: random init (grpo_core.tiny.build_tiny_model), then
+    optionally pretrained on worked solutions of the built-in task, as a real base model is pretrained before
+    the R1 recipe starts (grpo_core.tiny.pretrain_tiny_model)."""
 
     seed: int = 0
     hidden_size: int = Field(128, gt=0)
     num_layers: int = Field(4, gt=0)
     num_heads: int = Field(4, gt=0)
     max_position_embeddings: int = Field(256, gt=0)
+    pretrain: SFTConfig | None = Field(
+        None, description="pretraining of the built model on data.pretrain_size worked solutions (one operation a "
+        "step; no held-out problem); None: the base model is the random init")
+
+    def architecture(self) -> dict[str, Any]:
+        """The keyword arguments of ``build_tiny_model``."""
+        return self.model_dump(exclude={"pretrain"})
 
 
 class ModelConfig(_Strict):
@@ -123,6 +132,14 @@ class PipelineConfig(_Strict):
     reward_model: RewardModelStageConfig | None = Field(None, description="optional stage; absent = not run")
     evaluate: EvalConfig = Field(default_factory=EvalConfig)
     run: RunSettings = Field(default_factory=RunSettings)
+
+    @model_validator(mode="after")
+    def _check_pretrain(self) -> "PipelineConfig":
+        if self.model.tiny is not None and self.model.tiny.pretrain is not None and not (
+                self.data.builtin_task == "chain" and self.data.pretrain_size > 0):
+            raise ValueError("model.tiny.pretrain needs a pretraining corpus: set data.builtin_task: chain and "
+                             "data.pretrain_size > 0, or remove model.tiny.pretrain")
+        return self
 
     @model_validator(mode="after")
     def _check_rewards(self) -> "PipelineConfig":

@@ -3,7 +3,8 @@ default) the tiny base model, written as parquet + a model folder and committed 
 
 Output files: ``train.parquet``, ``eval.parquet``, ``cold_start.parquet``, ``preferences.parquet`` (preference
 pairs ``{prompt, chosen, rejected, source}`` of the built-in general sources; only when there are pairs),
-``base_model/`` (tiny only). Every prompt row keeps its ``source`` column.
+``base_model/`` (tiny only; pretrained on the built-in task's worked solutions when ``model.tiny.pretrain``
+is set). Every prompt row keeps its ``source`` column.
 A bad row fails the stage before anything is written (grpo_core.data.DataError names file, row, field),
 unless ``data.on_error: skip``, which counts the skipped rows in the manifest.
 """
@@ -25,13 +26,17 @@ def prepare_data(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> St
     write_parquet(data.cold_start, out / "cold_start.parquet")
     if data.preferences:  # the reward_model stage reads it, and says so when it is missing
         write_parquet(data.preferences, out / "preferences.parquet")
+    pretrain: dict[str, float] = {}
     if cfg.model.tiny is not None:
-        from grpo_core.tiny import build_tiny_model
+        from grpo_core.tiny import build_tiny_model, pretrain_tiny_model
 
-        build_tiny_model(out / "base_model", **cfg.model.tiny.model_dump())
+        build_tiny_model(out / "base_model", **cfg.model.tiny.architecture())
+        if cfg.model.tiny.pretrain is not None:
+            result = pretrain_tiny_model(out / "base_model", data.pretrain, cfg.model.tiny.pretrain, ctx.work / "pretrain")
+            pretrain = {f"pretrain/{k.split('/')[-1]}": v for k, v in result.items()}
     with ctx.begin() as writer:
         writer.put_dir(out)
-        metrics = {"data/num_train": len(data.train), "data/num_eval": len(data.eval),
+        metrics = {**pretrain, "data/num_train": len(data.train), "data/num_eval": len(data.eval),
                    "data/num_cold_start": len(data.cold_start), "data/num_preferences": len(data.preferences),
                    **{f"data/{source}/num_train": n for source, n in data.stats["train_by_source"].items()}}
         return commit_stage(ctx, writer, fp=fp, section=cfg.data, parents=parents, metrics=metrics,
