@@ -1,4 +1,4 @@
-"""``r1 run --seed N`` through the real CLI, Prefect and pipeline (configs/ci-tiny.yaml, a local store; ~15 s):
+"""``r1 run --seed N`` through the real CLI, Prefect and pipeline (configs/ci-tiny.yaml, a local store):
 the run's saved config, ``r1 status --json`` and every committed stage's manifest carry seed N in every section;
 the same seed again reuses every stage; another seed on that run is refused by ``r1 run`` and ``r1 stage``
 before anything is written."""
@@ -18,6 +18,7 @@ from tests.tasks.test_seed import seed_fields
 
 CI_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "ci-tiny.yaml"
 RUN = "seeded"
+pytestmark = pytest.mark.slow  # ~15 s of pipeline on idle cores, minutes when they are shared
 
 
 @pytest.fixture(scope="module")
