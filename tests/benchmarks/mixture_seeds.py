@@ -2,7 +2,8 @@
 """The embedded default's mixed final RL over seeds: issue 12's "must show 1" table.
 
 For each seed, the embedded default (``configs/tiny-cpu.yaml``) with every seed set to it (seed 0 is ``r1 run``
-itself) runs as ``r1 run --seed N --run mix-seed<N> --store STORE`` (timed), then ``r1 status --json`` gives, for ``grpo_train`` and ``final_rl``, ``eval/accuracy`` (the chain task),
+itself) runs as ``r1 run --seed N --run mix-seed<N> --store STORE`` (timed), then ``r1 status --json`` gives the
+run's seeds (checked) and, for ``grpo_train`` and ``final_rl``, ``eval/accuracy`` (the chain task),
 ``eval/rm_score`` (the reward model's mean score on held-out general prompts) and ``eval/preferred_rate`` (the
 share of those responses the generating rule passes). A seed passes when final RL's preferred rate is at least
 30 points above GRPO's and its accuracy at most 2 points below. Runs already committed in STORE are reused
