@@ -141,7 +141,6 @@ class PipelineConfig(_Strict):
                                  f"{section}.reward_funcs / reward_weights")
         return self
 
-
     def seeds(self) -> dict[str, int]:
         """Every seed of the pipeline by its dotted field path: the tiny model's init (``model.tiny.seed``), the
         data (``data.seed``, and each teacher cold-start source's sampling), and each stage section that samples,
