@@ -2,6 +2,7 @@
 
     r1 run                                  # embedded default: configs/tiny-cpu.yaml, local store ./r1-runs
     r1 run -c configs/qwen2.5-0.5b-gsm8k.yaml --run gsm8k-1 --store s3://bucket/r1
+    r1 run --seed 1 --run seed-1            # every seed of the pipeline set to 1 (PipelineConfig.with_seed)
     r1 run --run X --from-stage rejection_sample
     r1 stage rejection_sample --run X
     r1 run --run X --force-unlock           # take the run's lease from a writer that is gone
@@ -34,6 +35,7 @@ import typer
 from flows.cli_common import (  # noqa: F401 - _config is also what tests use to read a config as the CLI does
     FORCE_UNLOCK,
     INTERRUPTED,
+    _check_run_seed,
     _config,
     _existing_run,
     _fail,
@@ -42,10 +44,14 @@ from flows.cli_common import (  # noqa: F401 - _config is also what tests use to
     _prefect_api,
     _run_flow,
     _run_name,
+    _run_seeds,
     _short,
     _stage_entry,
     _store,
 )
+
+SEED_HELP = ("set every seed of the pipeline (tiny model init, data, sampling, training order) to N in the config "
+             "the run records; default: the config's own seeds (the embedded default's are 0)")
 
 
 def run(
@@ -56,15 +62,20 @@ def run(
     store: Optional[str] = typer.Option(None, "--store", help="store root: a folder or s3://bucket/prefix"),
     dispatch: str = typer.Option("inline", "--dispatch", help="inline (subflows here) or deployments"),
     force_unlock: bool = typer.Option(False, "--force-unlock", help=FORCE_UNLOCK),
+    seed: Optional[int] = typer.Option(None, "--seed", min=0, help=SEED_HELP),
 ) -> None:
     """Run the whole R1 pipeline (stages whose committed output matches are reused)."""
     cfg = _config(config)
+    if seed is not None:
+        cfg = cfg.with_seed(seed)
     if run_name is not None:
         _run_name(run_name)
     selected = [s.strip() for s in stages.split(",")] if stages else None
     for name in [*(selected or []), *([from_stage] if from_stage else [])]:
         _stage_entry(name)
     st = _store(store)
+    if seed is not None and run_name is not None:
+        _check_run_seed(st, run_name, seed)
     from flows.r1_pipeline import new_run_name, r1_pipeline
     from tasks.common import configure_stage_logging
 
@@ -84,12 +95,18 @@ def stage(
     config: Optional[Path] = typer.Option(None, "-c", "--config", help="default: the config the run started with"),
     store: Optional[str] = typer.Option(None, "--store"),
     force_unlock: bool = typer.Option(False, "--force-unlock", help=FORCE_UNLOCK),
+    seed: Optional[int] = typer.Option(None, "--seed", min=0, help="check that the run uses this seed (with -c: set "
+                                       "it in that config); a run started with another seed is refused"),
 ) -> None:
     """Run (or rerun) one stage of an existing run; upstream outputs come from the store."""
     _stage_entry(name)
     _run_name(run_name)
     cfg = _config(config) if config else None
+    if cfg is not None and seed is not None:
+        cfg = cfg.with_seed(seed)
     st = _store(store)
+    if seed is not None:
+        _check_run_seed(st, run_name, seed)  # the stage's upstream outputs were made with the run's seeds
     from flows.stages import stage_flow
     from tasks.common import configure_stage_logging
 
@@ -101,7 +118,8 @@ def stage(
 
 def status(
     run_name: str = typer.Argument(..., metavar="NAME"),
-    as_json: bool = typer.Option(False, "--json", help="one JSON object: {run, stages: {stage: {state, uri, path, metrics}}}"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object: {run, stages: {stage: {state, uri, path, "
+                                 "metrics}}, seeds: {field: seed}} (seeds: from the run's saved config)"),
     store: Optional[str] = typer.Option(None, "--store"),
 ) -> None:
     """The stages of a run: state, key metrics, URIs."""
@@ -111,7 +129,7 @@ def status(
     if as_json:
         from flows.run_status import stage_status
 
-        typer.echo(json.dumps(stage_status(st, run_name)))
+        typer.echo(json.dumps({**stage_status(st, run_name), "seeds": _run_seeds(st, run_name, strict=False)}))
     else:
         _print_status(st, run_name)
 

@@ -67,6 +67,32 @@ def _run_name(name: str) -> str:
         _fail(str(e))
 
 
+def _run_seeds(st: Any, run_name: str, strict: bool = True) -> dict[str, int] | None:
+    """Every seed field of the config run ``run_name`` was started with (``PipelineConfig.seeds``); None when the
+    store holds no config for it (or, not ``strict``, one this code cannot read; strict: fail naming the file)."""
+    from flows.stages import RUN_CONFIG
+    from tasks.config import PipelineConfig
+
+    saved = st.read_run_file(run_name, RUN_CONFIG)
+    if saved is None:
+        return None
+    try:
+        return PipelineConfig.model_validate(saved["config"]).seeds()
+    except Exception as e:  # noqa: BLE001 - a config this code cannot read: name the file and stop
+        if not strict:
+            return None
+        _fail(f"{st.uri(st.run_file(run_name, RUN_CONFIG))}: the run's saved config does not load: {e}")
+
+
+def _check_run_seed(st: Any, run_name: str, seed: int) -> None:
+    """Refuse ``--seed`` on a run whose saved config has another seed: its committed outputs were made with it."""
+    other = {k: v for k, v in (_run_seeds(st, run_name) or {}).items() if v != seed}
+    if other:
+        shown = ", ".join(f"{k}={v}" for k, v in other.items())
+        _fail(f"run {run_name!r} in {st.url} was started with {shown}, not --seed {seed}; drop --seed to use the "
+              f"run's own seeds, or start a new run: r1 run --seed {seed} --run NEW-NAME")
+
+
 def _existing_run(st: Any, name: str) -> None:
     """Fail unless the store holds run ``name``; the message lists a few runs it does hold."""
     runs = st.runs()

@@ -709,7 +709,9 @@ class RejectionSamplingConfig(_Strict):
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise ValueError(f"rejection_sample.sources names a source twice: {names}; give each source one rule")
-        if self.sources and {"reward_func", "reward_threshold"} & self.model_fields_set:
+        # Values, not fields set: a saved run config writes every field out, defaults included
+        defaults = {f: type(self).model_fields[f].default for f in ("reward_func", "reward_threshold")}
+        if self.sources and any(getattr(self, f) != d for f, d in defaults.items()):
             raise ValueError("rejection_sample: with sources, each source names its own reward_func (and "
                              "reward_threshold); remove rejection_sample.reward_func / reward_threshold")
         return self

@@ -29,6 +29,7 @@ from grpo_core.config import (
     RewardConfig,
     RewardModelSpec,
     SFTConfig,
+    TeacherSource,
 )
 
 _UNION_TAGS = ("file", "traces", "teacher")  # data.cold_start_sources' kinds (grpo_core.config.ColdStartSource)
@@ -156,6 +157,36 @@ class PipelineConfig(_Strict):
                 raise ValueError(f"{section}: with sources, each source names its own reward_funcs; remove "
                                  f"{section}.reward_funcs / reward_weights")
         return self
+
+    def seeds(self) -> dict[str, int]:
+        """Every seed of the pipeline by its dotted field path: the tiny model's init (``model.tiny.seed``), the
+        data (``data.seed``, and each teacher cold-start source's sampling), and each stage section that samples,
+        shuffles or initialises (``SEEDED_SECTIONS``; the optional ``reward_model`` when the config runs it).
+        ``run`` has no randomness."""
+        out = {"model.tiny.seed": self.model.tiny.seed} if self.model.tiny is not None else {}
+        out["data.seed"] = self.data.seed
+        out.update({f"data.cold_start_sources.{j}.seed": src.seed for j, src in enumerate(self.data.cold_start_sources)
+                    if isinstance(src, TeacherSource)})
+        out.update({f"{name}.seed": section.seed for name in SEEDED_SECTIONS
+                    if (section := getattr(self, name)) is not None})
+        return out
+
+    def with_seed(self, seed: int) -> "PipelineConfig":
+        """A copy with every field ``seeds()`` lists set to ``seed`` (``r1 run --seed N``). Each stage's seed is in
+        its fingerprint, so no committed output of another seed is reused."""
+        out = self.model_copy(deep=True)
+        for path in self.seeds():
+            *parents, name = path.split(".")
+            owner: Any = out
+            for part in parents:
+                owner = owner[int(part)] if part.isdigit() else getattr(owner, part)
+            setattr(owner, name, seed)  # validate_assignment: the same checks as a YAML value
+        return out
+
+
+# The stage sections with a ``seed`` field (training order and init, sampling seeds, data mixing).
+SEEDED_SECTIONS = ("cold_start_sft", "reward_model", "grpo_train", "rejection_sample", "sft_consolidate", "final_rl",
+                   "evaluate")
 
 
 # The config fields that name registered reward functions (grpo_core.rewards.register_reward).

@@ -1,9 +1,9 @@
 # python tests/benchmarks/mixture_seeds.py --store /tmp/mix-seeds --seeds 0 1 2
 """The embedded default's mixed final RL over seeds: issue 12's "must show 1" table.
 
-For each seed, the embedded default (``configs/tiny-cpu.yaml``) with every ``seed`` field set to it (seed 0 is
-``r1 run`` itself) runs as ``r1 run`` would (``r1 run -c <seeded config> --run mix-seed<N> --store STORE``,
-timed), then ``r1 status --json`` gives, for ``grpo_train`` and ``final_rl``, ``eval/accuracy`` (the chain task),
+For each seed, the embedded default (``configs/tiny-cpu.yaml``) with every seed set to it (seed 0 is ``r1 run``
+itself) runs as ``r1 run --seed N --run mix-seed<N> --store STORE`` (timed), then ``r1 status --json`` gives the
+run's seeds (checked) and, for ``grpo_train`` and ``final_rl``, ``eval/accuracy`` (the chain task),
 ``eval/rm_score`` (the reward model's mean score on held-out general prompts) and ``eval/preferred_rate`` (the
 share of those responses the generating rule passes). A seed passes when final RL's preferred rate is at least
 30 points above GRPO's and its accuracy at most 2 points below. Runs already committed in STORE are reused
@@ -16,27 +16,9 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-import yaml
-
-ROOT = Path(__file__).resolve().parents[2]
-SECTIONS_WITH_SEED = ("data", "cold_start_sft", "reward_model", "grpo_train", "rejection_sample", "sft_consolidate",
-                      "final_rl", "evaluate")
 KEYS = ("eval/accuracy", "eval/rm_score", "eval/preferred_rate")
-
-
-def seeded_config(seed: int, folder: Path) -> Path:
-    cfg = yaml.safe_load((ROOT / "configs" / "tiny-cpu.yaml").read_text())
-    cfg["model"]["tiny"]["seed"] = seed
-    for section in SECTIONS_WITH_SEED:
-        if section in cfg:
-            cfg[section]["seed"] = seed
-    path = folder / f"tiny-cpu-seed{seed}.yaml"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return path
 
 
 def main() -> None:
@@ -45,19 +27,19 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
     rows = []
-    with tempfile.TemporaryDirectory(prefix="mix-seeds-") as tmp:
-        for seed in args.seeds:
-            run = f"mix-seed{seed}"
-            start = time.perf_counter()
-            subprocess.run(["r1", "run", "-c", str(seeded_config(seed, Path(tmp))), "--run", run,
-                            "--store", args.store], check=True)
-            wall = time.perf_counter() - start
-            status = json.loads(subprocess.run(["r1", "status", run, "--store", args.store, "--json"], check=True,
-                                               capture_output=True, text=True).stdout)
-            m = {s: status["stages"][s]["metrics"] for s in ("grpo_train", "final_rl")}
-            ok = (m["final_rl"]["eval/preferred_rate"] >= m["grpo_train"]["eval/preferred_rate"] + 0.30
-                  and m["final_rl"]["eval/accuracy"] >= m["grpo_train"]["eval/accuracy"] - 0.02)
-            rows.append((seed, wall, m, ok))
+    for seed in args.seeds:
+        run = f"mix-seed{seed}"
+        start = time.perf_counter()
+        subprocess.run(["r1", "run", "--seed", str(seed), "--run", run, "--store", args.store], check=True)
+        wall = time.perf_counter() - start
+        status = json.loads(subprocess.run(["r1", "status", run, "--store", args.store, "--json"], check=True,
+                                           capture_output=True, text=True).stdout)
+        if set(status["seeds"].values()) != {seed}:
+            sys.exit(f"run {run} in {args.store} was not made with seed {seed} everywhere: {status['seeds']}")
+        m = {s: status["stages"][s]["metrics"] for s in ("grpo_train", "final_rl")}
+        ok = (m["final_rl"]["eval/preferred_rate"] >= m["grpo_train"]["eval/preferred_rate"] + 0.30
+              and m["final_rl"]["eval/accuracy"] >= m["grpo_train"]["eval/accuracy"] - 0.02)
+        rows.append((seed, wall, m, ok))
     print("| seed | wall s | GRPO accuracy / rm score / preferred | final RL accuracy / rm score / preferred | passes |")
     print("|---|---|---|---|---|")
     for seed, wall, m, ok in rows:
