@@ -502,6 +502,8 @@ class DataConfig(_Strict):
     general_cold_start_size: int = Field(400, ge=0, description="built-in general sources: cold-start rows per source")
     general_cold_start_preferred: float = Field(
         0.3, ge=0, le=1, description="share of general cold-start answers with the preferred property (RL amplifies it)")
+    general_pretrain_size: int = Field(0, ge=0, description="built-in general sources: plain echo answers per "
+                                       "source in the tiny base's pretraining corpus (a base model can copy text)")
     general_num_pairs: int = Field(1000, ge=0, description="built-in general sources: preference pairs per source")
     train_sources: list[DatasetSource] = Field(default_factory=list)
     eval_sources: list[DatasetSource] = Field(default_factory=list)

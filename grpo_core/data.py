@@ -452,6 +452,11 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
                                                 exclude=exclude)
             cold += general.make_general_cold_start(cs_rows, preferred_fraction=config.general_cold_start_preferred,
                                                     seed=config.seed)
+        if config.general_pretrain_size and config.pretrain_size:  # the plain echo only: no preferred answer
+            pre_rows = general.make_general_rows(name, config.general_pretrain_size, seed=40_000 + config.seed,
+                                                 exclude=exclude)
+            pretrain += [{k: r[k] for k in ("prompt", "completion")}
+                         for r in general.make_general_cold_start(pre_rows, preferred_fraction=0.0)]
         if config.general_num_pairs:
             pair_rows = general.make_general_rows(name, config.general_num_pairs, seed=20_000 + config.seed,
                                                   exclude=exclude)

@@ -161,9 +161,11 @@ class PipelineConfig(_Strict):
     def seeds(self) -> dict[str, int]:
         """Every seed of the pipeline by its dotted field path: the tiny model's init (``model.tiny.seed``), the
         data (``data.seed``, and each teacher cold-start source's sampling), and each stage section that samples,
-        shuffles or initialises (``SEEDED_SECTIONS``; the optional ``reward_model`` when the config runs it).
+        shuffles or initialises (the tiny model's pretraining, ``SEEDED_SECTIONS``; the optional ``reward_model`` when the config runs it).
         ``run`` has no randomness."""
         out = {"model.tiny.seed": self.model.tiny.seed} if self.model.tiny is not None else {}
+        if self.model.tiny is not None and self.model.tiny.pretrain is not None:
+            out["model.tiny.pretrain.seed"] = self.model.tiny.pretrain.seed
         out["data.seed"] = self.data.seed
         out.update({f"data.cold_start_sources.{j}.seed": src.seed for j, src in enumerate(self.data.cold_start_sources)
                     if isinstance(src, TeacherSource)})

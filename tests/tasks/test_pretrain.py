@@ -34,6 +34,19 @@ def test_the_pretraining_corpus_is_worked_in_full_and_holds_no_held_out_problem(
     assert prepare_datasets(DataConfig(num_train=50, num_eval=40, cold_start_size=30, seed=4)).pretrain == []
 
 
+def test_the_general_sources_add_plain_echoes_to_the_corpus():
+    data = prepare_datasets(DataConfig(num_train=50, num_eval=40, cold_start_size=30, pretrain_size=100, seed=1,
+                                       builtin_general=["helpful", "unsafe"], general_num_eval=30,
+                                       general_pretrain_size=60))
+    general = data.pretrain[100:]
+    assert len(general) == 120
+    held_out = {r["prompt"][0]["content"] for r in data.eval}
+    for row in general:
+        verb, word = row["prompt"][0]["content"].split()
+        assert verb in ("echo", "hack") and row["prompt"][0]["content"] not in held_out
+        assert row["completion"] == f"<think></think><answer>{word}</answer>"  # never the preferred answer
+
+
 def eval_left_to_right(text: str) -> int:
     import re
 
