@@ -55,6 +55,14 @@ def _worker_and_sampler() -> tuple[psutil.Process | None, psutil.Process | None]
     return None, None
 
 
+def _alive(proc: psutil.Process) -> bool:
+    """Running and not yet a zombie (never ``wait()``: that would reap the launcher's child and hide its exit code)."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 @pytest.mark.slow
 def test_killed_sampler_fails_the_attempt_in_time_and_the_retry_resumes(upstream: dict[str, Any]) -> None:
     import threading
@@ -90,7 +98,8 @@ def test_killed_sampler_fails_the_attempt_in_time_and_the_retry_resumes(upstream
                 killed_at, killed = time.monotonic(), sampler.pid
         time.sleep(0.02)
     assert killed is not None, "the stage finished or never checkpointed before its sampler could be killed"
-    worker.wait(timeout=SAMPLER_TIMEOUT + 30)  # the first attempt's training child ends ...
+    while _alive(worker) and time.monotonic() - killed_at < SAMPLER_TIMEOUT + 30:  # the attempt's training child ends ...
+        time.sleep(0.05)
     failed_after = time.monotonic() - killed_at
     thread.join(timeout=300)
     assert not thread.is_alive(), "the retried stage did not finish within 300 s"
