@@ -32,12 +32,13 @@ def digit_fraction(completions, **kwargs):
     return [sum(ch.isdigit() for ch in t) / max(1, len(t)) for t in texts]
 
 
-rows = [{"prompt": [{"role": "user", "content": f"{i}+{i}="}]} for i in range(16)]
-config = GRPOConfig(use_vllm=False, async_rollouts=True, async_sampler_timeout=120, max_steps=3,
-                    generation_batch_size=8, num_generations=4, max_completion_length=6, max_prompt_length=32,
-                    per_device_train_batch_size=8, beta=0.0, save_steps=100, report_to=["jsonl"],
-                    torch_num_threads=1, seed=0)
-train_grpo(config, sys.argv[1], rows, Path(sys.argv[2]), reward_funcs=[digit_fraction], resume=False)
+if __name__ == "__main__":  # the sampler process is a multiprocessing spawn: it re-imports this file
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+{i}="}]} for i in range(16)]
+    config = GRPOConfig(use_vllm=False, async_rollouts=True, async_sampler_timeout=120, max_steps=3,
+                        generation_batch_size=8, num_generations=4, max_completion_length=6, max_prompt_length=32,
+                        per_device_train_batch_size=8, beta=0.0, save_steps=100, report_to=["jsonl"],
+                        torch_num_threads=1, seed=0)
+    train_grpo(config, sys.argv[1], rows, Path(sys.argv[2]), reward_funcs=[digit_fraction], resume=False)
 '''
 
 
