@@ -16,8 +16,9 @@ sync_t2, async, then reversed) so load from other processes hits every configura
 s/step is the median wall time between consecutive step ends over steps 2..N-1 of every child: step 1 is
 warm-up (and, asynchronous, generates its own rollouts: nothing ran before it), and the asynchronous run's last
 step has no next step to generate for (it is only training), so both ends are dropped for every
-configuration. ``bound`` is the best one-step-off overlap can give on the synchronous 1-thread split:
-(generate + train) / max(generate, train). The last line is JSON with ``async_speedup`` = best sync s/step /
+configuration. ``bound`` is what overlap alone can give on the synchronous 1-thread split:
+(generate + train) / max(generate, train); the asynchronous trainer's training phase has measured faster than
+the synchronous one's at the same thread count (no generation in its process), so the speedup can exceed it. The last line is JSON with ``async_speedup`` = best sync s/step /
 async s/step. Not a test: numbers depend on the machine and its load.
 """
 
