@@ -171,6 +171,8 @@ def launch_training(spec: dict[str, Any], on_event: Emit, *, nodes: Any = None) 
             raise WorkerCrashed(f"{spec['stage']} worker process died: {e}") from None
         if "TransientStoreError" in str(e).splitlines()[0]:
             raise TransientStoreError(str(e)) from None
+        if "SamplerCrashed" in str(e).splitlines()[0]:  # async_rollouts' sampler process died or stalled: a crash
+            raise WorkerCrashed(f"{spec['stage']}: {e}") from None
         raise StageFailed(str(e)) from None
     finally:
         follower.stop()

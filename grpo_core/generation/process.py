@@ -10,8 +10,11 @@ Weights move through a file: ``update_weights(model)`` writes the module's weigh
 next request and deletes the file. Every wait is bounded by ``timeout`` seconds (``start_timeout`` while the
 child builds its backend): a child that exits (killed,
 out of memory) or stops answering raises ``SamplerError`` naming the sampler process, its pid and exit code,
-within ``timeout``, never a hang. An exception inside the child comes back as a ``SamplerError`` with its
-traceback.
+within ``timeout``, never a hang (``SamplerCrashed``, a ``SamplerError``: worth a retry of the stage). An
+exception inside the child comes back as a plain ``SamplerError`` with its traceback (a retry would fail alike).
+
+``cpus``: the CPU cores the child runs on (``os.sched_setaffinity``, set before it builds anything), so on one
+CPU machine the sampler has a core of its own instead of time-sharing the trainer's.
 
 The trainer's ``async_rollouts`` schedule (``grpo_core/trainer/async_rollouts.py``) is its user.
 """
@@ -37,11 +40,16 @@ class SamplerError(RuntimeError):
     """The sampler process died, stalled past its timeout, or failed a request."""
 
 
+class SamplerCrashed(SamplerError):
+    """The sampler process exited (killed, out of memory) or stalled past its timeout: not a code error."""
+
+
 class ProcessBackend:
     """A ``kind`` ("hf" or "vllm") backend on ``model_path`` in a child process; ``opts`` go to ``make_backend``."""
 
     def __init__(self, kind: str, model_path: str | Path, *, timeout: float = 600.0, start_timeout: float = 600.0,
-                 weights_dir: str | Path | None = None, torch_num_threads: int = 1, **opts: Any) -> None:
+                 weights_dir: str | Path | None = None, torch_num_threads: int = 1,
+                 cpus: set[int] | None = None, **opts: Any) -> None:
         self.kind, self.timeout = kind, float(timeout)
         self.batches_itself = kind == "vllm"
         self._own_dir = weights_dir is None
@@ -51,7 +59,7 @@ class ProcessBackend:
         self._pending = 0  # generate requests sent and not yet answered
         ctx = mp.get_context("spawn")  # a fresh interpreter: no forked torch threads or vLLM state
         self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, kind, str(model_path), opts, torch_num_threads),
+        self.process = ctx.Process(target=_serve, args=(child, kind, str(model_path), opts, torch_num_threads, cpus),
                                    name="r1-sampler", daemon=True)
         self.process.start()
         child.close()
@@ -112,33 +120,35 @@ class ProcessBackend:
                 return
         except OSError:  # the child died between the check and the send (broken pipe, connection reset)
             self.process.join(timeout=POLL_S * 10)
-        raise SamplerError(f"{self._name()} has exited (code {self.process.exitcode}); the stage cannot continue")
+        raise SamplerCrashed(f"{self._name()} has exited (code {self.process.exitcode}); the stage cannot continue")
 
     def _receive(self, doing: str, timeout: float | None = None) -> Any:
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while not self._conn.poll(POLL_S):
             if not self.process.is_alive():
-                raise SamplerError(f"{self._name()} exited with code {self.process.exitcode} while {doing}; "
-                                   "see its log above (killed, or out of memory)")
+                raise SamplerCrashed(f"{self._name()} exited with code {self.process.exitcode} while {doing}; "
+                                     "see its log above (killed, or out of memory)")
             if time.monotonic() > deadline:
                 self.process.kill()
-                raise SamplerError(f"{self._name()} gave no answer within {timeout:.0f} s while {doing}; "
-                                   "it was killed (raise the sampler timeout if generation is this slow)")
+                raise SamplerCrashed(f"{self._name()} gave no answer within {timeout:.0f} s while {doing}; "
+                                     "it was killed (raise the sampler timeout if generation is this slow)")
         try:
             status, payload = self._conn.recv()
         except (EOFError, OSError) as exc:  # the child died: its end of the pipe is closed or reset
             self.process.join(timeout=POLL_S * 10)
-            raise SamplerError(f"{self._name()} exited with code {self.process.exitcode} while {doing}; "
-                               "see its log above (killed, or out of memory)") from exc
+            raise SamplerCrashed(f"{self._name()} exited with code {self.process.exitcode} while {doing}; "
+                                 "see its log above (killed, or out of memory)") from exc
         if status == "error":
             raise SamplerError(f"{self._name()} failed while {doing}:\n{payload}")
         return payload
 
 
-def _serve(conn: Any, kind: str, model_path: str, opts: dict[str, Any], threads: int) -> None:
+def _serve(conn: Any, kind: str, model_path: str, opts: dict[str, Any], threads: int, cpus: set[int] | None) -> None:
     """The child: build the backend, then answer ``generate`` / ``load`` / ``close`` messages in order."""
     try:
+        if cpus:  # before any thread pool exists: every thread the child starts inherits this mask
+            os.sched_setaffinity(0, cpus)
         torch.set_num_threads(threads)
         from grpo_core.generation import make_backend
 

@@ -13,11 +13,17 @@ corrected by the sampler importance weights against the behaviour policy's log-p
 sampler is never the trainer's own forward). The next step's rollouts are part of the trainer state, so a
 checkpoint carries them and a resumed run trains on exactly the rollouts the uninterrupted run would have.
 Departure from the issue's plan: staleness is fixed at one step (not configurable yet) and one process only.
+
+Cores (``split_cpus``): on a CPU machine the sampler is pinned to the last ``async_sampler_threads`` cores this
+process may use and the trainer's torch threads are capped at the cores left, so the two overlap instead of
+time-sharing (on 2 cores: one each; measured by ``tests/benchmarks/async_vs_sync.py``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import time
 from typing import Any
 
@@ -29,6 +35,27 @@ from grpo_core.generation.process import ProcessBackend
 from grpo_core.trainer.distributed import DistContext
 from grpo_core.trainer.mixture import Mixture
 from grpo_core.trainer.rollouts import ScoredGroups, group_request, score_groups
+
+logger = logging.getLogger(__name__)
+
+
+def split_cpus(sampler_threads: int, device: torch.device) -> tuple[set[int] | None, int | None]:
+    """``(sampler cores, trainer threads)``: on CPU, the last ``sampler_threads`` of this process's cores for the
+    sampler and at most the rest as the trainer's thread count; ``(None, None)`` on an accelerator or when there
+    are too few cores to split (then both share them, as the operating system schedules)."""
+    if device.type != "cpu" or not hasattr(os, "sched_getaffinity"):
+        return None, None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) <= sampler_threads:
+        logger.warning("async_rollouts: %d core(s) for a sampler of %d thread(s) and the trainer; they share them "
+                       "(set async_sampler_threads below the core count to give each its own)", len(cores),
+                       sampler_threads)
+        return None, None
+    sampler = set(cores[-sampler_threads:])
+    trainer_threads = min(torch.get_num_threads(), len(cores) - sampler_threads)
+    logger.info("async_rollouts: sampler on core(s) %s, trainer on %d thread(s) of core(s) %s", sorted(sampler),
+                trainer_threads, cores[:-sampler_threads])
+    return sampler, trainer_threads
 
 
 class NextRollouts:

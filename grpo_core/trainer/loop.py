@@ -34,7 +34,7 @@ from grpo_core.loss import combine_rewards, compute_group_advantages
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.rewards.scoring import resolve_reward
-from grpo_core.trainer.async_rollouts import NextRollouts, groups_from_state, groups_to_state
+from grpo_core.trainer.async_rollouts import NextRollouts, groups_from_state, groups_to_state, split_cpus
 from grpo_core.trainer.distributed import gather_objects
 from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded
 from grpo_core.trainer.metrics import completion_metrics, reward_metrics
@@ -104,6 +104,10 @@ def train_grpo(
     ``output_dir``; returns the last step's metrics. Under ``torchrun`` the processes split each step.
     """
     ctx = start_process(config)
+    if config.async_rollouts and ctx.enabled:  # before any model loads: fail in seconds, not minutes
+        raise ValueError(f"async_rollouts runs in one training process for now, and this is rank {ctx.rank} of "
+                         f"{ctx.world_size} (torchrun); launch one process (R1_NPROC_PER_NODE=1, one node) or set "
+                         "async_rollouts: false")
     output_dir = Path(output_dir)
     if config.sources and reward_funcs is not None:
         raise ValueError("config.sources names each source's reward functions; do not also pass reward_funcs")
@@ -142,13 +146,13 @@ def train_grpo(
         start_path = loaded.path if loaded else model_path
         opts = backend_options(config, kind, ctx.device, model.config)
         if config.async_rollouts:  # the sampler in its own process (trainer/async_rollouts.py)
-            if ctx.enabled:
-                raise ValueError("async_rollouts runs in one process for now; run without torchrun or set "
-                                 "async_rollouts: false")
             from grpo_core.generation.process import ProcessBackend
 
+            sampler_cpus, trainer_threads = split_cpus(config.async_sampler_threads, ctx.device)
+            if trainer_threads is not None:
+                torch.set_num_threads(trainer_threads)
             backend = ProcessBackend(kind, str(start_path), timeout=config.async_sampler_timeout,
-                                     torch_num_threads=config.async_sampler_threads, **opts)
+                                     torch_num_threads=config.async_sampler_threads, cpus=sampler_cpus, **opts)
         elif is_sharded(model) and kind == "hf":  # sample from a full replica: a sharded module decodes only in lockstep
             replica = load_model(start_path, ctx.device).eval().requires_grad_(False)
             backend = ReplicaBackend(make_backend("hf", str(start_path), model=replica, tokenizer=tokenizer, **opts), replica)

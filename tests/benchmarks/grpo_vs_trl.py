@@ -23,8 +23,15 @@ big fp32 matmul at the same thread count (both per CPU-second, so other processe
 work" counts every sequence's prompt + completion (what TRL executes); this trainer runs a shared prompt once
 per group (``share_prompt_forward``), so its "executed" FLOPs count each prompt once.
 
-Comparisons: same backend (ours with transformers sampling vs TRL use_vllm=False), best backend (ours with
-colocated vLLM vs TRL's best that runs here), and peak RSS with the same backend. Speedups are ratios of
+``ours_async`` is this trainer with ``async_rollouts: true`` (transformers sampling in a sampler process one step
+behind, pinned to a core of its own; the trainer keeps ``--threads``, capped at the cores left): it uses one more
+core than the others, as the asynchronous configuration does on the 2-core machine, its last step (training
+only: nothing left to generate) is excluded like the warm-up, and its CPU-seconds leave out the sampler
+process's (only the trainer's are counted).
+
+Comparisons: same backend (ours with transformers sampling vs TRL use_vllm=False), best backend (the best of
+ours with transformers sampling, colocated vLLM and asynchronous rollouts vs TRL's best that runs here), and
+peak RSS with the same backend. Speedups are ratios of
 steps/s (TRL s/step / ours s/step); ``*_cpu_speedup`` uses CPU-seconds, steadier on a shared CPU. The
 top-level numbers are the embedded default's (chain prompts, base model); ``per_workload`` holds every
 (workload, model). The last line is JSON.
@@ -47,7 +54,7 @@ from typing import Any
 NUM_PROMPTS, NUM_GENERATIONS, MAX_COMPLETION_LENGTH = 8, 8, 32
 BETA, LEARNING_RATE, SEED = 0.04, 5e-5, 0
 MODELS = {"base": {"hidden_size": 128, "num_heads": 4}, "wide": {"hidden_size": 512, "num_heads": 8}}
-RUNS = ("ours_hf", "trl_hf", "ours_vllm", "trl_vllm")
+RUNS = ("ours_hf", "trl_hf", "ours_vllm", "trl_vllm", "ours_async")
 
 
 def cpu_seconds() -> float:
@@ -102,7 +109,7 @@ def run_ours(spec: dict[str, Any], clock: StepClock) -> dict[str, Any]:
         learning_rate=LEARNING_RATE, lr_scheduler_type="constant", adam_beta2=0.999, max_grad_norm=1.0,
         max_steps=spec["steps"], per_device_train_batch_size=NUM_PROMPTS * NUM_GENERATIONS,
         save_steps=10**6, report_to=[], torch_num_threads=spec["threads"], seed=SEED,
-        use_vllm=spec["backend"] == "vllm", reward_funcs=[reward.__name__],
+        use_vllm=spec["backend"] == "vllm", async_rollouts=spec["backend"] == "async", reward_funcs=[reward.__name__],
     )
 
     import grpo_core.trainer.loop as loop
@@ -130,7 +137,9 @@ def run_ours(spec: dict[str, Any], clock: StepClock) -> dict[str, Any]:
         clock.last = (time.perf_counter(), cpu_seconds())
         train_grpo(config, spec["model_path"], rows, out, reward_funcs=[reward],
                    resume=False, callbacks=[Recorder()])
-    return {"old_logp_pass": False, "prompt_share": NUM_GENERATIONS if config.share_prompt_forward else 1}
+    return {"old_logp_pass": False,  # one update per generation round: pi_old is the policy's own forward, detached
+            "prompt_share": NUM_GENERATIONS if config.share_prompt_forward else 1,
+            "train_only_last_step": config.async_rollouts}
 
 
 def run_trl(spec: dict[str, Any], clock: StepClock) -> dict[str, Any]:
@@ -254,7 +263,7 @@ def launch(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 def summarise(results: list[dict[str, Any]], params: int, peak_gflops: float) -> dict[str, Any] | None:
     """Medians over the steps of every child of one configuration, warm-up steps dropped."""
-    steps = [s for r in results if "steps" in r for s in r["steps"][1:]]
+    steps = [s for r in results if "steps" in r for s in r["steps"][1:-1 if r.get("train_only_last_step") else None]]
     if not steps:
         return None
     med = lambda key: statistics.median(s[key] for s in steps)  # noqa: E731
@@ -275,7 +284,8 @@ def summarise(results: list[dict[str, Any]], params: int, peak_gflops: float) ->
         "rollout_cpu_s": med("rollout_cpu"), "train_gflops": train_gflops, "train_gflops_wall": train_gflops_wall,
         "train_frac_of_matmul_peak": train_gflops / peak_gflops,
         "train_gflops_executed": done_gflops, "train_executed_frac_of_matmul_peak": done_gflops / peak_gflops,
-        "generate_gflops": statistics.median(f / s["generate"] / 1e9 for f, s in zip(gen_flops, steps)),
+        "generate_gflops": statistics.median(rates) if (rates := [f / s["generate"] / 1e9 for f, s in zip(gen_flops, steps)
+                                                                  if s["generate"] > 0]) else None,  # async: off the step
         "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in results if "steps" in r),
         "steps_measured": len(steps),
     }
@@ -311,7 +321,7 @@ def main() -> None:
     if "gsm8k" in workloads and not Path(args.gsm8k).is_file():
         print(f"gsm8k workload skipped: {args.gsm8k} not found (--gsm8k PATH)", flush=True)
         workloads.remove("gsm8k")
-    runs = ["ours_hf", "trl_hf"] + (["ours_vllm"] if vllm_available() else [])
+    runs = ["ours_hf", "trl_hf"] + (["ours_vllm"] if vllm_available() else []) + ["ours_async"]
     trl_vllm_error = "not tried (--skip-trl-vllm)" if args.skip_trl_vllm else None
     if not vllm_available():
         trl_vllm_error = "vllm not installed"
@@ -355,6 +365,7 @@ def main() -> None:
     print(json.dumps({
         "same_backend_speedup": head.get("same_backend_speedup"),
         "best_backend_speedup": head.get("best_backend_speedup"),
+        "best_backend": head.get("best_backend"),
         "peak_rss_ratio": head.get("peak_rss_ratio"),
         "workload": head_work, "model": head_model,
         "trl_vllm": "ok" if trl_vllm_error is None and any(k[2] == "trl_vllm" for k in results) else trl_vllm_error,
@@ -391,7 +402,7 @@ def report(work: str, model: str, info: dict[str, Any], entry: dict[str, Any]) -
               f"            training passes: the work at {v['train_gflops']:.1f} GFLOP per CPU-s "
               f"({v['train_gflops_wall']:.1f} per wall s); executed {v['train_gflops_executed']:.1f} GFLOP per CPU-s = "
               f"{100 * v['train_executed_frac_of_matmul_peak']:.0f}% of matmul peak; "
-              f"generate {v['generate_gflops']:.2f} GFLOP/s, peak RSS {v['peak_rss_mib']:.0f} MiB")
+              f"generate {v['generate_gflops'] or 0:.2f} GFLOP/s, peak RSS {v['peak_rss_mib']:.0f} MiB")
     for key in ("same_backend_speedup", "same_backend_cpu_speedup", "best_backend_speedup",
                 "best_backend_cpu_speedup", "peak_rss_ratio"):
         if key in entry:

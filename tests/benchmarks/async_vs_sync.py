@@ -1,0 +1,186 @@
+# python tests/benchmarks/async_vs_sync.py [--store DIR --run NAME] [--steps 8] [--rounds 2]
+"""The embedded default's GRPO stage synchronous against asynchronous (``async_rollouts``) on the same 2 cores.
+
+Work: configs/tiny-cpu.yaml's ``grpo_train`` section (16 prompts x G=8 x up to 48 new tokens, beta 0.04,
+transformers sampling) on the cold-start SFT model of a finished embedded-default run (``--store DIR --run
+NAME``: its newest ``cold_start_sft`` model and ``prepare_data`` train.parquet), or, without ``--store``, on a
+cold-start model this script builds itself (the tiny-cpu model shape and cold-start set, ``--sft-steps`` SFT
+steps: completions then stop early as the stage's do, rather than running to the cap as a random model's do).
+
+Configurations, each in a fresh child process (``--steps`` GRPO steps, no checkpoints, no reporting):
+``sync_t1`` and ``sync_t2`` (the synchronous stage at 1 and 2 torch threads: its best is the baseline) and
+``async`` (``async_rollouts: true``: the trainer at 1 thread, the sampler process at ``async_sampler_threads``
+1, each pinned to a core of its own by ``grpo_core.generation.process``). Rounds are interleaved (sync_t1,
+sync_t2, async, then reversed) so load from other processes hits every configuration alike.
+
+s/step is the median wall time between consecutive step ends over steps 2..N-1 of every child: step 1 is
+warm-up (and, asynchronous, generates its own rollouts: nothing ran before it), and the asynchronous run's last
+step has no next step to generate for (it is only training), so both ends are dropped for every
+configuration. ``bound`` is what overlap alone can give on the synchronous 1-thread split:
+(generate + train) / max(generate, train); the asynchronous trainer's training phase has measured faster than
+the synchronous one's at the same thread count (no generation in its process), so the speedup can exceed it. The last line is JSON with ``async_speedup`` = best sync s/step /
+async s/step. Not a test: numbers depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "configs" / "tiny-cpu.yaml"
+RUNS = ("sync_t1", "sync_t2", "async")
+
+
+def stage_inputs(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
+    """(cold-start model folder, training rows parquet): from a finished run in ``--store``, else built here."""
+    if args.store:
+        from tasks.store import Store
+
+        store = Store(args.store, check=False)
+        sft, data = store.latest(args.run, "cold_start_sft"), store.latest(args.run, "prepare_data")
+        if sft is None or data is None:
+            raise SystemExit(f"{args.store}/{args.run} has no committed cold_start_sft and prepare_data; run "
+                             f"`r1 run --run {args.run} --store {args.store}` first, or leave out --store")
+        return (store.get_output(sft, "model", work / "cold_start_model"),
+                store.get_output(data, "train.parquet", work / "train.parquet"))
+    from grpo_core.config import SFTConfig
+    from grpo_core.data import write_parquet
+    from grpo_core.sft import train_sft
+    from grpo_core.synthetic import make_chain_splits, make_cold_start_rows
+    from grpo_core.tiny import build_tiny_model
+    from tasks.config import load_config
+
+    cfg = load_config(CONFIG)
+    rows = make_chain_splits(cfg.data.num_train, cfg.data.num_eval, seed=cfg.data.seed)[0]
+    base = build_tiny_model(work / "base", **cfg.model.tiny.model_dump())
+    sft_cfg = SFTConfig(**{**_fields(cfg.cold_start_sft, SFTConfig), "max_steps": args.sft_steps,
+                           "save_steps": 10**6, "report_to": [], "torch_num_threads": 2})
+    cold = make_cold_start_rows(rows, direct_fraction=cfg.data.cold_start_direct_fraction, seed=cfg.data.seed)
+    start = time.perf_counter()
+    result = train_sft(sft_cfg, base, cold, work / "sft", resume=False)
+    print(f"cold-start SFT: {args.sft_steps} steps in {time.perf_counter() - start:.0f} s", flush=True)
+    return Path(result.get("final_path") or work / "sft" / "final"), write_parquet(rows, work / "train.parquet")
+
+
+def _fields(section: Any, cls: Any) -> dict[str, Any]:
+    return {k: v for k, v in section.model_dump(mode="json").items() if k in cls.model_fields}
+
+
+def run_child(spec: dict[str, Any]) -> None:
+    """One configuration: the tiny-cpu GRPO section for ``steps`` steps; prints the per-step times."""
+    from grpo_core.config import GRPOConfig
+    from grpo_core.data import read_parquet
+    from grpo_core.trainer import train_grpo
+    from tasks.config import load_config
+
+    section = _fields(load_config(CONFIG).grpo_train, GRPOConfig)
+    config = GRPOConfig(**{**section, "max_steps": spec["steps"], "save_steps": 10**6, "report_to": [],
+                           "torch_num_threads": spec["threads"], "async_rollouts": spec["async"]})
+    steps: list[dict[str, float]] = []
+    last = [time.perf_counter()]
+
+    class Recorder:
+        def on_step(self, step: int, max_steps: int, metrics: dict[str, float]) -> None:
+            now = time.perf_counter()
+            steps.append({"wall": now - last[0], "generate": metrics["time/generate"], "train": metrics["time/train"],
+                          "wait_sampler": metrics.get("time/wait_sampler", 0.0),
+                          "length": metrics["completions/mean_length"]})
+            last[0] = now
+
+    rows = read_parquet(spec["rows_path"])
+    with tempfile.TemporaryDirectory() as out:
+        last[0] = time.perf_counter()
+        train_grpo(config, spec["model_path"], rows, out, resume=False, callbacks=[Recorder()])
+    print("RESULT " + json.dumps({"steps": steps}), flush=True)
+
+
+def launch(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    threads = str(spec["threads"])
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OMP_WAIT_POLICY": "PASSIVE",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = [l for l in proc.stderr.strip().splitlines() if l.strip()][-3:]
+    return {"error": f"exit {proc.returncode}: " + " | ".join(tail)[-600:]}
+
+
+def measured(results: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Steps 2..N-1 of every child (warm-up and the asynchronous run's train-only last step dropped)."""
+    return [s for r in results if "steps" in r for s in r["steps"][1:-1]]
+
+
+def summarise(results: list[dict[str, Any]]) -> dict[str, float] | None:
+    steps = measured(results)
+    if not steps:
+        return None
+    med = lambda key: statistics.median(s[key] for s in steps)  # noqa: E731
+    return {"s_per_step": med("wall"), "generate_s": med("generate"), "train_s": med("train"),
+            "wait_sampler_s": med("wait_sampler"), "completion_length": med("length"), "steps_measured": len(steps)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", help="store of a finished embedded-default run (with --run)")
+    parser.add_argument("--run", default="default", help="run name in --store")
+    parser.add_argument("--sft-steps", type=int, default=400, help="cold-start SFT steps when no --store is given")
+    parser.add_argument("--steps", type=int, default=8, help="GRPO steps per child; the first and last are not measured")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every configuration")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per child")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return run_child(json.loads(args.child))
+    if args.steps < 3:
+        parser.error("--steps must be at least 3 (the first and last steps are not measured)")
+    load = os.getloadavg()
+    work = Path(tempfile.mkdtemp(prefix="async_vs_sync_"))
+    model_path, rows_path = stage_inputs(args, work)
+    specs = {"sync_t1": {"threads": 1, "async": False}, "sync_t2": {"threads": 2, "async": False},
+             "async": {"threads": 1, "async": True}}
+    results: dict[str, list[dict[str, Any]]] = {run: [] for run in RUNS}
+    print(f"{'run':<8} {'rnd':>3} {'s/step':>7} {'gen s':>6} {'train s':>7} {'wait s':>6}", flush=True)
+    for rnd in range(args.rounds):
+        for run in (RUNS if rnd % 2 == 0 else tuple(reversed(RUNS))):
+            spec = {**specs[run], "steps": args.steps, "model_path": str(model_path), "rows_path": str(rows_path)}
+            r = launch(spec, args.timeout)
+            results[run].append(r)
+            if "error" in r:
+                print(f"{run:<8} {rnd:>3} failed: {r['error']}", flush=True)
+                continue
+            s = summarise([r])
+            print(f"{run:<8} {rnd:>3} {s['s_per_step']:>7.2f} {s['generate_s']:>6.2f} {s['train_s']:>7.2f} "
+                  f"{s['wait_sampler_s']:>6.2f}", flush=True)
+    summary = {run: summarise(rs) for run, rs in results.items()}
+    sync = {run: v for run, v in summary.items() if run.startswith("sync") and v is not None}
+    out: dict[str, Any] = {"runs": summary, "steps_per_child": args.steps, "rounds": args.rounds,
+                           "model": f"{args.store}/{args.run}" if args.store else f"built ({args.sft_steps} SFT steps)",
+                           "cores": os.cpu_count(), "load_avg_start": load, "load_avg_end": os.getloadavg()}
+    if sync:
+        best = min(sync, key=lambda k: sync[k]["s_per_step"])
+        out["best_sync"] = best
+        if summary["async"] is not None:
+            out["async_speedup"] = sync[best]["s_per_step"] / summary["async"]["s_per_step"]
+        if "sync_t1" in sync:
+            gen, train = sync["sync_t1"]["generate_s"], sync["sync_t1"]["train_s"]
+            out["bound"] = (gen + train) / max(gen, train)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
