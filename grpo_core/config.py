@@ -445,7 +445,8 @@ class TeacherSource(_Strict):
     verified by ``reward_func``, filtered for readability, k kept per prompt (``grpo_core.cold_start``)."""
 
     kind: Literal["teacher"] = "teacher"
-    model: str = Field(..., min_length=1, description="local model folder of the teacher")
+    model: str = Field(..., min_length=1, description="local model folder of the teacher, or run:RUN/STAGE for a "
+                       "run's committed model in the pipeline's store (e.g. run:r1-zero/grpo_train)")
     prompts: DatasetSource | None = Field(None, description="prompt rows to sample on; None = the training prompts")
     max_prompts: int | None = Field(None, gt=0, description="sample on the first N prompts")
     few_shot: list[FewShotExample] = Field(default_factory=list, description="worked examples put before each "

@@ -53,10 +53,12 @@ def retry_on_crash(task: Any, task_run: Any, state: Any) -> bool:
     return isinstance(exc, RETRIABLE)
 
 
-def stage_task(name: str, *, section: str | None = None, key_model: bool = False) -> Callable[[Body], Any]:
+def stage_task(name: str, *, section: str | None = None, key_model: bool = False,
+               referenced: Callable[[PipelineConfig, Any], dict[str, StageRef]] | None = None) -> Callable[[Body], Any]:
     """Make ``body(ctx, parents, fp) -> StageRef`` stage ``name``'s Prefect task, with what every stage does
     around its body: open the context, fingerprint the stage's config section (``section``, default the
-    stage's own; ``key_model`` adds the model section) and the exact parent outputs it reads, reuse a
+    stage's own; ``key_model`` adds the model section) and the exact parent outputs it reads (the upstream
+    stages', and those ``referenced(config, store)`` names in the config, e.g. another run's model), reuse a
     committed output with that fingerprint unless forced, and remove the scratch folder at the end.
 
     The task is called ``task(config, run, store, inputs, force)``; ``inputs`` maps each upstream stage
@@ -69,6 +71,8 @@ def stage_task(name: str, *, section: str | None = None, key_model: bool = False
             ctx = StageContext.open(config, run, store, name)
             try:
                 parents = dict(inputs or {})
+                if referenced is not None:
+                    parents.update(referenced(config, ctx.store))
                 extra = {"model": config.model.model_dump(mode="json")} if key_model else None
                 fp = fingerprint(name, getattr(config, section or name), parents, extra)
                 if (ref := ctx.reuse(fp, force)) is not None:

@@ -7,19 +7,54 @@ pairs ``{prompt, chosen, rejected, source}`` of the built-in general sources; on
 is set). Every prompt row keeps its ``source`` column.
 A bad row fails the stage before anything is written (grpo_core.data.DataError names file, row, field),
 unless ``data.on_error: skip``, which counts the skipped rows in the manifest.
+
+A teacher cold-start source may name a committed model of a run in this store instead of a folder,
+``model: run:RUN/STAGE`` (e.g. ``run:r1-zero/grpo_train``: R1-Zero-style outputs made readable): that output
+is a parent of this stage (in its fingerprint and manifest) and is fetched, verified, before sampling.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from grpo_core.config import TeacherSource
 from grpo_core.data import prepare_datasets, write_parquet
-from tasks.common import StageContext, commit_stage, stage_task
+from tasks.common import StageContext, StageFailed, commit_stage, stage_task
+from tasks.config import PipelineConfig
 from tasks.manifest import StageRef
 
+RUN_REF = "run:"
 
-@stage_task("prepare_data", section="data", key_model=True)
+
+def teacher_refs(config: PipelineConfig, store: Any) -> dict[str, StageRef]:
+    """``{"teacher:run:RUN/STAGE": ref}``: the committed outputs the teacher sources name, newest first."""
+    out = {}
+    for j, src in enumerate(config.data.cold_start_sources):
+        if not (isinstance(src, TeacherSource) and src.model.startswith(RUN_REF)):
+            continue
+        run, _, stage = src.model[len(RUN_REF):].partition("/")
+        ref = store.latest(run, stage) if run and stage else None
+        if ref is None:
+            raise StageFailed(f"data.cold_start_sources[{j}].model {src.model!r}: no committed {stage or 'STAGE'!r} "
+                              f"output of run {run or 'RUN'!r} in {store.url}; run that stage first, or name a model "
+                              "folder (the form is run:RUN/STAGE, e.g. run:r1-zero/grpo_train)")
+        out[f"teacher:{src.model}"] = ref
+    return out
+
+
+@stage_task("prepare_data", section="data", key_model=True, referenced=teacher_refs)
 def prepare_data(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> StageRef:
     cfg = ctx.config
-    data = prepare_datasets(cfg.data)
+    local = {src.model: str(ctx.fetch(parents[f"teacher:{src.model}"], "model")) for src in cfg.data.cold_start_sources
+             if isinstance(src, TeacherSource) and src.model.startswith(RUN_REF)}
+    sources = [src.model_copy(update={"model": local[src.model]}) if isinstance(src, TeacherSource) and src.model in local
+               else src for src in cfg.data.cold_start_sources]
+    data = prepare_datasets(cfg.data.model_copy(update={"cold_start_sources": sources}))
+    for name, path in local.items():  # rows and stats name the reference, not the scratch folder it was fetched to
+        data.stats["sources"][f"cold_start:teacher:{name}"] = data.stats["sources"].pop(f"cold_start:teacher:{path}")
+        for row in data.cold_start:
+            if row.get("source") == f"teacher:{path}":
+                row["source"] = f"teacher:{name}"
     out = ctx.work / "out"
     write_parquet(data.train, out / "train.parquet")
     write_parquet(data.eval, out / "eval.parquet")
