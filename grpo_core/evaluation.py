@@ -337,7 +337,7 @@ def _generate(backend: GenerationBackend, prompt_ids: list[list[int]], *, n: int
         chunk = prompt_ids[start: start + batch]
         chunk_seeds = seeds[start * n: (start + len(chunk)) * n] if seeds is not None else [0] * (len(chunk) * n)
         out += backend.generate(chunk, n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=0,
-                                seeds=chunk_seeds, greedy=greedy)
+                                seeds=chunk_seeds, greedy=greedy, logprobs=False)
     return out
 
 

@@ -60,6 +60,7 @@ class HFBackend:
         top_k: int = 0,
         seeds: list[int] | None = None,
         greedy: bool = False,
+        logprobs: bool = True,  # the log-probs come with the scores this sampler computes anyway
     ) -> list[Rollout]:
         seeds = resolve_seeds(seeds, len(prompt_ids), n)
         if not prompt_ids:

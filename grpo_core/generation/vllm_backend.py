@@ -144,22 +144,24 @@ class VLLMBackend:
         top_k: int = 0,
         seeds: list[int] | None = None,
         greedy: bool = False,
+        logprobs: bool = True,
     ) -> list[Rollout]:
-        """``len(prompt_ids) * n`` rollouts, the n completions of a prompt contiguous; one request each.
+        """``len(prompt_ids) * n`` rollouts, the n completions of a prompt contiguous; one request each; with
+        ``logprobs`` each sampled token's log-prob (``Rollout.logps``; None without).
 
         Under tensor parallelism every rank of a TP group runs the group's prompts (gathered) and keeps its own."""
         seeds = resolve_seeds(seeds, len(prompt_ids), n)
 
         def run(prompts: list[list[int]], prompt_seeds: list[int]) -> list[Rollout]:
             return self._generate(prompts, prompt_seeds, n=n, max_tokens=max_tokens, temperature=temperature,
-                                  top_p=top_p, top_k=top_k, greedy=greedy)
+                                  top_p=top_p, top_k=top_k, greedy=greedy, logprobs=logprobs)
 
         if self.tp_group is not None:
             return generate_in_tp_group(run, prompt_ids, seeds, n, self.tp_group)
         return run(prompt_ids, seeds)
 
     def _generate(self, prompt_ids: list[list[int]], seeds: list[int], *, n: int, max_tokens: int,
-                  temperature: float, top_p: float, top_k: int, greedy: bool) -> list[Rollout]:
+                  temperature: float, top_p: float, top_k: int, greedy: bool, logprobs: bool = True) -> list[Rollout]:
         from vllm import SamplingParams
 
         if not prompt_ids:
@@ -177,7 +179,7 @@ class VLLMBackend:
                     top_p=1.0 if greedy else top_p,
                     top_k=0 if greedy else top_k,
                     seed=None if greedy else int(seeds[i]),
-                    logprobs=0,  # the sampled token's log-prob only
+                    logprobs=0 if logprobs else None,  # the sampled token's log-prob only
                     stop_token_ids=self.eos_token_ids,
                     detokenize=False,
                 )

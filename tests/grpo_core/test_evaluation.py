@@ -29,7 +29,7 @@ class ScriptedBackend:
         ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
         return Rollout(prompt, ids, None, False, text)
 
-    def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k, seeds, greedy=False):
+    def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k, seeds, greedy=False, logprobs=True):
         self.calls.append((len(prompt_ids), n, greedy, list(seeds) if seeds else None))
         out = []
         for p in prompt_ids:

@@ -129,6 +129,18 @@ def test_seeded_sampling_is_reproducible_and_independent_of_batching(tiny, backe
 
 
 @pytest.mark.vllm
+def test_without_logprobs_the_samples_are_the_same(tiny, backend):
+    """Evaluation and rejection sampling ask for no log-probs (cheaper); the samples must not change."""
+    _, _, tokenizer = tiny
+    prompts = _prompts(tokenizer, _block_size(backend))[:3]
+    seeds = [700 + i for i in range(len(prompts) * 2)]
+    kw = dict(n=2, max_tokens=12, temperature=1.0, top_p=1.0, top_k=0, seeds=seeds)
+    with_lp, without = backend.generate(prompts, **kw), backend.generate(prompts, logprobs=False, **kw)
+    assert [r.completion_ids for r in without] == [r.completion_ids for r in with_lp]
+    assert all(r.logprobs is None for r in without) and all(r.logprobs for r in with_lp)
+
+
+@pytest.mark.vllm
 def test_logprobs_match_transformers_fp32(tiny, backend):
     _, model, tokenizer = tiny
     prompts = _prompts(tokenizer, _block_size(backend))

@@ -29,7 +29,7 @@ class ScriptedBackend:
     def __init__(self, tok, prompts, samples):
         self.tok, self.prompts, self.samples, self.seeds = tok, prompts, samples, []
 
-    def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k, seeds, greedy=False):
+    def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k, seeds, greedy=False, logprobs=True):
         self.seeds += list(seeds)
         out = []
         for p in prompt_ids:

@@ -43,7 +43,7 @@ class ScriptedBackend:
         self.tok = tok
         self.prompts = [encode_prompt(tok, r["prompt"]) for r in ROWS]
 
-    def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k, seeds, greedy=False):
+    def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k, seeds, greedy=False, logprobs=True):
         out = []
         for p in prompt_ids:
             for text in TEXTS[self.prompts.index(p)][:n]:
