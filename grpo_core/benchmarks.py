@@ -153,17 +153,19 @@ def evaluate_benchmark(
     return metrics, results
 
 
-def per_source(results: list[dict[str, Any]], keys: dict[str, str] | None = None) -> dict[str, float]:
-    """``{source}/{metric}`` means of per-row ``keys`` (row key -> metric name; default pass@1 and greedy) when
-    the rows come from more than one source; empty otherwise."""
-    keys = keys or {"pass@1": "pass@1", "greedy_correct": "greedy"}
+PER_SOURCE_KEYS = {"pass@1": "pass@1", "greedy_correct": "greedy"}  # row key -> metric name
+
+
+def per_source(results: list[dict[str, Any]]) -> dict[str, float]:
+    """``{source}/{metric}`` means of the per-row ``PER_SOURCE_KEYS`` when the rows come from more than one
+    source; empty otherwise."""
     sources = sorted({str(r.get("source")) for r in results})
     if len(sources) < 2:
         return {}
     out = {}
     for src in sources:
         mine = [r for r in results if str(r.get("source")) == src]
-        for key, metric in keys.items():
+        for key, metric in PER_SOURCE_KEYS.items():
             values = [float(r[key]) for r in mine if r.get(key) is not None]
             if values:
                 out[f"{src}/{metric}"] = sum(values) / len(values)

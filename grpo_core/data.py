@@ -429,17 +429,16 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
         b_train, b_eval = synthetic.make_chain_splits(config.num_train, config.num_eval, seed=config.seed, **kw)
         train += b_train
         eval_rows += b_eval
+        held_out = {r["prompt"][0]["content"] for r in b_eval}
         if config.cold_start_size:
-            exclude = {r["prompt"][0]["content"] for r in b_eval}
             cs_prompts = synthetic.make_chain_rows(config.cold_start_size, seed=10_000 + config.seed,
-                                                   exclude=exclude, **kw)
+                                                   exclude=held_out, **kw)
             cold += [{**r, "source": synthetic.SOURCE} for r in synthetic.make_cold_start_rows(
                 cs_prompts, direct_fraction=config.cold_start_direct_fraction,
                 coarse_fraction=config.cold_start_coarse_fraction, seed=config.seed)]
         if config.pretrain_size:  # other problems than the cold start's, none held out, every one worked in full
-            exclude = {r["prompt"][0]["content"] for r in b_eval}
             pretrain = synthetic.make_cold_start_rows(synthetic.make_chain_rows(
-                config.pretrain_size, seed=30_000 + config.seed, exclude=exclude, **kw), direct_fraction=0.0)
+                config.pretrain_size, seed=30_000 + config.seed, exclude=held_out, **kw), direct_fraction=0.0)
     preferences: list[dict[str, Any]] = []
     for name in config.builtin_general:  # grpo_core.general: prompts, cold-start answers, rule-made pairs
         g_train, g_eval = general.make_general_splits(name, config.general_num_train, config.general_num_eval,

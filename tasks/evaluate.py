@@ -62,10 +62,7 @@ def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRe
         module, tokenizer, backend = make_eval_backend(scoring, model_path)
         result = evaluate_with_config(scoring, module if module is not None else model_path, rows, tokenizer=tokenizer,
                                       backend=backend, return_rows=True)
-        held_out = result.pop("rows")
-        sources = {str(r.get("id")): r.get("source") for r in rows}
-        for r in held_out:
-            r["source"] = sources.get(str(r["id"]))
+        held_out = result.pop("rows")  # per row, with its source (grpo_core.evaluation)
         metrics = {k: float(v) for k, v in result.items() if isinstance(v, (int, float))}
         out = ctx.work / "out"
         files = {"results.jsonl": write_jsonl(held_out, out / "results.jsonl")}

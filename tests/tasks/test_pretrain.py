@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from grpo_core.data import prepare_datasets
 from grpo_core.config import DataConfig
 from grpo_core.evaluation import is_direct
-from grpo_core.synthetic import chain_accuracy, chain_steps
+from grpo_core.synthetic import chain_accuracy, evaluate_chain
 from tasks.config import PipelineConfig
 from tasks.prepare_data import prepare_data
 
@@ -25,7 +25,7 @@ def test_the_pretraining_corpus_is_worked_in_full_and_holds_no_held_out_problem(
     texts = [r["prompt"][0]["content"] for r in data.pretrain]
     assert not held_out & set(texts)
     completions = [r["completion"] for r in data.pretrain]
-    answers = [str(eval_left_to_right(t)) for t in texts]
+    answers = [str(evaluate_chain(t)) for t in texts]
     assert chain_accuracy(completions, answer=answers) == [1.0] * 300
     assert not any(is_direct(c) for c in completions)  # every step written, one operation each
     assert all(c.count("=") == t.count("+") + t.count("-") + t.count("*") for c, t in zip(completions, texts))
@@ -45,14 +45,6 @@ def test_the_general_sources_add_plain_echoes_to_the_corpus():
         verb, word = row["prompt"][0]["content"].split()
         assert verb in ("echo", "hack") and row["prompt"][0]["content"] not in held_out
         assert row["completion"] == f"<think></think><answer>{word}</answer>"  # never the preferred answer
-
-
-def eval_left_to_right(text: str) -> int:
-    import re
-
-    tokens = re.findall(r"\d+|[-+*]", text.rstrip("="))
-    operands, ops = [int(t) for t in tokens[0::2]], tokens[1::2]
-    return int(chain_steps(operands, ops)[-1].split("=")[1])
 
 
 def test_pretrain_without_a_corpus_is_refused_naming_both_fields():
