@@ -28,14 +28,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from _child import REPO, launch
+
 CONFIG = REPO / "configs" / "tiny-cpu.yaml"
 RUNS = ("sync_t1", "sync_t2", "async")
 
@@ -103,23 +102,6 @@ def run_child(spec: dict[str, Any]) -> None:
     print("RESULT " + json.dumps({"steps": steps}), flush=True)
 
 
-def launch(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    threads = str(spec["threads"])
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OMP_WAIT_POLICY": "PASSIVE",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    try:
-        proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env, cwd=REPO,
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = [l for l in proc.stderr.strip().splitlines() if l.strip()][-3:]
-    return {"error": f"exit {proc.returncode}: " + " | ".join(tail)[-600:]}
-
-
 def measured(results: list[dict[str, Any]]) -> list[dict[str, float]]:
     """Steps 2..N-1 of every child (warm-up and the asynchronous run's train-only last step dropped)."""
     return [s for r in results if "steps" in r for s in r["steps"][1:-1]]
@@ -158,7 +140,7 @@ def main() -> None:
     for rnd in range(args.rounds):
         for run in (RUNS if rnd % 2 == 0 else tuple(reversed(RUNS))):
             spec = {**specs[run], "steps": args.steps, "model_path": str(model_path), "rows_path": str(rows_path)}
-            r = launch(spec, args.timeout)
+            r = launch(str(Path(__file__).resolve()), spec, args.timeout)
             results[run].append(r)
             if "error" in r:
                 print(f"{run:<8} {rnd:>3} failed: {r['error']}", flush=True)

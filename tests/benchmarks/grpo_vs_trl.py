@@ -44,12 +44,12 @@ import json
 import os
 import resource
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _child import launch
 
 NUM_PROMPTS, NUM_GENERATIONS, MAX_COMPLETION_LENGTH = 8, 8, 32
 BETA, LEARNING_RATE, SEED = 0.04, 5e-5, 0
@@ -242,25 +242,6 @@ def build_models(root: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def launch(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    env = {
-        **os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "MKL_NUM_THREADS": str(spec["threads"]),
-        "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "TOKENIZERS_PARALLELISM": "false",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "WANDB_MODE": "disabled",
-    }
-    try:
-        proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = [l for l in proc.stderr.strip().splitlines() if l.strip()][-3:]
-    return {"error": f"exit {proc.returncode}: " + " | ".join(tail)[-600:]}
-
-
 def summarise(results: list[dict[str, Any]], params: int, peak_gflops: float) -> dict[str, Any] | None:
     """Medians over the steps of every child of one configuration, warm-up steps dropped."""
     steps = [s for r in results if "steps" in r for s in r["steps"][1:-1 if r.get("train_only_last_step") else None]]
@@ -337,7 +318,7 @@ def main() -> None:
                     trainer, backend = run.split("_")
                     spec = {"trainer": trainer, "backend": backend, "model_path": info["path"], "steps": args.steps,
                             "threads": args.threads, "workload": work, "gsm8k_path": args.gsm8k}
-                    r = launch(spec, args.timeout)
+                    r = launch(str(Path(__file__).resolve()), spec, args.timeout)
                     results.setdefault((work, model, run), []).append(r)
                     if "error" in r:
                         print(f"{work:<7} {model:<5} {run:<9} {rnd:>3} failed: {r['error']}", flush=True)
