@@ -1,13 +1,19 @@
 # python tests/benchmarks/mixture_seeds.py --store /tmp/mix-seeds --seeds 0 1 2
-"""The embedded default's mixed final RL over seeds: issue 12's "must show 1" table.
+"""The embedded default over seeds: the learning table (issue 16) and the mixed final RL table (issue 12).
 
 For each seed, the embedded default (``configs/tiny-cpu.yaml``) with every seed set to it (seed 0 is ``r1 run``
 itself) runs as ``r1 run --seed N --run mix-seed<N> --store STORE`` (timed), then ``r1 status --json`` gives the
 run's seeds (checked) and, for ``grpo_train`` and ``final_rl``, ``eval/accuracy`` (the chain task),
 ``eval/rm_score`` (the reward model's mean score on held-out general prompts) and ``eval/preferred_rate`` (the
 share of those responses the generating rule passes). A seed passes when final RL's preferred rate is at least
-30 points above GRPO's and its accuracy at most 2 points below. Runs already committed in STORE are reused
-(the stages are cached), so a rerun only prints the table.
+30 points above GRPO's and its accuracy at most 2 points below.
+
+The learning table gives, per seed, greedy held-out chain accuracy (and in brackets with direct answers banned,
+``eval/accuracy_forced_reasoning``) after each model stage and the run's wall time, then checks the learning
+conditions: GRPO >= cold-start SFT + 20 points (greedy), forced-reasoning after GRPO >= after SFT + 5, final RL
+>= GRPO, wall <= 600 s in every seed, and final greedy accuracy within 10 points across seeds. Runs already
+committed in STORE are reused (the stages are cached), so a rerun only prints the tables (its wall is then the
+cache's, not a run's).
 """
 
 from __future__ import annotations
@@ -19,27 +25,51 @@ import sys
 import time
 
 KEYS = ("eval/accuracy", "eval/rm_score", "eval/preferred_rate")
+MODEL_STAGES = ("cold_start_sft", "grpo_train", "sft_consolidate", "final_rl")
+
+
+def learning_table(rows: list[tuple[int, float, dict[str, dict[str, float]]]]) -> tuple[list[str], bool]:
+    """Issue 16's table (greedy and forced-reasoning accuracy per model stage, wall) and whether it passes."""
+    lines = ["| seed | cold-start SFT | GRPO | RS + SFT | final RL | wall s | passes |", "|---|---|---|---|---|---|---|"]
+    passed = []
+    for seed, wall, m in rows:
+        acc = {s: m[s].get("eval/accuracy", float("nan")) for s in MODEL_STAGES}
+        forced = {s: m[s].get("eval/accuracy_forced_reasoning", float("nan")) for s in MODEL_STAGES}
+        ok = (acc["grpo_train"] >= acc["cold_start_sft"] + 0.20 and forced["grpo_train"] >= forced["cold_start_sft"] + 0.05
+              and acc["final_rl"] >= acc["grpo_train"] and wall <= 600)
+        passed.append(ok)
+        cells = [f"{100 * acc[s]:.1f} ({100 * forced[s]:.1f})" for s in MODEL_STAGES]
+        lines.append(f"| {seed} | {' | '.join(cells)} | {wall:.0f} | {'yes' if ok else 'no'} |")
+    finals = [m["final_rl"].get("eval/accuracy", float("nan")) for _, _, m in rows]
+    spread = max(finals) - min(finals)
+    lines.append(f"final RL greedy accuracy spread across seeds: {100 * spread:.1f} points (at most 10 passes)")
+    return lines, all(passed) and spread <= 0.10
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--store", required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--config", help="a pipeline YAML other than the embedded default (trials)")
     args = parser.parse_args()
+    config = ["--config", args.config] if args.config else []
     rows = []
     for seed in args.seeds:
         run = f"mix-seed{seed}"
         start = time.perf_counter()
-        subprocess.run(["r1", "run", "--seed", str(seed), "--run", run, "--store", args.store], check=True)
+        subprocess.run(["r1", "run", *config, "--seed", str(seed), "--run", run, "--store", args.store], check=True)
         wall = time.perf_counter() - start
         status = json.loads(subprocess.run(["r1", "status", run, "--store", args.store, "--json"], check=True,
                                            capture_output=True, text=True).stdout)
         if set(status["seeds"].values()) != {seed}:
             sys.exit(f"run {run} in {args.store} was not made with seed {seed} everywhere: {status['seeds']}")
-        m = {s: status["stages"][s]["metrics"] for s in ("grpo_train", "final_rl")}
+        m = {s: status["stages"][s]["metrics"] for s in MODEL_STAGES}
         ok = (m["final_rl"]["eval/preferred_rate"] >= m["grpo_train"]["eval/preferred_rate"] + 0.30
               and m["final_rl"]["eval/accuracy"] >= m["grpo_train"]["eval/accuracy"] - 0.02)
         rows.append((seed, wall, m, ok))
+    lines, learned = learning_table([(seed, wall, m) for seed, wall, m, _ in rows])
+    print("\n".join(lines))
+    print(json.dumps({"learning_passes": learned, "mixture_passes": sum(ok for *_, ok in rows)}))
     print("| seed | wall s | GRPO accuracy / rm score / preferred | final RL accuracy / rm score / preferred | passes |")
     print("|---|---|---|---|---|")
     for seed, wall, m, ok in rows:
