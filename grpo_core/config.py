@@ -265,6 +265,11 @@ class GRPOConfig(OptimConfig):
     async_sampler_timeout: float = Field(600.0, gt=0, description="seconds the trainer waits for the sampler process "
                                          "before failing the stage (a dead sampler fails at once)")
     async_sampler_threads: int = Field(1, gt=0, description="torch threads of the sampler process")
+    async_reference_on_sampler: bool = Field(
+        True, description="beta > 0: the sampler process computes the reference model's log-probs of its rollouts "
+        "(the reference is frozen, so staleness does not change them) and the trainer keeps no reference model; "
+        "false: the trainer runs the reference forward itself, as without async_rollouts",
+    )
 
     # --- sampler/trainer gap (grpo_core/loss.py: compute_sampling_correction; TRL's names) ---
     vllm_importance_sampling_correction: bool = Field(

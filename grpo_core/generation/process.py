@@ -13,6 +13,10 @@ out of memory) or stops answering raises ``SamplerError`` naming the sampler pro
 within ``timeout``, never a hang (``SamplerCrashed``, a ``SamplerError``: worth a retry of the stage). An
 exception inside the child comes back as a plain ``SamplerError`` with its traceback (a retry would fail alike).
 
+``annotate``: an object built in the parent and used in the child, whose ``load()`` runs once after the backend
+is built and whose ``__call__(rollouts) -> rollouts`` runs on every request's rollouts before they are sent back
+(the asynchronous trainer's ``ReferenceLogps``: the reference model's log-probs, computed beside the sampling).
+
 ``cpus``: the CPU cores the child runs on (``os.sched_setaffinity``, set before it builds anything), so on one
 CPU machine the sampler has a core of its own instead of time-sharing the trainer's.
 
@@ -49,7 +53,7 @@ class ProcessBackend:
 
     def __init__(self, kind: str, model_path: str | Path, *, timeout: float = 600.0, start_timeout: float = 600.0,
                  weights_dir: str | Path | None = None, torch_num_threads: int = 1,
-                 cpus: set[int] | None = None, **opts: Any) -> None:
+                 cpus: set[int] | None = None, annotate: Any = None, **opts: Any) -> None:
         self.kind, self.timeout = kind, float(timeout)
         self.batches_itself = kind == "vllm"
         self._own_dir = weights_dir is None
@@ -59,7 +63,7 @@ class ProcessBackend:
         self._pending = 0  # generate requests sent and not yet answered
         ctx = mp.get_context("spawn")  # a fresh interpreter: no forked torch threads or vLLM state
         self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, kind, str(model_path), opts, torch_num_threads, cpus),
+        self.process = ctx.Process(target=_serve, args=(child, kind, str(model_path), opts, torch_num_threads, cpus, annotate),
                                    name="r1-sampler", daemon=True)
         self.process.start()
         child.close()
@@ -144,8 +148,10 @@ class ProcessBackend:
         return payload
 
 
-def _serve(conn: Any, kind: str, model_path: str, opts: dict[str, Any], threads: int, cpus: set[int] | None) -> None:
-    """The child: build the backend, then answer ``generate`` / ``load`` / ``close`` messages in order."""
+def _serve(conn: Any, kind: str, model_path: str, opts: dict[str, Any], threads: int, cpus: set[int] | None,
+           annotate: Any) -> None:
+    """The child: build the backend (and ``annotate``'s state), then answer ``generate`` / ``load`` / ``close``
+    messages in order."""
     try:
         if cpus:  # before any thread pool exists: every thread the child starts inherits this mask
             os.sched_setaffinity(0, cpus)
@@ -158,6 +164,8 @@ def _serve(conn: Any, kind: str, model_path: str, opts: dict[str, Any], threads:
 
             model = AutoModelForCausalLM.from_pretrained(model_path).eval()
         backend = make_backend(kind, model_path, model=model, **opts)
+        if annotate is not None:
+            annotate.load()
         conn.send(("ok", None))
     except Exception:  # noqa: BLE001 - the parent reports it
         conn.send(("error", traceback.format_exc()))
@@ -176,7 +184,8 @@ def _serve(conn: Any, kind: str, model_path: str, opts: dict[str, Any], threads:
             elif message[0] == "generate":
                 if load_error is not None:
                     raise RuntimeError(f"loading weights failed:\n{load_error}")
-                conn.send(("ok", backend.generate(message[1], **message[2])))
+                rollouts = backend.generate(message[1], **message[2])
+                conn.send(("ok", annotate(rollouts) if annotate is not None else rollouts))
         except Exception:  # noqa: BLE001 - the parent reports it
             if message[0] == "load":
                 load_error = traceback.format_exc()  # answered on the next generate (loads send no reply)

@@ -14,6 +14,12 @@ sampler is never the trainer's own forward). The next step's rollouts are part o
 checkpoint carries them and a resumed run trains on exactly the rollouts the uninterrupted run would have.
 Departure from the issue's plan: staleness is fixed at one step (not configurable yet) and one process only.
 
+Reference log-probs (``ReferenceLogps``, when ``beta > 0`` and ``async_reference_on_sampler``): the reference
+model is frozen, so its log-probs of a rollout do not depend on staleness. The sampler process loads it (the
+initial model, once) and computes them for every round it generates, micro-batch by micro-batch as the trainer's
+``compute_batch_logps`` would; they travel with the rollouts (``Rollout.ref_logprobs``, kept in the trainer state
+with them) and the trainer neither keeps a reference model nor runs its forward.
+
 Cores (``split_cpus``): on a CPU machine the sampler is pinned to the last ``async_sampler_threads`` cores this
 process may use and the trainer's torch threads are capped at the cores left, so the two overlap instead of
 time-sharing (on 2 cores: one each; measured by ``tests/benchmarks/async_vs_sync.py``).
@@ -35,6 +41,8 @@ from grpo_core.generation.process import ProcessBackend
 from grpo_core.trainer.distributed import DistContext
 from grpo_core.trainer.mixture import Mixture
 from grpo_core.trainer.rollouts import ScoredGroups, group_request, score_groups
+from grpo_core.trainer.skeleton import load_model
+from grpo_core.trainer.update import build_train_batch, compute_batch_logps
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +64,37 @@ def split_cpus(sampler_threads: int, device: torch.device) -> tuple[set[int] | N
     logger.info("async_rollouts: sampler on core(s) %s, trainer on %d thread(s) of core(s) %s", sorted(sampler),
                 trainer_threads, cores[:-sampler_threads])
     return sampler, trainer_threads
+
+
+class ReferenceLogps:
+    """Sets ``Rollout.ref_logprobs``: the reference model's (``model_path``) log-probs of each completion token.
+
+    Built in the trainer, used in the sampler process (``ProcessBackend(annotate=...)``): ``load()`` there loads
+    the model as the trainer would (``load_model``: fp32 on ``device``, eval mode); each call pads the rollouts
+    into a ``TrainBatch`` and runs ``compute_batch_logps`` (the trainer's own function, its micro-batches of
+    ``per_device_train_batch_size``), so the values are those the trainer would compute (float rounding aside).
+    """
+
+    def __init__(self, model_path: str, config: GRPOConfig, pad_token_id: int, device: str = "cpu") -> None:
+        self.model_path, self.config, self.pad_token_id, self.device = model_path, config, pad_token_id, device
+        self.model: torch.nn.Module | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # sent to the child before load(): never a model
+        return {**self.__dict__, "model": None}
+
+    def load(self) -> None:
+        self.model = load_model(self.model_path, torch.device(self.device)).eval().requires_grad_(False)
+
+    def __call__(self, rollouts: list[Rollout]) -> list[Rollout]:
+        assert self.model is not None, "ReferenceLogps.load() first"
+        if not rollouts:
+            return rollouts
+        batch = build_train_batch(rollouts, torch.zeros(len(rollouts)), self.pad_token_id, mask_truncated=False)
+        logps = compute_batch_logps(self.model, batch, list(range(len(rollouts))), self.config,
+                                    torch.device(self.device))  # [N, Tc]
+        for r, row in zip(rollouts, logps):
+            r.ref_logprobs = row[: len(r.completion_ids)].tolist()
+        return rollouts
 
 
 class NextRollouts:
@@ -90,7 +129,8 @@ def groups_to_state(groups: ScoredGroups) -> dict[str, Any]:
     rewards = [[None if math.isnan(v) else v for v in row] for row in groups.rewards_per_func.tolist()]
     return {
         "positions": groups.positions,
-        "rollouts": [[r.prompt_ids, r.completion_ids, r.logprobs, r.truncated, r.text] for r in groups.rollouts],
+        "rollouts": [[r.prompt_ids, r.completion_ids, r.logprobs, r.truncated, r.text, r.ref_logprobs]
+                     for r in groups.rollouts],
         "rewards_per_func": rewards,
         "truncated": groups.truncated,
     }
@@ -99,6 +139,6 @@ def groups_to_state(groups: ScoredGroups) -> dict[str, Any]:
 def groups_from_state(saved: dict[str, Any], mixture: Mixture) -> ScoredGroups:
     positions = saved["positions"]
     rows = [mixture.rows[i] for i in mixture.rows_at(positions[0], len(positions))]
-    rollouts = [Rollout(list(p), list(c), lp, bool(t), text) for p, c, lp, t, text in saved["rollouts"]]
+    rollouts = [Rollout(list(p), list(c), lp, bool(t), text, *ref) for p, c, lp, t, text, *ref in saved["rollouts"]]
     rewards = torch.tensor([[math.nan if v is None else v for v in row] for row in saved["rewards_per_func"]])
     return ScoredGroups(list(positions), rows, rollouts, rewards, list(saved["truncated"]))

@@ -34,7 +34,13 @@ from grpo_core.loss import combine_rewards, compute_group_advantages
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.rewards.scoring import resolve_reward
-from grpo_core.trainer.async_rollouts import NextRollouts, groups_from_state, groups_to_state, split_cpus
+from grpo_core.trainer.async_rollouts import (
+    NextRollouts,
+    ReferenceLogps,
+    groups_from_state,
+    groups_to_state,
+    split_cpus,
+)
 from grpo_core.trainer.distributed import gather_objects
 from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded
 from grpo_core.trainer.metrics import completion_metrics, reward_metrics
@@ -135,7 +141,8 @@ def train_grpo(
     names = mixture.reward_names
     model, loaded = load_policy("grpo", model_path, output_dir, config, ctx, resume=resume)
     ref_model = None
-    if config.beta > 0.0:  # the reference model exists only when the KL term does
+    ref_on_sampler = config.beta > 0.0 and config.async_rollouts and config.async_reference_on_sampler
+    if config.beta > 0.0 and not ref_on_sampler:  # the reference model exists only when the KL term does
         ref_model = load_trained_model(model_path, config, ctx, trainable=False)  # sharded like the policy
     num_updates = (config.steps_per_generation or 1) * config.num_iterations
     initial = {"step": 0, "stream_position": 0, "optimizer_steps": 0, "log_history": []}
@@ -145,14 +152,17 @@ def train_grpo(
         kind = backend_kind(config.use_vllm)
         start_path = loaded.path if loaded else model_path
         opts = backend_options(config, kind, ctx.device, model.config)
+        pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if config.async_rollouts:  # the sampler in its own process (trainer/async_rollouts.py)
             from grpo_core.generation.process import ProcessBackend
 
             sampler_cpus, trainer_threads = split_cpus(config.async_sampler_threads, ctx.device)
             if trainer_threads is not None:
                 torch.set_num_threads(trainer_threads)
+            reference = ReferenceLogps(str(model_path), config, pad_token_id, str(ctx.device)) if ref_on_sampler else None
             backend = ProcessBackend(kind, str(start_path), timeout=config.async_sampler_timeout,
-                                     torch_num_threads=config.async_sampler_threads, cpus=sampler_cpus, **opts)
+                                     torch_num_threads=config.async_sampler_threads, cpus=sampler_cpus,
+                                     annotate=reference, **opts)
         elif is_sharded(model) and kind == "hf":  # sample from a full replica: a sharded module decodes only in lockstep
             replica = load_model(start_path, ctx.device).eval().requires_grad_(False)
             backend = ReplicaBackend(make_backend("hf", str(start_path), model=replica, tokenizer=tokenizer, **opts), replica)
@@ -162,7 +172,6 @@ def train_grpo(
         # trainer's log-probs: its weights would be 1 but for float rounding, so the correction is skipped.
         sampler_is_trainer = kind == "hf" and not is_sharded(model) and not config.async_rollouts
         sampling_correction = config.vllm_importance_sampling_correction and not sampler_is_trainer
-        pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         next_rollouts = NextRollouts(backend, tokenizer, mixture, config, ctx) if config.async_rollouts else None
 
         metrics: dict[str, Any] = state["log_history"][-1] if state["log_history"] else {}
