@@ -4,6 +4,7 @@
 (``make_backend(kind, model_path, **opts)``: transformers or vLLM) and serves requests over a pipe, one at a
 time, in order. ``submit`` sends a generate request and returns at once; ``result`` waits for its rollouts,
 so a caller can train while the sampler generates. ``generate`` is both (the ``GenerationBackend`` contract).
+``last_timings``: the child's own seconds for the last result (``generate``, ``annotate``), for profiling.
 
 Weights move through a file: ``update_weights(model)`` writes the module's weights with safetensors into
 ``weights_dir`` (a temporary name, then an atomic rename) and tells the child, which loads them before its
@@ -61,6 +62,7 @@ class ProcessBackend:
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         self._version = 0
         self._pending = 0  # generate requests sent and not yet answered
+        self.last_timings: dict[str, float] = {}  # the child's seconds on the last result: generate (, annotate)
         ctx = mp.get_context("spawn")  # a fresh interpreter: no forked torch threads or vLLM state
         self._conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, kind, str(model_path), opts, torch_num_threads, cpus, annotate),
@@ -79,7 +81,8 @@ class ProcessBackend:
         if not self._pending:
             raise SamplerError("result() called with no generate request in flight; call submit() first")
         self._pending -= 1
-        return self._receive("generating")
+        rollouts, self.last_timings = self._receive("generating")
+        return rollouts
 
     def generate(self, prompt_ids: list[list[int]], **kwargs: Any) -> list[Rollout]:
         self.submit(prompt_ids, **kwargs)
@@ -184,8 +187,14 @@ def _serve(conn: Any, kind: str, model_path: str, opts: dict[str, Any], threads:
             elif message[0] == "generate":
                 if load_error is not None:
                     raise RuntimeError(f"loading weights failed:\n{load_error}")
+                start = time.perf_counter()
                 rollouts = backend.generate(message[1], **message[2])
-                conn.send(("ok", annotate(rollouts) if annotate is not None else rollouts))
+                timings = {"generate": time.perf_counter() - start}
+                if annotate is not None:
+                    start = time.perf_counter()
+                    rollouts = annotate(rollouts)
+                    timings["annotate"] = time.perf_counter() - start
+                conn.send(("ok", (rollouts, timings)))
         except Exception:  # noqa: BLE001 - the parent reports it
             if message[0] == "load":
                 load_error = traceback.format_exc()  # answered on the next generate (loads send no reply)

@@ -77,11 +77,13 @@ def test_async_rollouts_are_one_step_stale_corrected_and_resume_exactly(tmp_path
         assert torch.equal(full[name], again[name]), name
 
 
-def test_async_rollouts_keep_dynamic_sampling(tmp_path, tiny_path):
-    config = async_config(max_steps=2, dynamic_sampling=True, max_dynamic_sampling_rounds=2, save_steps=100)
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_async_rollouts_keep_dynamic_sampling(tmp_path, tiny_path, staleness):
+    config = async_config(max_steps=staleness + 1, dynamic_sampling=True, max_dynamic_sampling_rounds=2,
+                          save_steps=100, async_max_staleness=staleness)
     train_grpo(config, tiny_path, ROWS, tmp_path, reward_funcs=[digit_fraction], resume=False)
     metrics = read_metrics(tmp_path)
-    assert [m["async/staleness"] for m in metrics] == [0.0, 1.0]
+    assert [m["async/staleness"] for m in metrics] == [float(k) for k in range(staleness + 1)]
     assert all(m["dynamic_sampling/rounds"] >= 1 for m in metrics)
 
 
@@ -129,3 +131,30 @@ def test_reference_on_the_sampler_gives_the_trainers_kl_and_loss(tmp_path, tiny_
         assert sampler["kl"] == pytest.approx(trainer["kl"], rel=1e-4, abs=1e-9)
         assert sampler["loss"] == pytest.approx(trainer["loss"], rel=1e-4, abs=1e-7)
         assert sampler["reward"] == trainer["reward"]
+
+
+def test_two_steps_of_staleness_are_logged_and_resume_exactly(tmp_path, tiny_path):
+    """async_max_staleness 2: step n trains on rollouts of the weights of step n-3; a checkpoint collects every
+    round in flight, so a crash and resume give the same rollouts and the same weights, bit for bit."""
+    config = async_config(beta=0.04, async_max_staleness=2, max_steps=5, save_steps=2)
+    train_grpo(config, tiny_path, ROWS, tmp_path / "full", reward_funcs=[digit_fraction], resume=False)
+    metrics = read_metrics(tmp_path / "full")
+    assert [m["async/staleness"] for m in metrics] == [0.0, 1.0, 2.0, 2.0, 2.0]
+    one_step = async_config(beta=0.04, max_steps=5, save_steps=100)
+    train_grpo(one_step, tiny_path, ROWS, tmp_path / "k1", reward_funcs=[digit_fraction], resume=False)
+    k1 = read_metrics(tmp_path / "k1")
+    gap = "sampling/sampling_logp_difference/mean"  # the sampler's log-probs against the trainer's
+    assert [m[gap] for m in metrics[:2]] == [m[gap] for m in k1[:2]]  # the same rollouts and weights so far
+    assert metrics[2][gap] != k1[2][gap]  # step 3: sampled by the weights of step 0 (k=2), of step 1 (k=1)
+
+    with pytest.raises(RuntimeError, match="crash at step 3"):
+        train_grpo(config, tiny_path, ROWS, tmp_path / "crash", reward_funcs=[digit_fraction], resume=False,
+                   callbacks=[CrashAt(3)])
+    train_grpo(config, tiny_path, ROWS, tmp_path / "crash", reward_funcs=[digit_fraction], resume=True)
+    resumed = read_metrics(tmp_path / "crash")
+    assert [m["reward"] for m in resumed] == [m["reward"] for m in metrics]
+    assert [m["loss"] for m in resumed] == [m["loss"] for m in metrics]
+    full = load_file(tmp_path / "full" / "final" / "model.safetensors")
+    again = load_file(tmp_path / "crash" / "final" / "model.safetensors")
+    for name in full:
+        assert torch.equal(full[name], again[name]), name
