@@ -260,11 +260,20 @@ class GRPOConfig(OptimConfig):
     )
 
     # --- asynchronous rollouts (grpo_core/trainer/async_rollouts.py) ---
-    async_rollouts: bool = Field(False, description="generate step n+1's rollouts in a sampler process while step n "
-                                 "trains (one step stale, corrected by the sampler importance weights); one process only")
+    async_rollouts: bool = Field(False, description="generate the next steps' rollouts in a sampler process while step "
+                                 "n trains (up to async_max_staleness steps stale, corrected by the sampler importance "
+                                 "weights); one process only")
     async_sampler_timeout: float = Field(600.0, gt=0, description="seconds the trainer waits for the sampler process "
                                          "before failing the stage (a dead sampler fails at once)")
     async_sampler_threads: int = Field(1, gt=0, description="torch threads of the sampler process")
+    async_max_staleness: int = Field(1, ge=1, description="async_rollouts: how many steps ahead the sampler generates "
+                                     "(a step trains on rollouts up to this many optimiser steps stale; AReaL's "
+                                     "max_head_offpolicyness, verl's one-step-off is 1)")
+    async_reference_on_sampler: bool = Field(
+        True, description="beta > 0: the sampler process computes the reference model's log-probs of its rollouts "
+        "(the reference is frozen, so staleness does not change them) and the trainer keeps no reference model; "
+        "false: the trainer runs the reference forward itself, as without async_rollouts",
+    )
 
     # --- sampler/trainer gap (grpo_core/loss.py: compute_sampling_correction; TRL's names) ---
     vllm_importance_sampling_correction: bool = Field(

@@ -29,6 +29,7 @@ class Rollout:
     logprobs: list[float] | None  # one per completion token, or None when the backend has none
     truncated: bool  # hit max_tokens without EOS
     text: str  # completion decoded without the EOS token
+    ref_logprobs: list[float] | None = None  # the reference model's, when the sampler computed them (async GRPO)
 
 
 class GenerationBackend(Protocol):

@@ -4,6 +4,7 @@
 (``make_backend(kind, model_path, **opts)``: transformers or vLLM) and serves requests over a pipe, one at a
 time, in order. ``submit`` sends a generate request and returns at once; ``result`` waits for its rollouts,
 so a caller can train while the sampler generates. ``generate`` is both (the ``GenerationBackend`` contract).
+``last_timings``: the child's own seconds for the last result (``generate``, ``annotate``), for profiling.
 
 Weights move through a file: ``update_weights(model)`` writes the module's weights with safetensors into
 ``weights_dir`` (a temporary name, then an atomic rename) and tells the child, which loads them before its
@@ -12,6 +13,10 @@ child builds its backend): a child that exits (killed,
 out of memory) or stops answering raises ``SamplerError`` naming the sampler process, its pid and exit code,
 within ``timeout``, never a hang (``SamplerCrashed``, a ``SamplerError``: worth a retry of the stage). An
 exception inside the child comes back as a plain ``SamplerError`` with its traceback (a retry would fail alike).
+
+``annotate``: an object built in the parent and used in the child, whose ``load()`` runs once after the backend
+is built and whose ``__call__(rollouts) -> rollouts`` runs on every request's rollouts before they are sent back
+(the asynchronous trainer's ``ReferenceLogps``: the reference model's log-probs, computed beside the sampling).
 
 ``cpus``: the CPU cores the child runs on (``os.sched_setaffinity``, set before it builds anything), so on one
 CPU machine the sampler has a core of its own instead of time-sharing the trainer's.
@@ -49,7 +54,7 @@ class ProcessBackend:
 
     def __init__(self, kind: str, model_path: str | Path, *, timeout: float = 600.0, start_timeout: float = 600.0,
                  weights_dir: str | Path | None = None, torch_num_threads: int = 1,
-                 cpus: set[int] | None = None, **opts: Any) -> None:
+                 cpus: set[int] | None = None, annotate: Any = None, **opts: Any) -> None:
         self.kind, self.timeout = kind, float(timeout)
         self.batches_itself = kind == "vllm"
         self._own_dir = weights_dir is None
@@ -57,9 +62,10 @@ class ProcessBackend:
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         self._version = 0
         self._pending = 0  # generate requests sent and not yet answered
+        self.last_timings: dict[str, float] = {}  # the child's seconds on the last result: generate (, annotate)
         ctx = mp.get_context("spawn")  # a fresh interpreter: no forked torch threads or vLLM state
         self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, kind, str(model_path), opts, torch_num_threads, cpus),
+        self.process = ctx.Process(target=_serve, args=(child, kind, str(model_path), opts, torch_num_threads, cpus, annotate),
                                    name="r1-sampler", daemon=True)
         self.process.start()
         child.close()
@@ -75,7 +81,8 @@ class ProcessBackend:
         if not self._pending:
             raise SamplerError("result() called with no generate request in flight; call submit() first")
         self._pending -= 1
-        return self._receive("generating")
+        rollouts, self.last_timings = self._receive("generating")
+        return rollouts
 
     def generate(self, prompt_ids: list[list[int]], **kwargs: Any) -> list[Rollout]:
         self.submit(prompt_ids, **kwargs)
@@ -144,8 +151,10 @@ class ProcessBackend:
         return payload
 
 
-def _serve(conn: Any, kind: str, model_path: str, opts: dict[str, Any], threads: int, cpus: set[int] | None) -> None:
-    """The child: build the backend, then answer ``generate`` / ``load`` / ``close`` messages in order."""
+def _serve(conn: Any, kind: str, model_path: str, opts: dict[str, Any], threads: int, cpus: set[int] | None,
+           annotate: Any) -> None:
+    """The child: build the backend (and ``annotate``'s state), then answer ``generate`` / ``load`` / ``close``
+    messages in order."""
     try:
         if cpus:  # before any thread pool exists: every thread the child starts inherits this mask
             os.sched_setaffinity(0, cpus)
@@ -158,6 +167,8 @@ def _serve(conn: Any, kind: str, model_path: str, opts: dict[str, Any], threads:
 
             model = AutoModelForCausalLM.from_pretrained(model_path).eval()
         backend = make_backend(kind, model_path, model=model, **opts)
+        if annotate is not None:
+            annotate.load()
         conn.send(("ok", None))
     except Exception:  # noqa: BLE001 - the parent reports it
         conn.send(("error", traceback.format_exc()))
@@ -176,7 +187,14 @@ def _serve(conn: Any, kind: str, model_path: str, opts: dict[str, Any], threads:
             elif message[0] == "generate":
                 if load_error is not None:
                     raise RuntimeError(f"loading weights failed:\n{load_error}")
-                conn.send(("ok", backend.generate(message[1], **message[2])))
+                start = time.perf_counter()
+                rollouts = backend.generate(message[1], **message[2])
+                timings = {"generate": time.perf_counter() - start}
+                if annotate is not None:
+                    start = time.perf_counter()
+                    rollouts = annotate(rollouts)
+                    timings["annotate"] = time.perf_counter() - start
+                conn.send(("ok", (rollouts, timings)))
         except Exception:  # noqa: BLE001 - the parent reports it
             if message[0] == "load":
                 load_error = traceback.format_exc()  # answered on the next generate (loads send no reply)

@@ -1,18 +1,30 @@
-"""One-step-off asynchronous rollouts (``async_rollouts: true``): step n+1's rollouts are generated while step n trains.
+"""Asynchronous rollouts (``async_rollouts: true``): the rollouts of the next ``async_max_staleness`` (k) steps are
+generated while step n trains (k = 1: verl's one-step-off; AReaL calls k ``max_head_offpolicyness``).
 
 The sampler runs in its own process (``generation.process.ProcessBackend``). Schedule, per step n:
 
-1. the first round of step n's groups is the one generated during step n-1 (step 1, or a resume without one:
-   generated now); DAPO's extra rounds, if any, are generated now;
-2. step n+1's first round is submitted to the sampler, which still holds the weights of step n-1;
-3. step n trains; then the trainer waits for step n+1's rollouts (bounded by ``async_sampler_timeout``),
-   scores them, keeps them in the trainer state, and pushes its new weights to the sampler (a file).
+1. the first round of step n's groups is the one submitted during step n-k (or earlier, at step 1; at step 1,
+   or a resume without them: generated now); DAPO's extra rounds, if any, are generated now (after every round
+   in flight: the sampler answers in order);
+2. the first rounds of the steps up to n+k not yet submitted are submitted to the sampler, which holds the
+   weights of step n-1 (at step 1: steps 2..k+1, all with the initial weights);
+3. step n trains; then the trainer waits for step n+1's rollouts (bounded by ``async_sampler_timeout``) and
+   scores them (at a checkpoint step: every round in flight, so the checkpoint holds them all), keeps them in
+   the trainer state, and pushes its new weights to the sampler (a file).
 
-So a step trains on completions one optimiser step stale (``async/staleness``: 1 from step 2 on, 0 at step 1),
-corrected by the sampler importance weights against the behaviour policy's log-probs (always on here: the
-sampler is never the trainer's own forward). The next step's rollouts are part of the trainer state, so a
+So step n trains on completions ``async/staleness`` optimiser steps stale (0 at step 1, then up to k), corrected by
+the sampler importance weights against the behaviour policy's log-probs (always on here: the sampler is never
+the trainer's own forward). Stream positions are taken in submission order (``stream_position`` is the next
+free one), so they do not depend on k's timing. The received rounds are part of the trainer state, so a
 checkpoint carries them and a resumed run trains on exactly the rollouts the uninterrupted run would have.
-Departure from the issue's plan: staleness is fixed at one step (not configurable yet) and one process only.
+Departure from the issue's plan: one training process only. With k > 1 the trainer waits, each step, for one
+step's rollouts; the deeper queue absorbs steps whose generation or training runs long, it does not add overlap.
+
+Reference log-probs (``ReferenceLogps``, when ``beta > 0`` and ``async_reference_on_sampler``): the reference
+model is frozen, so its log-probs of a rollout do not depend on staleness. The sampler process loads it (the
+initial model, once) and computes them for every round it generates, micro-batch by micro-batch as the trainer's
+``compute_batch_logps`` would; they travel with the rollouts (``Rollout.ref_logprobs``, kept in the trainer state
+with them) and the trainer neither keeps a reference model nor runs its forward.
 
 Cores (``split_cpus``): on a CPU machine the sampler is pinned to the last ``async_sampler_threads`` cores this
 process may use and the trainer's torch threads are capped at the cores left, so the two overlap instead of
@@ -25,6 +37,7 @@ import logging
 import math
 import os
 import time
+from collections import deque
 from typing import Any
 
 import torch
@@ -35,6 +48,8 @@ from grpo_core.generation.process import ProcessBackend
 from grpo_core.trainer.distributed import DistContext
 from grpo_core.trainer.mixture import Mixture
 from grpo_core.trainer.rollouts import ScoredGroups, group_request, score_groups
+from grpo_core.trainer.skeleton import load_model
+from grpo_core.trainer.update import build_train_batch, compute_batch_logps
 
 logger = logging.getLogger(__name__)
 
@@ -58,31 +73,88 @@ def split_cpus(sampler_threads: int, device: torch.device) -> tuple[set[int] | N
     return sampler, trainer_threads
 
 
+class ReferenceLogps:
+    """Sets ``Rollout.ref_logprobs``: the reference model's (``model_path``) log-probs of each completion token.
+
+    Built in the trainer, used in the sampler process (``ProcessBackend(annotate=...)``): ``load()`` there loads
+    the model as the trainer would (``load_model``: fp32 on ``device``, eval mode); each call pads the rollouts
+    into a ``TrainBatch`` and runs ``compute_batch_logps`` (the trainer's own function, its micro-batches of
+    ``per_device_train_batch_size``), so the values are those the trainer would compute (float rounding aside).
+    """
+
+    def __init__(self, model_path: str, config: GRPOConfig, pad_token_id: int, device: str = "cpu") -> None:
+        self.model_path, self.config, self.pad_token_id, self.device = model_path, config, pad_token_id, device
+        self.model: torch.nn.Module | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # sent to the child before load(): never a model
+        return {**self.__dict__, "model": None}
+
+    def load(self) -> None:
+        self.model = load_model(self.model_path, torch.device(self.device)).eval().requires_grad_(False)
+
+    def __call__(self, rollouts: list[Rollout]) -> list[Rollout]:
+        assert self.model is not None, "ReferenceLogps.load() first"
+        if not rollouts:
+            return rollouts
+        batch = build_train_batch(rollouts, torch.zeros(len(rollouts)), self.pad_token_id, mask_truncated=False)
+        logps = compute_batch_logps(self.model, batch, list(range(len(rollouts))), self.config,
+                                    torch.device(self.device))  # [N, Tc]
+        for r, row in zip(rollouts, logps):
+            r.ref_logprobs = row[: len(r.completion_ids)].tolist()
+        return rollouts
+
+
 class NextRollouts:
-    """The sampler process and the first round of the next step's groups, in flight or received."""
+    """The sampler process and the first rounds of the coming steps: in flight (submitted, in order) or received.
+
+    Each round is submitted with the sampler's weights at that moment, whose policy version (optimiser steps
+    taken) is recorded with it: a step's staleness is its policy version minus its rollouts' version.
+    """
 
     def __init__(self, backend: ProcessBackend, tokenizer: Any, mixture: Mixture, config: GRPOConfig,
                  ctx: DistContext) -> None:
         self.backend, self.tokenizer, self.mixture, self.config, self.ctx = backend, tokenizer, mixture, config, ctx
-        self._request: tuple[int, list[bool]] | None = None  # (position, truncated) of the submitted round
+        self._in_flight: deque[tuple[int, int, list[bool], int]] = deque()  # (step, position, truncated, version)
+        self.received: dict[int, tuple[ScoredGroups, int]] = {}  # step -> (first round's groups, version)
 
-    def submit(self, position: int, step: int) -> None:
-        """Start generating the first round of ``step`` (stream ``position``) with the sampler's current weights."""
+    def planned(self, step: int) -> bool:
+        return step in self.received or any(s == step for s, *_ in self._in_flight)
+
+    def submit(self, position: int, step: int, version: int) -> None:
+        """Start generating the first round of ``step`` (stream ``position``) with the sampler's current weights
+        (policy ``version``)."""
         prompt_ids, kwargs, truncated = group_request(self.tokenizer, self.mixture, position,
                                                       self.config.prompts_per_step, step, self.config, self.ctx)
         self.backend.submit(prompt_ids, **kwargs)
-        self._request = (position, truncated)
+        self._in_flight.append((step, position, truncated, version))
 
-    def collect(self, timings: dict[str, float]) -> ScoredGroups:
-        """Wait for the submitted round and score it."""
-        assert self._request is not None, "collect() without submit()"
-        position, truncated = self._request
-        self._request = None
-        start = time.perf_counter()
-        rollouts = self.backend.result()
-        timings["time/wait_sampler"] = timings.get("time/wait_sampler", 0.0) + time.perf_counter() - start
-        return score_groups(rollouts, truncated, self.mixture, position, self.config.prompts_per_step, self.config,
-                            self.ctx, timings)
+    def collect(self, timings: dict[str, float], until: int | None = None) -> None:
+        """Wait for the rounds in flight (those of steps up to ``until``; all when None) and score them."""
+        while self._in_flight and (until is None or self._in_flight[0][0] <= until):
+            step, position, truncated, version = self._in_flight.popleft()
+            start = time.perf_counter()
+            rollouts = self.backend.result()
+            timings["time/wait_sampler"] = timings.get("time/wait_sampler", 0.0) + time.perf_counter() - start
+            for key, value in self.backend.last_timings.items():  # the sampler's own seconds, beside the training
+                timings[f"time/sampler_{key}"] = timings.get(f"time/sampler_{key}", 0.0) + value
+            groups = score_groups(rollouts, truncated, self.mixture, position, self.config.prompts_per_step,
+                                  self.config, self.ctx, timings)
+            self.received[step] = (groups, version)
+
+    def take(self, step: int) -> tuple[ScoredGroups, int] | None:
+        return self.received.pop(step, None)
+
+    def to_state(self) -> list[dict[str, Any]]:
+        """The received rounds, JSON-able for ``trainer_state.json`` (call ``collect()`` first: a checkpoint
+        must hold every round generated with weights older than itself)."""
+        assert not self._in_flight, "to_state() with rounds in flight: collect() first"
+        return [{"step": s, "version": v, **groups_to_state(g)} for s, (g, v) in sorted(self.received.items())]
+
+    def load_state(self, saved: list[dict[str, Any]]) -> None:
+        if not isinstance(saved, list):
+            raise ValueError("this checkpoint's next_rollouts were saved by an older async_rollouts (one dict, before "
+                             "async_max_staleness); resume it with that version or start the stage again (resume=False)")
+        self.received = {int(d["step"]): (groups_from_state(d, self.mixture), int(d["version"])) for d in saved}
 
 
 def groups_to_state(groups: ScoredGroups) -> dict[str, Any]:
@@ -90,7 +162,8 @@ def groups_to_state(groups: ScoredGroups) -> dict[str, Any]:
     rewards = [[None if math.isnan(v) else v for v in row] for row in groups.rewards_per_func.tolist()]
     return {
         "positions": groups.positions,
-        "rollouts": [[r.prompt_ids, r.completion_ids, r.logprobs, r.truncated, r.text] for r in groups.rollouts],
+        "rollouts": [[r.prompt_ids, r.completion_ids, r.logprobs, r.truncated, r.text, r.ref_logprobs]
+                     for r in groups.rollouts],
         "rewards_per_func": rewards,
         "truncated": groups.truncated,
     }
@@ -99,6 +172,6 @@ def groups_to_state(groups: ScoredGroups) -> dict[str, Any]:
 def groups_from_state(saved: dict[str, Any], mixture: Mixture) -> ScoredGroups:
     positions = saved["positions"]
     rows = [mixture.rows[i] for i in mixture.rows_at(positions[0], len(positions))]
-    rollouts = [Rollout(list(p), list(c), lp, bool(t), text) for p, c, lp, t, text in saved["rollouts"]]
+    rollouts = [Rollout(list(p), list(c), lp, bool(t), text, *ref) for p, c, lp, t, text, *ref in saved["rollouts"]]
     rewards = torch.tensor([[math.nan if v is None else v for v in row] for row in saved["rewards_per_func"]])
     return ScoredGroups(list(positions), rows, rollouts, rewards, list(saved["truncated"]))

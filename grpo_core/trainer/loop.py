@@ -34,7 +34,7 @@ from grpo_core.loss import combine_rewards, compute_group_advantages
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.rewards.scoring import resolve_reward
-from grpo_core.trainer.async_rollouts import NextRollouts, groups_from_state, groups_to_state, split_cpus
+from grpo_core.trainer.async_rollouts import NextRollouts, ReferenceLogps, split_cpus
 from grpo_core.trainer.distributed import gather_objects
 from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded
 from grpo_core.trainer.metrics import completion_metrics, reward_metrics
@@ -135,7 +135,8 @@ def train_grpo(
     names = mixture.reward_names
     model, loaded = load_policy("grpo", model_path, output_dir, config, ctx, resume=resume)
     ref_model = None
-    if config.beta > 0.0:  # the reference model exists only when the KL term does
+    ref_on_sampler = config.beta > 0.0 and config.async_rollouts and config.async_reference_on_sampler
+    if config.beta > 0.0 and not ref_on_sampler:  # the reference model exists only when the KL term does
         ref_model = load_trained_model(model_path, config, ctx, trainable=False)  # sharded like the policy
     num_updates = (config.steps_per_generation or 1) * config.num_iterations
     initial = {"step": 0, "stream_position": 0, "optimizer_steps": 0, "log_history": []}
@@ -145,14 +146,17 @@ def train_grpo(
         kind = backend_kind(config.use_vllm)
         start_path = loaded.path if loaded else model_path
         opts = backend_options(config, kind, ctx.device, model.config)
+        pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if config.async_rollouts:  # the sampler in its own process (trainer/async_rollouts.py)
             from grpo_core.generation.process import ProcessBackend
 
             sampler_cpus, trainer_threads = split_cpus(config.async_sampler_threads, ctx.device)
             if trainer_threads is not None:
                 torch.set_num_threads(trainer_threads)
+            reference = ReferenceLogps(str(model_path), config, pad_token_id, str(ctx.device)) if ref_on_sampler else None
             backend = ProcessBackend(kind, str(start_path), timeout=config.async_sampler_timeout,
-                                     torch_num_threads=config.async_sampler_threads, cpus=sampler_cpus, **opts)
+                                     torch_num_threads=config.async_sampler_threads, cpus=sampler_cpus,
+                                     annotate=reference, **opts)
         elif is_sharded(model) and kind == "hf":  # sample from a full replica: a sharded module decodes only in lockstep
             replica = load_model(start_path, ctx.device).eval().requires_grad_(False)
             backend = ReplicaBackend(make_backend("hf", str(start_path), model=replica, tokenizer=tokenizer, **opts), replica)
@@ -162,8 +166,10 @@ def train_grpo(
         # trainer's log-probs: its weights would be 1 but for float rounding, so the correction is skipped.
         sampler_is_trainer = kind == "hf" and not is_sharded(model) and not config.async_rollouts
         sampling_correction = config.vllm_importance_sampling_correction and not sampler_is_trainer
-        pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        next_rollouts = NextRollouts(backend, tokenizer, mixture, config, ctx) if config.async_rollouts else None
+        next_rollouts = None
+        if config.async_rollouts:  # the rounds a checkpoint carries (generated with weights older than it)
+            next_rollouts = NextRollouts(backend, tokenizer, mixture, config, ctx)
+            next_rollouts.load_state(state.pop("next_rollouts", []))
 
         metrics: dict[str, Any] = state["log_history"][-1] if state["log_history"] else {}
         try:
@@ -172,17 +178,22 @@ def train_grpo(
                 timings: dict[str, float] = {}
 
                 def generate(position: int, count: int) -> Any:
+                    if next_rollouts is not None:  # the sampler answers in order: the rounds in flight first
+                        next_rollouts.collect(timings)
                     return generate_groups(backend, tokenizer, mixture, position, count, step, config, ctx, timings)
 
                 def combine(g: Any) -> torch.Tensor:  # [P*G] each completion weighted by its own source
                     return combine_rewards(g.rewards_per_func, mixture.row_weights(g.rows, config.num_generations))
 
-                saved = state.pop("next_rollouts", None)  # async: generated during the previous step
-                first = groups_from_state(saved, mixture) if saved is not None else None
+                planned = next_rollouts.take(step) if next_rollouts is not None else None  # async: generated earlier
+                first, staleness = (planned[0], step - 1 - planned[1]) if planned else (None, 0)
                 groups, generated, position, rounds = collect_step_groups(generate, state["stream_position"], config,
                                                                           combine, first=first)
-                if next_rollouts is not None and step < config.max_steps:
-                    next_rollouts.submit(position, step + 1)  # with the weights the sampler holds: step - 1's
+                if next_rollouts is not None:  # the steps up to k ahead, with the weights the sampler holds: step - 1's
+                    for ahead in range(step + 1, min(step + config.async_max_staleness, config.max_steps) + 1):
+                        if not next_rollouts.planned(ahead):
+                            next_rollouts.submit(position, ahead, version=step - 1)
+                            position += config.prompts_per_step
                 release_memory(backend)  # vllm_enable_sleep_mode: the engine sleeps until update_weights wakes it
                 generated_rewards = combine(generated)  # [P*G]
                 _, group_metrics = compute_group_advantages(generated_rewards, config.num_generations,
@@ -198,8 +209,11 @@ def train_grpo(
                 train_start = time.perf_counter()
                 update_metrics = optimise(model, ref_model, run.optimizer, run.scheduler, batch, config, ctx,
                                           sampling_correction=sampling_correction)
-                if next_rollouts is not None and step < config.max_steps:  # kept in the state: a checkpoint carries them
-                    state["next_rollouts"] = groups_to_state(next_rollouts.collect(timings))
+                if next_rollouts is not None:  # the next step's round; at a checkpoint every round in flight
+                    saves = run.saves_at(step)
+                    next_rollouts.collect(timings, until=None if saves else step + 1)
+                    if saves:
+                        state["next_rollouts"] = next_rollouts.to_state()
                 backend.update_weights(model)  # the next step samples from the updated policy
                 end = time.perf_counter()
 
@@ -226,8 +240,10 @@ def train_grpo(
                     "tokens_per_second": num_tokens / (end - start),
                 }
                 if config.async_rollouts:
-                    metrics["async/staleness"] = 0.0 if first is None else 1.0
+                    metrics["async/staleness"] = float(staleness)
                     metrics["time/wait_sampler"] = timings.get("time/wait_sampler", 0.0)
+                    metrics["time/sampler_generate"] = timings.get("time/sampler_generate", 0.0)
+                    metrics["time/sampler_reference"] = timings.get("time/sampler_annotate", 0.0)
                 if config.dynamic_sampling:
                     metrics["dynamic_sampling/rounds"] = float(rounds)
                     metrics["dynamic_sampling/kept_groups"] = float(len(groups))

@@ -130,10 +130,12 @@ def collect_step_groups(
 ) -> tuple[ScoredGroups, ScoredGroups, int, int]:
     """``(train_groups, all_generated, new_position, rounds)``; ``generate(position, count)`` makes groups,
     ``combine(groups)`` gives their completions' combined rewards ``[P*G]``; ``first``: the first round's
-    groups when already generated (asynchronous rollouts)."""
+    groups when already generated (asynchronous rollouts: their stream positions were taken when they were
+    submitted, so ``position``, the next free one, is not advanced for them)."""
     P, G = config.prompts_per_step, config.num_generations
-    first = generate(position, P) if first is None else first
-    position += P
+    if first is None:
+        first = generate(position, P)
+        position += P
     if not config.dynamic_sampling:
         return first, first, position, 1
     generated = first

@@ -245,8 +245,12 @@ class TrainingRun:
             self.progress.update(step, **progress)
             if metrics is not None:
                 call_callbacks(self.callbacks, "on_step", step, self.max_steps, metrics)
-        if step % self.config.save_steps == 0 or step == self.max_steps:
+        if self.saves_at(step):
             self.save_checkpoint(step)
+
+    def saves_at(self, step: int) -> bool:
+        """Whether ``end_step(step)`` writes a checkpoint (every ``save_steps`` and at ``max_steps``)."""
+        return step % self.config.save_steps == 0 or step == self.max_steps
 
     def save_checkpoint(self, step: int) -> None:
         full_model, full_optim = None, None

@@ -8,7 +8,8 @@ the summed gradients over micro-batches and ranks are exactly the full-batch gra
 
 Old log-probs are computed once before the first update when the batch is reused (mu > 1 or several
 optimiser steps per generation); otherwise the ratio is 1 and the loss detaches (TRL does the same).
-Reference log-probs exist only when ``beta > 0``.
+Reference log-probs exist only when ``beta > 0``; when every rollout carries its own (``Rollout.ref_logprobs``,
+computed by the asynchronous sampler process) the batch takes those and no reference forward runs here.
 
 Sampler correction (``optimise(sampling_correction=True)``, TRL's ``vllm_importance_sampling_correction``):
 each token's policy term is weighted by ``compute_sampling_correction(old, sampler)``, where ``old`` is
@@ -65,6 +66,8 @@ def build_train_batch(
     completion_mask = torch.zeros((n, tc), dtype=torch.long)  # [N, Tc]
     has_logps = all(r.logprobs is not None for r in rollouts)
     sampling_logps = torch.zeros((n, tc)) if has_logps else None  # [N, Tc]
+    has_ref = all(r.ref_logprobs is not None for r in rollouts)
+    ref_logps = torch.zeros((n, tc)) if has_ref else None  # [N, Tc] 0 on padding, as the loss masks it
     for i, r in enumerate(rollouts):
         if r.prompt_ids:
             prompt_ids[i, lp - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
@@ -74,11 +77,14 @@ def build_train_batch(
             completion_mask[i, : len(r.completion_ids)] = 1
             if sampling_logps is not None:
                 sampling_logps[i, : len(r.completion_ids)] = torch.tensor(r.logprobs)
+            if ref_logps is not None:
+                ref_logps[i, : len(r.completion_ids)] = torch.tensor(r.ref_logprobs)
     loss_mask = completion_mask.clone()
     if mask_truncated:  # DAPO's overlong filtering: a cut-off completion teaches nothing about its ending
         truncated = torch.tensor([r.truncated for r in rollouts])  # [N]
         loss_mask[truncated] = 0
-    return TrainBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, loss_mask, advantages, sampling_logps)
+    return TrainBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, loss_mask, advantages, sampling_logps,
+                      ref_logps=ref_logps)
 
 
 def _token_logps(
@@ -161,8 +167,8 @@ def optimise(
 
     if config.num_iterations > 1 or num_chunks > 1:
         batch.old_logps = compute_batch_logps(model, batch, local_idx, config, ctx.device, ctx)
-    if config.beta > 0.0:
-        assert ref_model is not None, "beta > 0 needs a reference model"
+    if config.beta > 0.0 and batch.ref_logps is None:  # else the sampler computed them (async_rollouts)
+        assert ref_model is not None, "beta > 0 needs a reference model or rollouts carrying ref_logprobs"
         batch.ref_logps = compute_batch_logps(ref_model, batch, local_idx, config, ctx.device, ctx)
 
     bs = config.per_device_train_batch_size

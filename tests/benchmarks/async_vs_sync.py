@@ -10,8 +10,10 @@ steps: completions then stop early as the stage's do, rather than running to the
 Configurations, each in a fresh child process (``--steps`` GRPO steps, no checkpoints, no reporting):
 ``sync_t1`` and ``sync_t2`` (the synchronous stage at 1 and 2 torch threads: its best is the baseline) and
 ``async`` (``async_rollouts: true``: the trainer at 1 thread, the sampler process at ``async_sampler_threads``
-1, each pinned to a core of its own by ``grpo_core.generation.process``). Rounds are interleaved (sync_t1,
-sync_t2, async, then reversed) so load from other processes hits every configuration alike.
+1, each pinned to a core of its own by ``grpo_core.generation.process``; the sampler also computes the reference
+log-probs) and ``async_ref_trainer`` (the same with ``async_reference_on_sampler: false``: the trainer runs the
+reference forward, as before). Rounds are interleaved (in order, then reversed) so load from other processes hits
+every configuration alike. ``sampler gen s`` / ``sampler ref s``: the sampler process's own seconds per step.
 
 s/step is the median wall time between consecutive step ends over steps 2..N-1 of every child: step 1 is
 warm-up (and, asynchronous, generates its own rollouts: nothing ran before it), and the asynchronous run's last
@@ -36,7 +38,7 @@ from typing import Any
 from _child import REPO, launch
 
 CONFIG = REPO / "configs" / "tiny-cpu.yaml"
-RUNS = ("sync_t1", "sync_t2", "async")
+RUNS = ("sync_t1", "sync_t2", "async", "async_ref_trainer")
 
 
 def stage_inputs(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
@@ -83,7 +85,8 @@ def run_child(spec: dict[str, Any]) -> None:
 
     section = _fields(load_config(CONFIG).grpo_train, GRPOConfig)
     config = GRPOConfig(**{**section, "max_steps": spec["steps"], "save_steps": 10**6, "report_to": [],
-                           "torch_num_threads": spec["threads"], "async_rollouts": spec["async"]})
+                           "torch_num_threads": spec["threads"], "async_rollouts": spec["async"],
+                           "async_reference_on_sampler": spec.get("ref_on_sampler", True)})
     steps: list[dict[str, float]] = []
     last = [time.perf_counter()]
 
@@ -92,6 +95,8 @@ def run_child(spec: dict[str, Any]) -> None:
             now = time.perf_counter()
             steps.append({"wall": now - last[0], "generate": metrics["time/generate"], "train": metrics["time/train"],
                           "wait_sampler": metrics.get("time/wait_sampler", 0.0),
+                          "sampler_generate": metrics.get("time/sampler_generate", 0.0),
+                          "sampler_reference": metrics.get("time/sampler_reference", 0.0),
                           "length": metrics["completions/mean_length"]})
             last[0] = now
 
@@ -113,7 +118,8 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, float] | None:
         return None
     med = lambda key: statistics.median(s[key] for s in steps)  # noqa: E731
     return {"s_per_step": med("wall"), "generate_s": med("generate"), "train_s": med("train"),
-            "wait_sampler_s": med("wait_sampler"), "completion_length": med("length"), "steps_measured": len(steps)}
+            "wait_sampler_s": med("wait_sampler"), "sampler_generate_s": med("sampler_generate"),
+            "sampler_reference_s": med("sampler_reference"), "completion_length": med("length"), "steps_measured": len(steps)}
 
 
 def main() -> None:
@@ -134,20 +140,23 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="async_vs_sync_"))
     model_path, rows_path = stage_inputs(args, work)
     specs = {"sync_t1": {"threads": 1, "async": False}, "sync_t2": {"threads": 2, "async": False},
-             "async": {"threads": 1, "async": True}}
+             "async": {"threads": 1, "async": True},
+             "async_ref_trainer": {"threads": 1, "async": True, "ref_on_sampler": False}}
     results: dict[str, list[dict[str, Any]]] = {run: [] for run in RUNS}
-    print(f"{'run':<8} {'rnd':>3} {'s/step':>7} {'gen s':>6} {'train s':>7} {'wait s':>6}", flush=True)
+    print(f"{'run':<17} {'rnd':>3} {'s/step':>7} {'gen s':>6} {'train s':>7} {'wait s':>6} {'sampler gen s':>13} "
+          f"{'sampler ref s':>13}", flush=True)
     for rnd in range(args.rounds):
         for run in (RUNS if rnd % 2 == 0 else tuple(reversed(RUNS))):
             spec = {**specs[run], "steps": args.steps, "model_path": str(model_path), "rows_path": str(rows_path)}
             r = launch(str(Path(__file__).resolve()), spec, args.timeout)
             results[run].append(r)
             if "error" in r:
-                print(f"{run:<8} {rnd:>3} failed: {r['error']}", flush=True)
+                print(f"{run:<17} {rnd:>3} failed: {r['error']}", flush=True)
                 continue
             s = summarise([r])
-            print(f"{run:<8} {rnd:>3} {s['s_per_step']:>7.2f} {s['generate_s']:>6.2f} {s['train_s']:>7.2f} "
-                  f"{s['wait_sampler_s']:>6.2f}", flush=True)
+            print(f"{run:<17} {rnd:>3} {s['s_per_step']:>7.2f} {s['generate_s']:>6.2f} {s['train_s']:>7.2f} "
+                  f"{s['wait_sampler_s']:>6.2f} {s['sampler_generate_s']:>13.2f} {s['sampler_reference_s']:>13.2f}",
+                  flush=True)
     summary = {run: summarise(rs) for run, rs in results.items()}
     sync = {run: v for run, v in summary.items() if run.startswith("sync") and v is not None}
     out: dict[str, Any] = {"runs": summary, "steps_per_child": args.steps, "rounds": args.rounds,
@@ -158,6 +167,8 @@ def main() -> None:
         out["best_sync"] = best
         if summary["async"] is not None:
             out["async_speedup"] = sync[best]["s_per_step"] / summary["async"]["s_per_step"]
+        if summary["async_ref_trainer"] is not None:
+            out["async_ref_trainer_speedup"] = sync[best]["s_per_step"] / summary["async_ref_trainer"]["s_per_step"]
         if "sync_t1" in sync:
             gen, train = sync["sync_t1"]["generate_s"], sync["sync_t1"]["train_s"]
             out["bound"] = (gen + train) / max(gen, train)

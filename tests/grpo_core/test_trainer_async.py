@@ -53,7 +53,7 @@ def tiny_path(tmp_path_factory):
 
 
 def test_async_rollouts_are_one_step_stale_corrected_and_resume_exactly(tmp_path, tiny_path):
-    config = async_config()
+    config = async_config(beta=0.04)  # the reference log-probs come from the sampler and ride in the checkpoint
     train_grpo(config, tiny_path, ROWS, tmp_path / "full", reward_funcs=[digit_fraction], resume=False)
     metrics = read_metrics(tmp_path / "full")
     assert [m["async/staleness"] for m in metrics] == [0.0, 1.0, 1.0, 1.0]
@@ -77,9 +77,84 @@ def test_async_rollouts_are_one_step_stale_corrected_and_resume_exactly(tmp_path
         assert torch.equal(full[name], again[name]), name
 
 
-def test_async_rollouts_keep_dynamic_sampling(tmp_path, tiny_path):
-    config = async_config(max_steps=2, dynamic_sampling=True, max_dynamic_sampling_rounds=2, save_steps=100)
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_async_rollouts_keep_dynamic_sampling(tmp_path, tiny_path, staleness):
+    config = async_config(max_steps=staleness + 1, dynamic_sampling=True, max_dynamic_sampling_rounds=2,
+                          save_steps=100, async_max_staleness=staleness)
     train_grpo(config, tiny_path, ROWS, tmp_path, reward_funcs=[digit_fraction], resume=False)
     metrics = read_metrics(tmp_path)
-    assert [m["async/staleness"] for m in metrics] == [0.0, 1.0]
+    assert [m["async/staleness"] for m in metrics] == [float(k) for k in range(staleness + 1)]
     assert all(m["dynamic_sampling/rounds"] >= 1 for m in metrics)
+
+
+def test_sampler_reference_logps_equal_the_trainers(tiny_path):
+    """The sampler scores each round with its own padding; the trainer would score the step's batch with another
+    (and other micro-batches): the values agree to float rounding."""
+    from transformers import AutoTokenizer
+
+    from grpo_core.generation import make_backend
+    from grpo_core.trainer.async_rollouts import ReferenceLogps
+    from grpo_core.trainer.skeleton import load_model
+    from grpo_core.trainer.update import build_train_batch, compute_batch_logps
+
+    config = async_config(beta=0.04, per_device_train_batch_size=3, max_completion_length=8)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_path)
+    model = load_model(tiny_path, torch.device("cpu")).eval()
+    backend = make_backend("hf", str(tiny_path), model=model, tokenizer=tokenizer)
+    prompts = [tokenizer(text)["input_ids"] for text in ("1+1=", "12+345=", "6*7=", "1234+5678-9=")]
+    sample = dict(n=3, temperature=1.0, top_p=1.0, top_k=0)  # a round's completions: 8 tokens, then 5 (a random
+    rounds = [backend.generate(prompts[:2], max_tokens=8, seeds=[1, 2, 3, 4, 5, 6], **sample),  # model rarely stops)
+              backend.generate(prompts[2:], max_tokens=5, seeds=[7, 8, 9, 10, 11, 12], **sample)]
+    reference = ReferenceLogps(str(tiny_path), config, tokenizer.pad_token_id or tokenizer.eos_token_id)
+    reference.load()
+    rollouts = [r for part in rounds for r in reference(part)]
+    for lengths in ({len(r.prompt_ids) for r in rollouts}, {len(r.completion_ids) for r in rollouts}):
+        assert len(lengths) > 1, "the test needs prompts and completions of different lengths (other padding)"
+
+    batch = build_train_batch(rollouts, torch.zeros(len(rollouts)), tokenizer.eos_token_id, mask_truncated=False)
+    trainer = compute_batch_logps(model, batch, list(range(len(rollouts))), config.model_copy(
+        update={"per_device_train_batch_size": 5}), torch.device("cpu"))  # [N, Tc]
+    assert batch.ref_logps is not None  # taken from the rollouts: the trainer would run no reference forward
+    mask = batch.completion_mask.bool()
+    assert torch.allclose(batch.ref_logps[mask], trainer[mask], atol=1e-5, rtol=0)
+    assert float(batch.ref_logps[mask].abs().min()) > 0  # real log-probs, not the padding's zeros
+
+
+def test_reference_on_the_sampler_gives_the_trainers_kl_and_loss(tmp_path, tiny_path):
+    runs = {}
+    for on_sampler in (True, False):
+        config = async_config(beta=0.04, max_steps=3, save_steps=100, async_reference_on_sampler=on_sampler)
+        train_grpo(config, tiny_path, ROWS, tmp_path / str(on_sampler), reward_funcs=[digit_fraction], resume=False)
+        runs[on_sampler] = read_metrics(tmp_path / str(on_sampler))
+    for sampler, trainer in zip(runs[True], runs[False]):
+        assert sampler["kl"] > 0 and trainer["kl"] > 0 or sampler["step"] == 1  # step 1: policy == reference
+        assert sampler["kl"] == pytest.approx(trainer["kl"], rel=1e-4, abs=1e-9)
+        assert sampler["loss"] == pytest.approx(trainer["loss"], rel=1e-4, abs=1e-7)
+        assert sampler["reward"] == trainer["reward"]
+
+
+def test_two_steps_of_staleness_are_logged_and_resume_exactly(tmp_path, tiny_path):
+    """async_max_staleness 2: step n trains on rollouts of the weights of step n-3; a checkpoint collects every
+    round in flight, so a crash and resume give the same rollouts and the same weights, bit for bit."""
+    config = async_config(beta=0.04, async_max_staleness=2, max_steps=5, save_steps=2)
+    train_grpo(config, tiny_path, ROWS, tmp_path / "full", reward_funcs=[digit_fraction], resume=False)
+    metrics = read_metrics(tmp_path / "full")
+    assert [m["async/staleness"] for m in metrics] == [0.0, 1.0, 2.0, 2.0, 2.0]
+    one_step = async_config(beta=0.04, max_steps=5, save_steps=100)
+    train_grpo(one_step, tiny_path, ROWS, tmp_path / "k1", reward_funcs=[digit_fraction], resume=False)
+    k1 = read_metrics(tmp_path / "k1")
+    gap = "sampling/sampling_logp_difference/mean"  # the sampler's log-probs against the trainer's
+    assert [m[gap] for m in metrics[:2]] == [m[gap] for m in k1[:2]]  # the same rollouts and weights so far
+    assert metrics[2][gap] != k1[2][gap]  # step 3: sampled by the weights of step 0 (k=2), of step 1 (k=1)
+
+    with pytest.raises(RuntimeError, match="crash at step 3"):
+        train_grpo(config, tiny_path, ROWS, tmp_path / "crash", reward_funcs=[digit_fraction], resume=False,
+                   callbacks=[CrashAt(3)])
+    train_grpo(config, tiny_path, ROWS, tmp_path / "crash", reward_funcs=[digit_fraction], resume=True)
+    resumed = read_metrics(tmp_path / "crash")
+    assert [m["reward"] for m in resumed] == [m["reward"] for m in metrics]
+    assert [m["loss"] for m in resumed] == [m["loss"] for m in metrics]
+    full = load_file(tmp_path / "full" / "final" / "model.safetensors")
+    again = load_file(tmp_path / "crash" / "final" / "model.safetensors")
+    for name in full:
+        assert torch.equal(full[name], again[name]), name
