@@ -107,7 +107,7 @@ def fmt(value: float | None, pattern: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--store", required=True, help="store of finished embedded-default runs")
+    parser.add_argument("--store", help="store of finished embedded-default runs (required)")
     parser.add_argument("--runs", nargs="+", default=["mix-seed0", "mix-seed1", "mix-seed2"])
     parser.add_argument("--steps", type=int, default=0, help="GRPO steps (0: the run's max_steps)")
     parser.add_argument("--eval-rows", type=int, default=0, help="held-out rows per source (0: the run's "
@@ -117,8 +117,10 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per child")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
+    if args.child:  # a child gets its spec only
         return run_child(json.loads(args.child))
+    if not args.store:
+        parser.error("--store is required: the store of finished `r1 run --seed N --run mix-seedN` runs")
     from tasks.store import Store
 
     store = Store(args.store, check=False)
