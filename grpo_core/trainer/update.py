@@ -21,6 +21,7 @@ log-probs, ``sampling/importance_sampling_ratio/*`` when the weights are applied
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,9 +168,12 @@ def optimise(
 
     if config.num_iterations > 1 or num_chunks > 1:
         batch.old_logps = compute_batch_logps(model, batch, local_idx, config, ctx.device, ctx)
+    reference_s = 0.0  # the reference forward's seconds here (0 when the sampler computed them)
     if config.beta > 0.0 and batch.ref_logps is None:  # else the sampler computed them (async_rollouts)
         assert ref_model is not None, "beta > 0 needs a reference model or rollouts carrying ref_logprobs"
+        start = time.perf_counter()
         batch.ref_logps = compute_batch_logps(ref_model, batch, local_idx, config, ctx.device, ctx)
+        reference_s = time.perf_counter() - start
 
     bs = config.per_device_train_batch_size
     sharded = is_sharded(model)
@@ -222,7 +226,8 @@ def optimise(
             add("learning_rate", scheduler.get_last_lr()[0] / ctx.world_size)  # summed over ranks below
             grad_norm = optimizer_step(model, optimizer, scheduler, config.max_grad_norm, ctx)
             add("grad_norm", grad_norm / ctx.world_size)
-    return _reduce_metrics(sums, extremes, num_updates=config.num_iterations * num_chunks, ctx=ctx)
+    return {**_reduce_metrics(sums, extremes, num_updates=config.num_iterations * num_chunks, ctx=ctx),
+            "time/reference": reference_s}
 
 
 _DIFF, _RATIO = "sampling/sampling_logp_difference/", "sampling/importance_sampling_ratio/"

@@ -120,7 +120,7 @@ def test_metrics_and_off_policy_iterations(tmp_path, tiny_path):
         "reward", "reward_std", "rewards/digit_fraction/mean", "rewards/digit_fraction/std", "frac_reward_zero_std",
         "completions/mean_length", "completions/max_length", "completions/clipped_ratio", "kl", "entropy",
         "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "grad_norm", "learning_rate",
-        "loss", "time/generate", "time/reward", "time/train", "tokens_per_second",
+        "loss", "time/generate", "time/reward", "time/train", "time/reference", "tokens_per_second",
         "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
         "completions/reflection_rate", "completions/mean_steps", "completions/backtrack_rate",
         "completions/direct_rate",
@@ -128,6 +128,7 @@ def test_metrics_and_off_policy_iterations(tmp_path, tiny_path):
     assert expected <= set(metrics[0])
     # 4 optimiser steps per step; warmup 1 then cosine over 8: step 1 averages lr 0, 1.0, cos(1/7 pi)...
     assert metrics[0]["learning_rate"] < config.learning_rate
+    assert 0.0 < metrics[0]["time/reference"] < metrics[0]["time/train"]  # beta > 0: the reference forward runs here
     # The backend's log-probs are the trainer's (same fp32 weights): float rounding only.
     assert metrics[0]["sampling/sampling_logp_difference/max"] < 1e-4
     # ... so the correction is skipped: no weights applied, none logged.

@@ -59,6 +59,7 @@ def test_async_rollouts_are_one_step_stale_corrected_and_resume_exactly(tmp_path
     assert [m["async/staleness"] for m in metrics] == [0.0, 1.0, 1.0, 1.0]
     for m in metrics:  # the sampler process is not the trainer's forward: the correction acts and is logged
         assert 0.0 < m["sampling/importance_sampling_ratio/min"] <= m["sampling/importance_sampling_ratio/max"] <= 2.0
+        assert m["time/reference"] == 0.0  # the trainer runs no reference forward: the sampler process does
     # step 1 samples the trainer's own weights (float rounding only); later steps sample the previous weights
     assert metrics[0]["sampling/sampling_logp_difference/max"] < 1e-4
     assert metrics[2]["sampling/sampling_logp_difference/max"] > 1e-3
