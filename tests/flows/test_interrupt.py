@@ -43,6 +43,12 @@ def _r1(*args: str) -> list[str]:
     return [sys.executable, "-c", "from flows.cli import main; main()", *args]
 
 
+def _as_in_a_terminal() -> None:
+    """SIGINT handled as in a terminal: a command started in the background by a non-interactive shell (CI run
+    as ``bash .ci/run &``) inherits SIGINT ignored, and Python then never turns it into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _alive(procs: list[psutil.Process]) -> list[str]:
     left = []
     for p in procs:
@@ -60,7 +66,8 @@ def test_ctrl_c_stops_in_seconds_cancels_and_resumes(tmp_path):
     log = tmp_path / "run.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(_r1("run", "-c", str(config), "--run", RUN, "--store", str(store)), cwd=REPO,
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_as_in_a_terminal)
     checkpoints = store / RUN / "grpo_train" / "_checkpoints"
     deadline = time.monotonic() + 600
     while not list(checkpoints.glob("*/checkpoint-*/_COMPLETE")):
