@@ -84,6 +84,11 @@ class SFTConfig(OptimConfig):
     num_train_epochs: float = Field(1.0, gt=0, description="used when max_steps is not set explicitly")
     max_length: int = Field(1024, gt=0, description="prompt + completion tokens; longer rows are truncated")
     completion_only_loss: bool = True
+    group_by_length: bool = Field(
+        True, description="cut each optimiser step's rows into micro-batches of per_device_train_batch_size after "
+        "sorting them by length, so short rows are not padded to the longest: the same gradient (the loss is "
+        "normalised over the step's tokens) for less compute when gradient_accumulation_steps > 1. Transformers' "
+        "option of this name groups rows of similar length into the same steps instead")
     sources: list["SourceWeight"] = Field(
         default_factory=list, description="a data mixture: train on the rows of these sources only, each with its "
         "share of every epoch's rows (a source smaller than its share repeats, a larger one is subsampled); empty = "

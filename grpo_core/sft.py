@@ -7,8 +7,10 @@ The loss is the mean next-token cross-entropy over completion tokens only (TRL's
 tokenizer's chat template and its generation prompt, the completion follows and ends with EOS, the
 same token layout generation and GRPO see. An optimiser step averages over every completion token of
 its ``per_device_train_batch_size x gradient_accumulation_steps`` rows (token-weighted, not
-micro-batch-weighted). The cross-entropy is ``-log p`` from ``grpo_core.logprobs.compute_token_logps``:
-the LM head runs ``logprob_chunk_size`` rows at a time, so the ``[B, L, V]`` fp32 logits never exist.
+micro-batch-weighted), so ``group_by_length`` may cut the step's rows into micro-batches in length order
+(less padding) without changing the gradient. The cross-entropy is ``-log p`` from
+``grpo_core.logprobs.compute_token_logps``: the LM head runs ``logprob_chunk_size`` rows at a time, so the
+``[B, L, V]`` fp32 logits never exist.
 
 Everything else is the skeleton GRPO uses (``grpo_core.trainer.skeleton``): AdamW with weight-decay
 groups, the schedule, verified atomic checkpoints (``output_dir/checkpoint-{step}``, whose
@@ -172,8 +174,10 @@ def _accumulate_gradients(model: torch.nn.Module, rows: list[tuple[list[int], li
     num_tokens = sum(count_label_tokens(labels) for _, labels in rows)  # global: every rank has every row
     sharded = is_sharded(model)
     local_loss = 0.0
-    for mb in micro_batches(shard(list(range(len(rows))), ctx), config.per_device_train_batch_size,
-                            ctx if sharded else None):
+    local = shard(list(range(len(rows))), ctx)  # this rank's contiguous share, in stream order
+    if config.group_by_length:  # shortest first: each micro-batch pads to its own longest row
+        local = sorted(local, key=lambda i: len(rows[i][0]))
+    for mb in micro_batches(local, config.per_device_train_batch_size, ctx if sharded else None):
         batch = collate([rows[i] for i in mb or [0]], pad_id)  # [] = FSDP filler: run, add 0
         batch = {k: v.to(ctx.device) for k, v in batch.items()}
         with autocast(config, ctx.device):

@@ -189,3 +189,29 @@ def test_epochs_when_max_steps_not_set(tiny, rows, tmp_path):
     assert train_sft(cfg, tiny, rows, tmp_path)["train/steps"] == 4  # 2 epochs x 8 rows / 4
     with pytest.raises(ValueError, match="no rows"):
         train_sft(cfg, tiny, [], tmp_path)
+
+
+def test_group_by_length_pads_less_for_the_same_gradient(tiny, tmp_path, monkeypatch):
+    """Micro-batches cut from the step's rows in length order: fewer padded positions, the same update (the loss
+    is normalised over the step's tokens, so only float summation order differs)."""
+    import grpo_core.sft as sft
+
+    mixed = make_cold_start_rows(make_chain_rows(24, seed=3), direct_fraction=0.5, seed=3)  # short and long rows
+    counters, weights = {}, {}
+    real_collate = sft.collate
+    for grouped in (False, True):
+        counters[grouped] = 0
+
+        def counting_collate(examples, pad_token_id, _key=grouped):  # the [B, L] positions each forward runs
+            batch = real_collate(examples, pad_token_id)
+            counters[_key] += batch["input_ids"].numel()
+            return batch
+
+        monkeypatch.setattr(sft, "collate", counting_collate)
+        cfg = _config(max_steps=3, per_device_train_batch_size=2, gradient_accumulation_steps=4,
+                      group_by_length=grouped)
+        train_sft(cfg, tiny, mixed, tmp_path / str(grouped))
+        weights[grouped] = load_file(tmp_path / str(grouped) / "final" / "model.safetensors")
+    assert counters[True] < 0.9 * counters[False], counters
+    for name in weights[False]:
+        torch.testing.assert_close(weights[True][name], weights[False][name], atol=1e-5, rtol=1e-4)
