@@ -46,6 +46,17 @@ def learning_table(rows: list[tuple[int, float, dict[str, dict[str, float]]]]) -
     return lines, all(passed) and spread <= 0.10
 
 
+def pass_at_1_table(rows: list[tuple[int, float, dict[str, dict[str, float]]]]) -> list[str]:
+    """The R1 paper's measure beside the greedy one: ``eval/pass@1`` per model stage (the mean correctness of the
+    evaluation's samples, ``evaluate.num_samples`` per problem at ``evaluate.temperature``). Near 100% greedy, one
+    problem decides a comparison of stages; pass@1 still moves. Information, not a pass condition."""
+    lines = ["| seed | pass@1: cold-start SFT | GRPO | RS + SFT | final RL |", "|---|---|---|---|---|"]
+    for seed, _, m in rows:
+        cells = [f"{100 * m[s].get('eval/pass@1', float('nan')):.1f}" for s in MODEL_STAGES]
+        lines.append(f"| {seed} | {' | '.join(cells)} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--store", required=True)
@@ -69,6 +80,7 @@ def main() -> None:
         rows.append((seed, wall, m, ok))
     lines, learned = learning_table([(seed, wall, m) for seed, wall, m, _ in rows])
     print("\n".join(lines))
+    print("\n".join(pass_at_1_table([(seed, wall, m) for seed, wall, m, _ in rows])))
     print(json.dumps({"learning_passes": learned, "mixture_passes": sum(ok for *_, ok in rows)}))
     print("| seed | wall s | GRPO accuracy / rm score / preferred | final RL accuracy / rm score / preferred | passes |")
     print("|---|---|---|---|---|")

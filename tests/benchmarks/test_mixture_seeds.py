@@ -39,3 +39,10 @@ def test_each_condition_alone_fails_the_table():
     for name, row in cases.items():
         lines, ok = mixture_seeds.learning_table([row, GOOD[1]])
         assert not ok, name
+
+
+def test_pass_at_1_table_prints_every_stage_per_seed():
+    rows = [(seed, wall, {stage: {**metrics, "eval/pass@1": 0.1 * (i + 1) + 0.01 * seed}
+                          for i, (stage, metrics) in enumerate(m.items())}) for seed, wall, m in GOOD]
+    lines = mixture_seeds.pass_at_1_table(rows)
+    assert lines[2:] == ["| 0 | 10.0 | 20.0 | 30.0 | 40.0 |", "| 1 | 11.0 | 21.0 | 31.0 | 41.0 |"]
