@@ -96,7 +96,7 @@ def run_child(spec: dict[str, Any]) -> None:
         def on_step(self, step: int, max_steps: int, metrics: dict[str, float]) -> None:
             now = time.perf_counter()
             steps.append({"wall": now - last[0], "generate": metrics["time/generate"], "train": metrics["time/train"],
-                          "reference": metrics.get("time/reference", 0.0),
+                          "reference": metrics["time/reference"],
                           "wait_sampler": metrics.get("time/wait_sampler", 0.0),
                           "sampler_generate": metrics.get("time/sampler_generate", 0.0),
                           "sampler_reference": metrics.get("time/sampler_reference", 0.0),
@@ -147,8 +147,8 @@ def main() -> None:
              "async": {"threads": 1, "async": True},
              "async_ref_trainer": {"threads": 1, "async": True, "ref_on_sampler": False}}
     results: dict[str, list[dict[str, Any]]] = {run: [] for run in RUNS}
-    print(f"{'run':<17} {'rnd':>3} {'s/step':>7} {'gen s':>6} {'train s':>7} {'ref s':>5} {'wait s':>6} {'sampler gen s':>13} "
-          f"{'sampler ref s':>13}", flush=True)
+    print(f"{'run':<17} {'rnd':>3} {'s/step':>7} {'gen s':>6} {'train s':>7} {'ref s':>5} {'wait s':>6} "
+          f"{'sampler gen s':>13} {'sampler ref s':>13}", flush=True)
     for rnd in range(args.rounds):
         for run in (RUNS if rnd % 2 == 0 else tuple(reversed(RUNS))):
             spec = {**specs[run], "steps": args.steps, "model_path": str(model_path), "rows_path": str(rows_path)}
@@ -158,9 +158,9 @@ def main() -> None:
                 print(f"{run:<17} {rnd:>3} failed: {r['error']}", flush=True)
                 continue
             s = summarise([r])
-            print(f"{run:<17} {rnd:>3} {s['s_per_step']:>7.2f} {s['generate_s']:>6.2f} {s['train_s']:>7.2f} {s['reference_s']:>5.2f} "
-                  f"{s['wait_sampler_s']:>6.2f} {s['sampler_generate_s']:>13.2f} {s['sampler_reference_s']:>13.2f}",
-                  flush=True)
+            print(f"{run:<17} {rnd:>3} {s['s_per_step']:>7.2f} {s['generate_s']:>6.2f} {s['train_s']:>7.2f} "
+                  f"{s['reference_s']:>5.2f} {s['wait_sampler_s']:>6.2f} {s['sampler_generate_s']:>13.2f} "
+                  f"{s['sampler_reference_s']:>13.2f}", flush=True)
     summary = {run: summarise(rs) for run, rs in results.items()}
     sync = {run: v for run, v in summary.items() if run.startswith("sync") and v is not None}
     out: dict[str, Any] = {"runs": summary, "steps_per_child": args.steps, "rounds": args.rounds,

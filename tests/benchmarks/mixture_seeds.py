@@ -78,9 +78,10 @@ def main() -> None:
         ok = (m["final_rl"]["eval/preferred_rate"] >= m["grpo_train"]["eval/preferred_rate"] + 0.30
               and m["final_rl"]["eval/accuracy"] >= m["grpo_train"]["eval/accuracy"] - 0.02)
         rows.append((seed, wall, m, ok))
-    lines, learned = learning_table([(seed, wall, m) for seed, wall, m, _ in rows])
+    measured = [(seed, wall, m) for seed, wall, m, _ in rows]
+    lines, learned = learning_table(measured)
     print("\n".join(lines))
-    print("\n".join(pass_at_1_table([(seed, wall, m) for seed, wall, m, _ in rows])))
+    print("\n".join(pass_at_1_table(measured)))
     print(json.dumps({"learning_passes": learned, "mixture_passes": sum(ok for *_, ok in rows)}))
     print("| seed | wall s | GRPO accuracy / rm score / preferred | final RL accuracy / rm score / preferred | passes |")
     print("|---|---|---|---|---|")
