@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,14 @@ for _name, _value in (("HF_HUB_OFFLINE", "1"), ("PREFECT_SERVER_ANALYTICS_ENABLE
                       ("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"), ("OMP_WAIT_POLICY", "PASSIVE"),
                       ("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")):
     os.environ.setdefault(_name, _value)
+
+# pytest runs in two worker processes (pyproject's addopts, pytest-xdist): each gets its own stage work folder
+# and Prefect home, so that runs with the same name in the two, or two temporary Prefect servers, never share
+# files. Tests that need another place set their own.
+_PRIVATE = tempfile.mkdtemp(prefix=f"r1-tests-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
+atexit.register(shutil.rmtree, _PRIVATE, ignore_errors=True)
+os.environ.setdefault("R1_WORKDIR", os.path.join(_PRIVATE, "work"))
+os.environ.setdefault("PREFECT_HOME", os.path.join(_PRIVATE, "prefect-home"))
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("R1_SHARED_DATA", ROOT.parent / "shared" / "data"))
