@@ -24,6 +24,12 @@ does: (generate + train) / max(generate + reference, train - reference); ``bound
 ``async_ref_trainer`` (the reference stays with the trainer): (generate + train) / max(generate, train). The
 last line is JSON with ``async_speedup`` = best sync s/step / async s/step. Not a test: numbers depend on the
 machine and its load.
+
+Overlap pays only as far as the two cores are independent. ``core_contention`` measures that: two one-thread
+loops of the tiny model's matrix products, each pinned to a core of its own, run together, against each alone
+(mean slowdown; 1.0 = independent cores, 2.0 = one core's worth of arithmetic shared by two). Then
+``bound_contended`` = best sync s/step / (max(generate + reference, train - reference) x core_contention): the
+async speedup this machine allows once both sides run at the contended speed.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -126,6 +134,30 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, float] | None:
             "sampler_reference_s": med("sampler_reference"), "completion_length": med("length"), "steps_measured": len(steps)}
 
 
+_MATMUL_LOOP = """
+import os, sys, time, torch
+os.sched_setaffinity(0, {int(sys.argv[1])})
+torch.set_num_threads(1)
+x, w = torch.randn(64 * 40, 128), torch.randn(128, 384)
+t = time.perf_counter()
+for _ in range(100):
+    (x @ w).tanh_() @ w.T
+print(time.perf_counter() - t)
+"""
+
+
+def core_contention(repeats: int = 3) -> float:
+    """Mean slowdown of a one-thread matrix-product loop on each of cores 0 and 1 when both run at once."""
+    def loops(cores: tuple[int, ...]) -> list[float]:
+        procs = [subprocess.Popen([sys.executable, "-c", _MATMUL_LOOP, str(c)], stdout=subprocess.PIPE, text=True)
+                 for c in cores]
+        return [float(p.communicate()[0]) for p in procs]
+
+    alone = [statistics.median(loops((c,))[0] for _ in range(repeats)) for c in (0, 1)]
+    together = [loops((0, 1)) for _ in range(repeats)]
+    return statistics.mean(statistics.median(t[i] for t in together) / alone[i] for i in (0, 1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", help="store of a finished embedded-default run (with --run)")
@@ -177,6 +209,9 @@ def main() -> None:
             gen, train, ref = (sync["sync_t1"][k] for k in ("generate_s", "train_s", "reference_s"))
             out["bound"] = (gen + train) / max(gen + ref, train - ref)
             out["bound_ref_trainer"] = (gen + train) / max(gen, train)
+            if (os.cpu_count() or 1) >= 2:
+                out["core_contention"] = core_contention()
+                out["bound_contended"] = sync[best]["s_per_step"] / (max(gen + ref, train - ref) * out["core_contention"])
     print(json.dumps(out))
 
 
