@@ -26,7 +26,7 @@ from collections import Counter
 from typing import Any, Sequence
 
 from grpo_core.config import DatasetSource, ReadabilityConfig, TeacherSource, TraceSource
-from grpo_core.data import DataError, LoadStats, load_prompt_rows, read_records, to_messages
+from grpo_core.data import RAW_PROMPT, DataError, LoadStats, load_prompt_rows, raw_prompt_text, read_records, to_messages
 from grpo_core.readability import FILTERS, readability_reason, split_reasoning
 
 COUNTS = ("samples", "kept", "unverified", "duplicate", "over_limit")
@@ -53,7 +53,9 @@ class _Keeper:
         self.counts: Counter[str] = Counter()
         self.rows: list[dict[str, Any]] = []
 
-    def add_prompt(self, prompt: list[dict[str, str]], samples: Sequence[tuple[str, bool]]) -> None:
+    def add_prompt(self, prompt: list[dict[str, str]], samples: Sequence[tuple[str, bool]], raw: str | None = None
+                   ) -> None:
+        """``raw``: the prompt's text before its template (``RAW_PROMPT``, what decontamination compares)."""
         kept: list[str] = []
         for text, verified in samples:
             self.counts["samples"] += 1
@@ -72,7 +74,7 @@ class _Keeper:
                 name = reason.split(":", 1)[0]
                 self.counts[f"rejected/{name}" if name in FILTERS else name] += 1
         self.counts["kept"] += len(kept)
-        self.rows += [{"prompt": prompt, "completion": c} for c in kept]
+        self.rows += [{"prompt": prompt, "completion": c, **({RAW_PROMPT: raw} if raw else {})} for c in kept]
 
     def stats(self, **extra: Any) -> dict[str, Any]:
         out: dict[str, Any] = {key: self.counts.get(key, 0) for key in COUNTS}
@@ -121,7 +123,8 @@ def load_trace_rows(src: TraceSource, *, on_error: str = "raise") -> tuple[list[
                 raise DataError(f"{e}. Or set on_error: skip to skip and count bad rows.") from None
             load.skip(str(e))
             continue
-        keeper.add_prompt(prompt, [(g, v is True) for g, v in zip(generations, verdicts)])
+        raw = raw_prompt_text(record[fmap["prompt"]]) if src.prompt_template else None
+        keeper.add_prompt(prompt, [(g, v is True) for g, v in zip(generations, verdicts)], raw)
     return keeper.rows, keeper.stats(problems=problems, rows_skipped=load.rows_skipped, errors=load.errors)
 
 
@@ -180,7 +183,8 @@ def sample_teacher_traces(src: TeacherSource, rows: list[dict[str, Any]], *, bac
     verified = passes(scores[:, 0], src.reward_threshold)
     keeper = _Keeper(src.readability, src.keep_per_prompt, tokenizer, convert=False)  # written as verified
     for p, i in enumerate(encoded.kept):
-        keeper.add_prompt(prompts[i], [(rollouts[p * n + j].text, verified[p * n + j]) for j in range(n)])
+        keeper.add_prompt(prompts[i], [(rollouts[p * n + j].text, verified[p * n + j]) for j in range(n)],
+                          rows[i].get(RAW_PROMPT))
     return keeper.rows, keeper.stats(prompts=len(encoded.kept), prompts_dropped=encoded.num_dropped)
 
 
@@ -195,9 +199,10 @@ def load_cold_start_source(src: DatasetSource | TraceSource | TeacherSource, tra
     if isinstance(src, TraceSource):
         return load_trace_rows(src, on_error=on_error)
     if isinstance(src, TeacherSource):
-        prompts = load_prompt_rows(src.prompts, on_error=on_error)[0] if src.prompts else train_rows  # type: ignore[arg-type]
+        prompts = (load_prompt_rows(src.prompts, on_error=on_error, keep_raw=True)[0]  # type: ignore[arg-type]
+                   if src.prompts else train_rows)
         return sample_teacher_traces(src, prompts)
-    rows, stats = load_sft_rows(src, on_error=on_error)  # type: ignore[arg-type]
+    rows, stats = load_sft_rows(src, on_error=on_error, keep_raw=True)  # type: ignore[arg-type]
     return rows, stats.as_dict()
 
 

@@ -531,7 +531,12 @@ class DataConfig(_Strict):
     on_error: Literal["raise", "skip"] = Field("raise", description="a bad row fails the stage, or is skipped and counted")
     dedupe: bool = True
     decontaminate: bool = True
-    ngram_size: int = Field(13, ge=1, description="train rows sharing a word n-gram with any eval prompt are dropped")
+    ngram_size: int = Field(13, ge=1, description="train rows sharing a word n-gram with any eval prompt are dropped "
+                            "(compared on the prompt field as read, before any prompt_template)")
+    max_contaminated_fraction: float = Field(
+        0.5, ge=0, le=1, description="prepare_data fails when decontamination drops more than this share of one "
+        "source's rows (train or cold start): so large a share means a shared template or boilerplate, not leaked "
+        "eval problems")
     seed: int = 0
 
     @model_validator(mode="after")

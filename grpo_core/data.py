@@ -15,7 +15,11 @@ An empty file is an error of its own.
 
 Decontamination drops training rows that share a word n-gram (default 13, as in GPT-3's and the
 Llama reports' contamination checks) with any eval prompt; a prompt shorter than n words is compared
-whole. Splits are deterministic: rows are ordered by a seeded hash of their id, not by input order.
+whole. It compares the prompt field as read, before any ``prompt_template``: a template shared by the
+train and eval sources would otherwise put the same n-grams in every prompt and drop them all (the
+rows carry that text as ``RAW_PROMPT`` until ``prepare_datasets`` returns). A source that loses more
+than ``max_contaminated_fraction`` of its rows fails the stage, naming the source, the count and one
+shared n-gram. Splits are deterministic: rows are ordered by a seeded hash of their id, not by input order.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
@@ -35,6 +40,8 @@ from grpo_core.rewards.base import prompt_text
 from grpo_core.rewards.extract import parse_gold_answer
 
 OnError = Literal["raise", "skip"]
+log = logging.getLogger(__name__)
+RAW_PROMPT = "_raw_prompt"  # a row's prompt text before its template: what decontamination compares; never written
 FILE_SUFFIXES = {".jsonl", ".json", ".parquet", ".csv"}
 ROLES = {"system", "user", "assistant"}
 
@@ -228,9 +235,10 @@ def to_messages(value: Any, *, template: str | None = None) -> list[dict[str, st
 
 
 def normalize_record(record: dict[str, Any], location: str, src: DatasetSource, index: int,
-                     label: str | None = None) -> dict[str, Any]:
+                     label: str | None = None, *, keep_raw: bool = False) -> dict[str, Any]:
     """One raw record -> a schema row, or a DataError naming location and field; ``label`` is
-    ``_source_label(src)``, computed here when not given."""
+    ``_source_label(src)``, computed here when not given; ``keep_raw``: a templated prompt's text as read is kept
+    under ``RAW_PROMPT`` (for decontamination)."""
     if label is None:
         label = _source_label(src)
     fmap = src.field_map
@@ -247,6 +255,8 @@ def normalize_record(record: dict[str, Any], location: str, src: DatasetSource, 
         try:
             if key == "prompt":
                 row["prompt"] = to_messages(record[column], template=src.prompt_template)
+                if keep_raw and src.prompt_template:
+                    row[RAW_PROMPT] = raw_prompt_text(record[column])
             else:
                 value = record[column]
                 row["answer"] = parse_gold_answer(value if isinstance(value, str) else json.dumps(value),
@@ -271,8 +281,9 @@ def _source_label(src: DatasetSource) -> str:
     return Path(src.path).name if Path(src.path).exists() else src.path
 
 
-def load_prompt_rows(src: DatasetSource, *, on_error: OnError = "raise") -> tuple[list[dict[str, Any]], LoadStats]:
-    """Read, validate and normalise one source."""
+def load_prompt_rows(src: DatasetSource, *, on_error: OnError = "raise", keep_raw: bool = False
+                     ) -> tuple[list[dict[str, Any]], LoadStats]:
+    """Read, validate and normalise one source (``keep_raw``: see ``normalize_record``)."""
     stats = LoadStats()
     records = read_records(src.path, split=src.split, name=src.name, on_error=on_error, stats=stats)
     stats.rows_read = stats.rows_skipped  # malformed lines were read and skipped already
@@ -283,15 +294,17 @@ def load_prompt_rows(src: DatasetSource, *, on_error: OnError = "raise") -> tupl
             break
         stats.rows_read += 1
         try:
-            rows.append(normalize_record(rec, loc, src, i, label))
+            rows.append(normalize_record(rec, loc, src, i, label, keep_raw=keep_raw))
         except DataError as e:
             _fail(str(e), on_error, stats)
     stats.rows_kept = len(rows)
     return rows, stats
 
 
-def load_sft_rows(src: DatasetSource, *, on_error: OnError = "raise") -> tuple[list[dict[str, Any]], LoadStats]:
-    """Reasoning traces ``{prompt, completion}`` (field_map names the two columns)."""
+def load_sft_rows(src: DatasetSource, *, on_error: OnError = "raise", keep_raw: bool = False
+                  ) -> tuple[list[dict[str, Any]], LoadStats]:
+    """Reasoning traces ``{prompt, completion}`` (field_map names the two columns; ``keep_raw``: see
+    ``normalize_record``)."""
     stats = LoadStats()
     records = read_records(src.path, split=src.split, name=src.name, on_error=on_error, stats=stats)
     stats.rows_read = stats.rows_skipped
@@ -310,6 +323,8 @@ def load_sft_rows(src: DatasetSource, *, on_error: OnError = "raise") -> tuple[l
                                     f"present: {sorted(rec)}. Map it with field_map: {{{key!r}: '<column>'}}")
                 if key == "prompt":
                     out[key] = to_messages(value, template=src.prompt_template)
+                    if keep_raw and src.prompt_template:
+                        out[RAW_PROMPT] = raw_prompt_text(value)
                 elif not isinstance(value, str):
                     raise DataError(f"{loc}: field 'completion' (column {column!r}) must be a string")
                 else:
@@ -351,17 +366,69 @@ def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
     return {tuple(words[i: i + n]) for i in range(len(words) - n + 1)}
 
 
+def raw_prompt_text(value: Any) -> str:
+    """The text of a prompt field as read (a string, or a message list's contents), before any template."""
+    return prompt_text(to_messages(value))
+
+
+def _compared_text(row: dict[str, Any]) -> str:
+    return row.get(RAW_PROMPT) or prompt_text(row["prompt"])
+
+
+@dataclass
+class Contamination:
+    """What ``decontaminate`` dropped, per source: how many rows of how many, and one n-gram a dropped row shares
+    with an eval prompt (what a user needs to see why)."""
+
+    removed: dict[str, int] = field(default_factory=dict)
+    total: dict[str, int] = field(default_factory=dict)
+    example: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_removed(self) -> int:
+        return sum(self.removed.values())
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return {src: {"removed": n, "of": self.total[src], "example_ngram": self.example[src]}
+                for src, n in self.removed.items()}
+
+    def check(self, max_fraction: float, what: str, ngram_size: int) -> None:
+        """A ``DataError`` for the first source that lost more than ``max_fraction`` of its rows."""
+        for src, n in self.removed.items():
+            if n > max_fraction * self.total[src]:
+                raise DataError(
+                    f"decontamination dropped {n} of {self.total[src]} {what} rows of source {src!r} "
+                    f"({n / self.total[src]:.0%}, above data.max_contaminated_fraction {max_fraction}): they share "
+                    f"{ngram_size}-word runs with eval prompts, e.g. {self.example[src]!r}. Prompts are compared "
+                    "before prompt_template, so the shared text is in the prompt field itself (a system prompt or "
+                    "boilerplate in the data, or train and eval from the same split?); fix the sources, or raise "
+                    "data.ngram_size, data.max_contaminated_fraction, or set data.decontaminate: false")
+
+
 def decontaminate(train: list[dict[str, Any]], eval_rows: Iterable[dict[str, Any]], *, ngram_size: int = 13
-                  ) -> tuple[list[dict[str, Any]], int]:
+                  ) -> tuple[list[dict[str, Any]], Contamination]:
     """Drop training rows that share a word n-gram with any eval prompt (short prompts: whole match).
 
-    Words are ``\\w+`` runs and single punctuation marks, lowercased, so ``7+8*3=`` is 6 words.
+    Words are ``\\w+`` runs and single punctuation marks, lowercased, so ``7+8*3=`` is 6 words. Rows are
+    compared by their prompt before any template (``RAW_PROMPT``), eval rows too.
     """
     eval_grams: set[tuple[str, ...]] = set()
     for row in eval_rows:
-        eval_grams |= _ngrams(prompt_text(row["prompt"]), ngram_size)
-    kept = [r for r in train if not (_ngrams(prompt_text(r["prompt"]), ngram_size) & eval_grams)]
-    return kept, len(train) - len(kept)
+        eval_grams |= _ngrams(_compared_text(row), ngram_size)
+    kept, report = [], Contamination()
+    for r in train:
+        src = str(r.get("source", ""))
+        report.total[src] = report.total.get(src, 0) + 1
+        shared = _ngrams(_compared_text(r), ngram_size) & eval_grams
+        if not shared:
+            kept.append(r)
+            continue
+        report.removed[src] = report.removed.get(src, 0) + 1
+        if src not in report.example:  # the first shared run in reading order
+            words = _WORD.findall(_compared_text(r).lower())
+            report.example[src] = " ".join(next(g for i in range(max(1, len(words) - ngram_size + 1))
+                                                if (g := tuple(words[i: i + ngram_size])) in shared))
+    return kept, report
 
 
 def split_rows(rows: list[dict[str, Any]], *, eval_fraction: float = 0.05, eval_size: int | None = None,
@@ -462,7 +529,7 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
             preferences += general.make_preference_pairs(pair_rows, seed=config.seed)
     for kind, sources, target in (("train", config.train_sources, train), ("eval", config.eval_sources, eval_rows)):
         for src in sources:
-            rows, s = load_prompt_rows(src, on_error=config.on_error)
+            rows, s = load_prompt_rows(src, on_error=config.on_error, keep_raw=True)
             target += rows
             stats["sources"][f"{kind}:{src.path}"] = s.as_dict()
     for src in config.cold_start_sources:  # files, trace sets and teachers: grpo_core.cold_start
@@ -480,10 +547,20 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
     if not eval_rows:
         train, eval_rows = split_rows(train, eval_fraction=config.eval_fraction, seed=config.seed)
     if config.decontaminate:
-        train, stats["train_contaminated"] = decontaminate(train, eval_rows, ngram_size=config.ngram_size)
-        cold, stats["cold_start_contaminated"] = decontaminate(cold, eval_rows, ngram_size=config.ngram_size)
+        for what, rows in (("train", train), ("cold_start", cold)):
+            kept, report = decontaminate(rows, eval_rows, ngram_size=config.ngram_size)
+            stats[f"{what}_contaminated"] = report.num_removed
+            stats[f"{what}_contaminated_by_source"] = report.as_dict()
+            stats["ngram_size"] = config.ngram_size
+            for src, info in report.as_dict().items():
+                log.warning("decontamination dropped %d of %d %s rows of source %r (e.g. shared with an eval prompt: "
+                            "%r)", info["removed"], info["of"], what.replace("_", "-"), src, info["example_ngram"])
+            report.check(config.max_contaminated_fraction, what.replace("_", "-"), config.ngram_size)
+            train, cold = (kept, cold) if what == "train" else (train, kept)
     if not train:
         raise DataError("no training rows left after loading, dedupe and decontamination")
+    for row in (*train, *eval_rows, *cold):
+        row.pop(RAW_PROMPT, None)
     stats.update({"num_train": len(train), "num_eval": len(eval_rows), "num_cold_start": len(cold),
                   "num_preferences": len(preferences), "num_pretrain": len(pretrain), "train_by_source": _count_by_source(train),
                   "eval_by_source": _count_by_source(eval_rows)})

@@ -76,3 +76,23 @@ def prepare_data(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> St
                    **{f"data/{source}/num_train": n for source, n in data.stats["train_by_source"].items()}}
         return commit_stage(ctx, writer, fp=fp, section=cfg.data, parents=parents, metrics=metrics,
                             extra={"data_stats": data.stats})
+
+
+def check_source_rows(ctx: StageContext, section: Any, data: StageRef) -> None:
+    """Fail an RL stage before it loads anything when one of its ``sources`` has no training rows in ``data``
+    (prepare_data's output), naming what prepare_data did with that source's rows."""
+    missing = [s.name for s in getattr(section, "sources", []) if not data.metrics.get(f"data/{s.name}/num_train")]
+    if not missing:
+        return
+    stats = ctx.store.manifest(data).get("data_stats", {})
+    present = ", ".join(sorted(stats.get("train_by_source", {}))) or "none"
+    causes = []
+    for name in missing:
+        dropped = stats.get("train_contaminated_by_source", {}).get(name)
+        causes.append(
+            f"source {name!r}: prepare_data's decontamination dropped all {dropped['of']} of its rows (they share "
+            f"{stats.get('ngram_size', 'n')}-word runs with eval prompts, e.g. {dropped['example_ngram']!r}); see "
+            "data.ngram_size / data.decontaminate and rerun prepare_data" if dropped else
+            f"source {name!r}: prepare_data wrote no rows with this source (the train sources are: {present}); fix "
+            f"{ctx.stage}.sources[].name or the data source's `source:`")
+    raise StageFailed(f"{ctx.stage}: " + "; ".join(causes) + f" ({data.uri})")

@@ -58,14 +58,14 @@ def test_math500_real_file(shared_data, tmp_path):
 def test_decontaminate_real_sets(shared_data):
     gsm, _ = load_prompt_rows(DatasetSource(path=str(shared_data / "gsm8k_test.jsonl"), field_map=GSM8K_MAP))
     train, evals = gsm[:300], gsm[250:400]
-    kept, removed = decontaminate(train, evals, ngram_size=13)
-    assert removed == 50 and kept == train[:250]
+    kept, report = decontaminate(train, evals, ngram_size=13)
+    assert report.num_removed == 50 and kept == train[:250]
     # a paraphrase keeping a 13-word run is caught; one sharing only short runs is not
     words = evals[0]["prompt"][0]["content"].split()
     leaked = _row(0, "Some intro. " + " ".join(words[:14]) + " and a different ending")
     unrelated = _row(1, " ".join(words[:5]) + " completely different words follow here in this sentence now")
-    kept, removed = decontaminate([leaked, unrelated], evals, ngram_size=13)
-    assert kept == [unrelated] and removed == 1
+    kept, report = decontaminate([leaked, unrelated], evals, ngram_size=13)
+    assert kept == [unrelated] and report.num_removed == 1
 
 
 def test_missing_answer_column_names_file_line_and_field(tmp_path):
@@ -221,3 +221,50 @@ def test_prepare_builtin_and_sources(shared_data):
     out = prepare_datasets(DataConfig(builtin_task=None, train_sources=[gsm, gsm], eval_fraction=0.1))
     assert out.stats["train_duplicates"] == 200  # the second copy
     assert len(out.eval) == 20 and len(out.train) == 180
+
+
+TEMPLATE = ("{prompt}\nThink step by step inside <think></think>, then give the final number inside "
+            "<answer></answer>, and check your work once more before you answer.")
+
+
+def _question_file(path, questions):
+    path.write_text("".join(json.dumps({"question": q, "answer": f"#### {i}"}) + "\n" for i, q in enumerate(questions)))
+    return str(path)
+
+
+def _questions(start, n):
+    return [f"Tom has {i} apples and buys {i + 3} more from shop number {i * 7}. How many now?" for i in range(start, start + n)]
+
+
+def test_decontamination_compares_prompts_before_their_template(tmp_path):
+    """A template shared by train and eval sources puts the same 13-grams in every prompt: compared after it,
+    every training row would be dropped (the GPU configs lost all of GSM8K so)."""
+    src = {"field_map": GSM8K_MAP, "prompt_template": TEMPLATE, "source": "gsm8k"}
+    config = DataConfig(builtin_task=None, train_sources=[{"path": _question_file(tmp_path / "train.jsonl",
+                        _questions(0, 20)), **src}], eval_sources=[{"path": _question_file(
+                        tmp_path / "test.jsonl", _questions(100, 10)), **src}])
+    data = prepare_datasets(config)
+    assert len(data.train) == 20 and data.stats["train_contaminated"] == 0
+    assert data.train[0]["prompt"][0]["content"].endswith("before you answer.")  # trained with the template
+    assert all("_raw_prompt" not in r for r in (*data.train, *data.eval))  # the compared text is never written
+    # a real overlap is still caught, reported per source with one shared n-gram
+    leaked = _questions(0, 18) + _questions(100, 2)
+    config = config.model_copy(update={"train_sources": [config.train_sources[0].model_copy(
+        update={"path": _question_file(tmp_path / "leaky.jsonl", leaked)})]})
+    data = prepare_datasets(config)
+    assert data.stats["train_contaminated"] == 2
+    report = data.stats["train_contaminated_by_source"]["gsm8k"]
+    assert report["removed"] == 2 and report["of"] == 20 and "apples" in report["example_ngram"]
+
+
+def test_source_losing_most_rows_to_decontamination_fails_naming_it(tmp_path):
+    train = _question_file(tmp_path / "train.jsonl", _questions(0, 10))
+    evals = _question_file(tmp_path / "test.jsonl", _questions(0, 6) + _questions(50, 4))
+    config = DataConfig(builtin_task=None, train_sources=[{"path": train, "field_map": GSM8K_MAP, "source": "gsm"}],
+                        eval_sources=[{"path": evals, "field_map": GSM8K_MAP, "source": "gsm"}])
+    with pytest.raises(DataError) as e:
+        prepare_datasets(config)
+    msg = str(e.value)
+    assert "6 of 10 train rows of source 'gsm'" in msg and "max_contaminated_fraction 0.5" in msg
+    assert "e.g. 'tom has" in msg and "data.ngram_size" in msg
+    assert len(prepare_datasets(config.model_copy(update={"max_contaminated_fraction": 0.6})).train) == 4
