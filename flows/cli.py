@@ -185,6 +185,7 @@ def _print_status(st: Any, run_name: str) -> None:
 
 def build_app() -> typer.Typer:
     """The ``r1`` command; its help lists the stage table as it is when built."""
+    from flows.cli_check import check_config
     from flows.cli_eval import eval_model
     from flows.deploy import deploy_command
     from tasks.stages import all_stages
@@ -198,6 +199,7 @@ def build_app() -> typer.Typer:
     cli.command()(report)
     cli.command("eval")(eval_model)  # flows/cli_eval.py
     cli.command()(plan)
+    cli.command("check")(check_config)  # flows/cli_check.py: the config in miniature, end to end
     cli.command("deploy")(deploy_command)  # work pools + deployments rendered from the stage table
     return cli
 
