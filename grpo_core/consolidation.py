@@ -82,7 +82,8 @@ def count_by_source(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
 
 
 def mix_by_ratio(rows: Sequence[dict[str, Any]], general: dict[str, list[dict[str, Any]]], ratio: float, *,
-                 seed: int = 0, general_row_sources: Collection[str] = ()) -> tuple[list[dict[str, Any]], dict[str, int]]:
+                 seed: int = 0, general_row_sources: Collection[str] = ()
+                 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """``(rows, counts by source)``: reasoning and general rows at ``ratio`` reasoning rows per general row.
 
     ``rows`` are the set so far (rejection-sampled, cold-start); those whose ``source`` is in
