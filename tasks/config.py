@@ -79,13 +79,16 @@ class ConsolidateConfig(SFTConfig):
         "base", description="base: the pipeline's base model (R1); a stage's model; model: init_model (e.g. a smaller "
         "base to distil into)")
     init_model: str | None = Field(None, min_length=1, description="model folder or hub name trained when init_from: model")
-    cold_start_mix: float = Field(0.0, ge=0, le=1, description="share of cold-start rows mixed in as general data")
+    cold_start_mix: float = Field(0.0, ge=0, le=1, description="share of cold-start rows mixed in (a general "
+                                  "source's rows count as general, the rest as reasoning)")
     cold_start_sources: list[str] = Field(default_factory=list, description="mix in only these sources' cold-start "
                                           "rows (e.g. [helpful, unsafe]); empty = every source")
     general_sources: list[DatasetSource] = Field(
         default_factory=list, description="general (non-reasoning) SFT data mixed in as R1 did: {prompt, completion} "
         "columns, or field_map: {messages: COLUMN} for chat sets such as HuggingFaceH4/ultrachat_200k")
-    reasoning_to_general: float = Field(3.0, gt=0, description="reasoning rows per general row (R1: ~600k:200k = 3)")
+    reasoning_to_general: float = Field(3.0, gt=0, description="with general_sources: reasoning rows per general "
+                                        "row, every general row counted: general_sources', rejection-sampled answers "
+                                        "to general prompts, general cold-start rows (R1: ~600k:200k = 3)")
 
     @model_validator(mode="after")
     def _check_init(self) -> "ConsolidateConfig":

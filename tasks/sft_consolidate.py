@@ -1,5 +1,8 @@
 """Stage 5, sft_consolidate: SFT on the rejection-sampled set, optionally mixed with cold-start rows and, as R1
 did, with general SFT data at ``reasoning_to_general`` reasoning rows per general row (grpo_core.consolidation).
+Rejection-sampled answers to general prompts and cold-start rows of general sources (sources whose prompts in
+prepare_data's ``train.parquet`` have no reference answer) count as general, so with ``general_sources`` the
+ratio is reasoning rows to all general rows; every row's ``source`` is ``reasoning`` or ``general:{name}``.
 
 Starts from ``sft_consolidate.init_from``: the base model (as R1 does), the cold-start model, the GRPO
 model (what worked best at the embedded default's scale), or ``model``: ``init_model``, any model folder or hub
@@ -12,7 +15,8 @@ from __future__ import annotations
 
 import random
 
-from grpo_core.consolidation import load_general_rows, mix_by_ratio
+from grpo_core.consolidation import (REASONING, count_by_source, general_source_names, label_rows, load_general_rows,
+                                     mix_by_ratio)
 from grpo_core.data import read_parquet, write_parquet
 from tasks.common import StageContext, StageFailed, stage_task
 from tasks.config import PipelineConfig
@@ -43,12 +47,20 @@ def sft_consolidate(ctx: StageContext, parents: dict[str, StageRef], fp: str) ->
                                   "cold-start rows; name sources of cold_start.parquet's source column")
         n_mix = min(len(cold), round(len(rows) * section.cold_start_mix / (1 - section.cold_start_mix + 1e-9)))
         rows += random.Random(section.seed).sample(cold, n_mix)
-    rows = [{"prompt": r["prompt"], "completion": r["completion"], "source": r.get("source") or "rejection_sample"}
-            for r in rows]
-    counts = {}
-    if section.general_sources:  # R1's non-reasoning data at reasoning_to_general : 1 (sources become reasoning/general:*)
+    # rejection-sampled answers to general prompts and general cold-start rows are general data, not reasoning
+    general_names = general_source_names(read_parquet(ctx.fetch(data, "train.parquet")))
+    if section.general_sources:  # R1's non-reasoning data: reasoning rows : every general row = reasoning_to_general
         general = {src.path: load_general_rows(src, on_error=ctx.config.data.on_error) for src in section.general_sources}
-        rows, counts = mix_by_ratio(rows, general, section.reasoning_to_general, seed=section.seed)
+        rows, counts = mix_by_ratio(rows, general, section.reasoning_to_general, seed=section.seed,
+                                    general_row_sources=general_names)
+        if not counts.get(REASONING):
+            raise StageFailed("the consolidation set has no reasoning rows (rejection_sample kept only general "
+                              "sources' answers), so sft_consolidate.reasoning_to_general leaves no general rows "
+                              "either; sample more reasoning prompts (rejection_sample.sources / max_prompts) or "
+                              "relax their filters")
+    else:  # the set as it is, labelled reasoning / general:{source}
+        rows = label_rows(rows, general_names)
+        counts = count_by_source(rows)
     rows_path = write_parquet(rows, ctx.work / "sft_rows.parquet")
     init = section.init_from
     model_path = (ctx.base_model(data) if init == "base" else section.init_model if init == "model"

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from grpo_core.config import DatasetSource
-from grpo_core.consolidation import load_general_rows, mix_by_ratio
+from grpo_core.consolidation import general_source_names, label_rows, load_general_rows, mix_by_ratio
 from grpo_core.data import DataError
 
 
@@ -33,6 +33,29 @@ def test_mix_is_seeded_and_draws_from_every_general_source():
     one, counts = mix_by_ratio(_rows(60, "r"), general, 3.0, seed=0)
     again, _ = mix_by_ratio(_rows(60, "r"), general, 3.0, seed=0)
     assert one == again and counts["general:a"] + counts["general:b"] == 20 and counts["general:a"] > 0 < counts["general:b"]
+
+
+def test_rejection_sampled_general_answers_count_as_general_at_ratio_three():
+    # rejection_sample's output at real scale: gsm8k checked by its answer, ultrafeedback kept by a reward model
+    rs = [{**r, "source": "gsm8k"} for r in _rows(30, "math")] + [{**r, "source": "ultrafeedback"}
+                                                                   for r in _rows(40, "uf")]
+    train = [{"source": "gsm8k", "answer": "42"}, {"source": "ultrafeedback", "answer": ""}]
+    assert general_source_names(train) == {"ultrafeedback"}
+    rows, counts = mix_by_ratio(rs, {"ultrachat": _rows(100, "chat")}, 3.0, seed=0,
+                                general_row_sources=general_source_names(train))
+    general = sum(n for source, n in counts.items() if source.startswith("general:"))
+    assert counts["reasoning"] == 30 and general == 10  # every general row counted: 30 : 10 = 3
+    assert set(counts) <= {"reasoning", "general:ultrafeedback", "general:ultrachat"}
+    assert all(row["completion"].startswith("math") for row in rows if row["source"] == "reasoning")
+    assert all(row["completion"].startswith("uf") for row in rows if row["source"] == "general:ultrafeedback")
+    # more general answers than the ratio allows: the general pool is sampled down, every reasoning row kept
+    _, counts = mix_by_ratio(rs, {}, 3.0, general_row_sources={"ultrafeedback"})
+    assert counts == {"reasoning": 30, "general:ultrafeedback": 10}
+
+
+def test_rows_with_no_or_a_reasoning_source_are_reasoning():
+    rows = [{**_rows(1, "a")[0]}, {**_rows(1, "b")[0], "source": "chain"}, {**_rows(1, "c")[0], "source": "helpful"}]
+    assert [r["source"] for r in label_rows(rows, {"helpful"})] == ["reasoning", "reasoning", "general:helpful"]
 
 
 def test_chat_rows_become_prompt_and_last_assistant_turn(tmp_path):

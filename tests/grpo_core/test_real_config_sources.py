@@ -81,3 +81,6 @@ def test_rejection_sampling_has_a_rule_for_every_training_source(config_name):
     reasoning = cfg.grpo_train.sources[0].name
     assert rules[reasoning].reward_func == "math_accuracy" and rules[reasoning].min_score is None
     assert all(r.min_score is not None and r.reward_func.type == "reward_model" for n, r in rules.items() if n != reasoning)
+    # sft_consolidate counts a source's answers as general when its prompts have no reference answer
+    # (grpo_core.consolidation.general_source_names): the scored sources are exactly those
+    assert {s.source for s in cfg.data.train_sources if s.answer_format == "none"} == set(rules) - {reasoning}
