@@ -26,14 +26,15 @@ def test_every_config_fits_the_hardware_its_header_names(path):
 
     config = load_config(path)
     runs = [s.name for s in all_stages() if s.pool == "gpu" and s.enabled(config)]  # the optional reward_model too
-    assert [p.stage for p in plans] == runs and {"cold_start_sft", "grpo_train", "final_rl"} <= set(runs)
+    # evaluation runs after each stage that makes a model, on its GPUs: one more row
+    assert [p.stage for p in plans] == runs + ["evaluate"] and {"cold_start_sft", "grpo_train", "final_rl"} <= set(runs)
     assert [p.stage for p in plans if not p.fits] == [], "\n\n".join(p.table() for p in plans)
 
 
 def test_plan_7b_on_eight_gpus_fits():
     result = CliRunner().invoke(app, ["plan", "-c", SEVEN_B, "--gpus", "8", "--gpu-memory", "80"])
     assert result.exit_code == 0, result.output
-    assert result.output.count("fits                  yes") == 5 and "every GPU stage fits 8x 80 GiB" in result.output
+    assert result.output.count("fits                  yes") == 6 and "every GPU stage fits 8x 80 GiB" in result.output
 
 
 def test_plan_7b_on_one_gpu_names_the_first_stage_and_the_fix():
