@@ -21,6 +21,8 @@ the rest from the stage's config section and the hardware. What is counted follo
   one layer recomputed.
 - logprob chunks: the backward of one ``logprob_chunk_size``-row chunk holds ~4 fp32 ``[rows, V]``
   tensors (measured: tests/benchmarks/sft_memory.py).
+- reward models and judges (``grpo_core.memory_scorers``): fp32 weights and a scoring allowance on the GPU they
+  load onto (the last visible one by default: under torchrun every rank's copy lands there).
 - generation: vLLM's share of the device (``vllm_gpu_memory_utilization`` of its total memory, or its bf16
   weights + ``vllm_kv_cache_memory_bytes``), 0 while asleep under ``vllm_enable_sleep_mode``; or, for the
   transformers backend, its KV cache (plus a full replica under FSDP: ``trainer/fsdp.py``'s ReplicaBackend).
@@ -35,8 +37,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
+from grpo_core.memory_scorers import Scorer, ScorerLoad, place_scorers
 from grpo_core.model_shapes import KNOWN_SHAPES, ModelShape, resolve_model_shape  # noqa: F401 (re-exported)
 
 GiB = 2**30
@@ -147,10 +150,12 @@ class StagePlan:
     generation_peak: int
     problems: list[str] = field(default_factory=list)  # e.g. vLLM's KV cache cannot hold one sequence
     suggestions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what a term holds, e.g. which reward models
+    elsewhere: dict[str, int] = field(default_factory=dict)  # another GPU's total, e.g. the reward models' GPU
 
     @property
     def peak(self) -> int:
-        return max(self.train_peak, self.generation_peak)
+        return max(self.train_peak, self.generation_peak, *self.elsewhere.values())
 
     @property
     def fits(self) -> bool:
@@ -165,8 +170,10 @@ class StagePlan:
         lines.append(f"  {label:<22}{self.train_peak / GiB:>9.2f} GiB")
         if self.generation_peak:
             lines.append(f"  {'peak (generation)':<22}{self.generation_peak / GiB:>9.2f} GiB")
+        lines += [f"  {name:<22}{b / GiB:>9.2f} GiB" for name, b in self.elsewhere.items()]
         lines.append(f"  {'available':<22}{hw.available / GiB:>9.2f} GiB")
         lines.append(f"  {'fits':<22}{'yes' if self.fits else 'NO'}")
+        lines += [f"  {note}" for note in self.notes]
         lines += [f"  problem: {p}" for p in self.problems]
         return "\n".join(lines)
 
@@ -177,8 +184,10 @@ class StagePlan:
                 f"GiB available ({why}). Settings that would make it fit: {fix}")
 
 
-def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Hardware) -> StagePlan:
-    """The plan of an SFT (``kind="sft"``, an SFTConfig) or RL (``kind="rl"``, a GRPOConfig) stage."""
+def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Hardware,
+                  scorers: Sequence[Scorer] = ()) -> StagePlan:
+    """The plan of an SFT (``kind="sft"``, an SFTConfig) or RL (``kind="rl"``, a GRPOConfig) stage, on the
+    device that holds the most of its ``scorers`` (every rank's reward models, on the last GPU by default)."""
     strategy = resolve_strategy(config.distributed_strategy, hw.gpus)
     rl = kind == "rl"
     state = model_state_bytes(shape, strategy, hw.gpus, device=hw.device, bf16=config.bf16,
@@ -198,11 +207,43 @@ def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Har
         components["generation" + (" (asleep)" if asleep else "")] = 0 if asleep else generation
     overhead = CUDA_CONTEXT_BYTES if hw.device == "cuda" else 0
     components["cuda context"] = overhead
+    loads = place_scorers(scorers, hw.gpus, hw.gpus, resident=rl, on_cpu=hw.device == "cpu")
+    ranks = [i for i in loads if i < hw.gpus]
+    main = max(ranks, key=lambda i: (loads[i].total + loads[i].contexts, i)) if ranks else None
+    where = f"on GPU {main}" + (" (the last visible)" if main == hw.gpus - 1 else "")
+    if len(ranks) > 1:
+        where = f"on each of {len(ranks)} GPUs (GPU {main} shown)"
+    notes = _add_scorers(components, loads.get(main), where, hw, resident=rl)
     train_peak = sum(components.values())
     generation_peak = 0
     if rl:  # gradients are freed (zero_grad(set_to_none)) and no activations are held while sampling
-        generation_peak = state["weights"] + state["optimizer"] + state["reference"] + generation + overhead
-    return StagePlan(stage, kind, strategy, hw, components, train_peak, generation_peak, problems)
+        held = state["weights"] + state["optimizer"] + state["reference"] + generation + overhead
+        generation_peak = held + sum(v for k, v in components.items() if k in SCORER_TERMS)
+    plan = StagePlan(stage, kind, strategy, hw, components, train_peak, generation_peak, problems, notes=notes)
+    plan.elsewhere = _elsewhere(loads, lambda i: i >= hw.gpus)
+    return plan
+
+
+SCORER_TERMS = ("reward models", "scoring", "other processes' ctx")
+
+
+def _add_scorers(components: dict[str, int], load: ScorerLoad | None, where: str, hw: Hardware, *,
+                 resident: bool) -> list[str]:
+    """Add the scorers held on this plan's device to ``components``; the note that names them."""
+    if load is None:
+        return []
+    components["reward models"] = load.weights
+    components["scoring"] = load.work
+    if load.contexts:
+        components["other processes' ctx"] = load.contexts * CUDA_CONTEXT_BYTES
+    where = "in this process's memory" if hw.device == "cpu" else where
+    return [f"reward models: {load.label(resident)} {where}"]
+
+
+def _elsewhere(loads: dict[int, ScorerLoad], other: Any) -> dict[str, int]:
+    """``{"GPU k (reward models)": bytes}`` for the GPUs that hold scorers and none of the stage's own work."""
+    return {f"GPU {i} (reward models)": load.total + load.contexts * CUDA_CONTEXT_BYTES
+            for i, load in sorted(loads.items()) if other(i)}
 
 
 def _generation_bytes(config: Any, shape: ModelShape, hw: Hardware, strategy: str) -> tuple[int, list[str], bool]:
@@ -232,9 +273,10 @@ def _generation_bytes(config: Any, shape: ModelShape, hw: Hardware, strategy: st
     return cache + replica, [], False
 
 
-def plan_sampling(stage: str, grpo: Any, shape: ModelShape, hw: Hardware) -> StagePlan:
-    """A sampling stage (rejection sampling) on one device: the generation backend alone, sized by ``grpo``
-    (the RL section whose backend settings it uses, with this stage's prompt and completion lengths)."""
+def plan_sampling(stage: str, grpo: Any, shape: ModelShape, hw: Hardware, scorers: Sequence[Scorer] = ()) -> StagePlan:
+    """A sampling stage (rejection sampling, evaluation) in one process on GPU 0: the generation backend, sized
+    by ``grpo`` (the RL section whose backend settings it uses, with this stage's prompt and completion lengths),
+    and its ``scorers`` one at a time, on GPU 0 or on the GPU they load onto (the last of ``hw.gpus``)."""
     from grpo_core.generation import backend_kind
 
     one = dataclasses.replace(hw, gpus=1)
@@ -243,7 +285,12 @@ def plan_sampling(stage: str, grpo: Any, shape: ModelShape, hw: Hardware) -> Sta
     if backend_kind(grpo.use_vllm) == "hf":
         components["weights"] = 4 * shape.num_params
     components["cuda context"] = CUDA_CONTEXT_BYTES if hw.device == "cuda" else 0
-    return StagePlan(stage, "sampling", "single", one, components, sum(components.values()), 0, problems)
+    loads = place_scorers(scorers, 1, hw.gpus, resident=False, on_cpu=hw.device == "cpu")
+    notes = _add_scorers(components, loads.get(0), "on GPU 0" + (" (the last visible)" if hw.gpus == 1 else ""), hw,
+                         resident=False)
+    notes += [f"reward models: {load.label(False)} on GPU {i}" for i, load in sorted(loads.items()) if i]
+    return StagePlan(stage, "sampling", "single", one, components, sum(components.values()), 0, problems,
+                     notes=notes, elsewhere=_elsewhere(loads, lambda i: i != 0))
 
 
 # ------------------------------------------------------------------------------------------- what would fit
@@ -251,12 +298,13 @@ def plan_sampling(stage: str, grpo: Any, shape: ModelShape, hw: Hardware) -> Sta
 GPU_COUNTS = (2, 4, 8, 16, 32, 64)
 
 
-def plan_stage(stage: str, kind: str, config: Any, shape: ModelShape, hw: Hardware) -> StagePlan:
+def plan_stage(stage: str, kind: str, config: Any, shape: ModelShape, hw: Hardware,
+               scorers: Sequence[Scorer] = ()) -> StagePlan:
     """``plan_training`` or ``plan_sampling``; a plan that does not fit lists the settings that would fix it."""
     def plan(cfg: Any, hardware: Hardware) -> StagePlan:
         if kind == "sampling":
-            return plan_sampling(stage, cfg, shape, hardware)
-        return plan_training(stage, kind, cfg, shape, hardware)
+            return plan_sampling(stage, cfg, shape, hardware, scorers)
+        return plan_training(stage, kind, cfg, shape, hardware, scorers)
 
     result = plan(config, hw)
     if result.fits:
@@ -276,6 +324,11 @@ def plan_stage(stage: str, kind: str, config: Any, shape: ModelShape, hw: Hardwa
                 break
     if not found and tried and plan(config.model_copy(update=tried), hw).fits:  # all of them together
         found.append("together: " + _label(tried))
+    if kind == "rl" and hw.gpus > 1 and any(sc.device is None for sc in scorers):  # every rank's copies on one GPU
+        own = [dataclasses.replace(sc, device="cuda" if sc.device is None else sc.device) for sc in scorers]
+        if plan_training(stage, kind, config, shape, hw, own).fits:
+            found.append("device: cuda in each reward model / judge entry (each rank's copy on its own GPU, "
+                         "not every rank's on the last)")
     result.suggestions = found
     return result
 

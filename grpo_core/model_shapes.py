@@ -1,4 +1,4 @@
-"""The sizes of a Qwen2/Llama-style decoder from its ``config.json``, and the Qwen2.5 family's shapes.
+"""The sizes of a Qwen2/Qwen3/Llama-style decoder from its ``config.json``, and the shapes of known hub models.
 
     resolve_model_shape("Qwen/Qwen2.5-7B-Instruct").num_params      # 7,615,616,512 (model card: 7.61B)
 
@@ -28,6 +28,7 @@ class ModelShape:
     attention_bias: bool = True  # Qwen2: q/k/v projections carry biases (Llama: config.attention_bias)
     head_dim: int = 0  # 0: hidden_size // num_attention_heads
     max_position_embeddings: int = 32768
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head's q and k (head_dim weights each)
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -46,6 +47,7 @@ class ModelShape:
             tie_word_embeddings=bool(get("tie_word_embeddings", False)),
             attention_bias=bool(get("attention_bias", model_type == "qwen2")),
             head_dim=get("head_dim") or 0, max_position_embeddings=get("max_position_embeddings") or 32768,
+            qk_norm=model_type.startswith("qwen3"),
         )
 
     @property
@@ -56,6 +58,7 @@ class ModelShape:
     def layer_params(self) -> int:
         h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.kv_dim
         attn = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.attention_bias else 0)
+        attn += 2 * self.head_dim if self.qk_norm else 0
         return attn + 3 * h * self.intermediate_size + 2 * h  # + SwiGLU gate/up/down + two RMSNorms
 
     @property
@@ -86,11 +89,18 @@ _KNOWN = {
     "Qwen2.5-14B": ModelShape(5120, 13824, 48, 40, num_key_value_heads=8, **_QWEN_LARGE),
     "Qwen2.5-32B": ModelShape(5120, 27648, 64, 40, num_key_value_heads=8, **_QWEN_LARGE),
 }
+# Qwen3-0.6B (huggingface.co/Qwen/Qwen3-0.6B config.json): no q/k/v biases, q/k norms, head_dim 128 (q is 2048
+# wide on a 1024 residual). Skywork-Reward-V2-Qwen3-0.6B is it as a Qwen3ForSequenceClassification (the same
+# backbone, a score head instead of the tied lm_head): the reward model the shipped configs name.
+_QWEN3_0_6B = ModelShape(1024, 3072, 28, 16, num_key_value_heads=8, vocab_size=151936, tie_word_embeddings=True,
+                         attention_bias=False, head_dim=128, max_position_embeddings=40960, qk_norm=True)
 KNOWN_SHAPES: dict[str, ModelShape] = {
     **{f"Qwen/{k}": v for k, v in _KNOWN.items()},
     **{f"Qwen/{k}-Instruct": v for k, v in _KNOWN.items()},
     "Qwen/Qwen2.5-Math-1.5B": _KNOWN["Qwen2.5-1.5B"],
     "Qwen/Qwen2.5-Math-7B": dataclasses.replace(_KNOWN["Qwen2.5-7B"], max_position_embeddings=4096),
+    "Qwen/Qwen3-0.6B": _QWEN3_0_6B,
+    "Skywork/Skywork-Reward-V2-Qwen3-0.6B": _QWEN3_0_6B,
 }
 
 

@@ -4,20 +4,30 @@
 
 The arithmetic is ``grpo_core.memory_plan``; this module maps the pipeline config onto it: which stages run
 on the GPU pool (the stage table), which config section sizes each, where the model's shape comes from
-(a local folder's config.json, the planner's table of known architectures, or the tiny model's config).
+(a local folder's config.json, the planner's table of known architectures, or the tiny model's config), and
+which reward models and judges each stage loads (``stage_scorers``; evaluation's ``rm_reward`` too: evaluation
+runs after every stage that makes a model, on the same GPUs, and is planned as its own row).
 Before a GPU stage's training or sampling starts (CUDA only) ``check_stage_memory`` plans it against
 ``torch.cuda.mem_get_info`` and fails it at once with the same message ``r1 plan`` prints.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
+from grpo_core.config import JudgeSpec, RewardModelSpec
 from grpo_core.memory_plan import GiB, Hardware, ModelShape, StagePlan, plan_stage, resolve_model_shape
+from grpo_core.memory_scorers import Scorer
 from tasks.config import PipelineConfig
+
+EVALUATE = "evaluate"
+logger = logging.getLogger(__name__)
 
 
 class StageMemoryError(RuntimeError):
@@ -41,11 +51,46 @@ def model_shape(config: PipelineConfig) -> ModelShape:
 def stage_section(config: PipelineConfig, stage: str, kind: str) -> Any:
     """The config section that sizes ``stage``: its own, or for sampling the RL section whose backend it uses
     with the sampling stage's own prompt and completion lengths (as ``tasks.rejection_sample`` builds it)."""
+    if stage == EVALUATE:  # its own backend settings (tasks.evaluate.make_eval_backend), in the RL section's names
+        ev = config.evaluate
+        return config.grpo_train.model_copy(update={
+            "use_vllm": ev.use_vllm, "vllm_gpu_memory_utilization": ev.vllm_gpu_memory_utilization,
+            "vllm_tensor_parallel_size": ev.vllm_tensor_parallel_size, "bf16": ev.bf16,
+            "vllm_kv_cache_memory_bytes": ev.vllm_kv_cache_memory_bytes, "generation_batch_size": ev.batch_size,
+            "max_prompt_length": ev.max_prompt_length, "max_completion_length": ev.max_new_tokens})
     if kind != "sampling":
         return getattr(config, stage)
     rs = getattr(config, stage)
     return config.grpo_train.model_copy(update={"max_prompt_length": rs.max_prompt_length,
                                                 "max_completion_length": rs.max_new_tokens})
+
+
+def section_scorers(section: BaseModel, kind: str, shape_of: Any) -> list[Scorer]:
+    """The reward models and judges ``section`` loads, one per load: an RL stage loads each distinct metric name
+    once (``trainer/mixture.py`` keys entries by name, so two names on one path are two copies); a sampling stage
+    or evaluation loads every entry in turn. ``shape_of(model)`` sizes an entry's model."""
+    from tasks.reward_model import walk_fields
+
+    specs = [v for v in walk_fields(section) if isinstance(v, (RewardModelSpec, JudgeSpec))]
+    if kind == "rl":
+        specs = list({s.name: s for s in reversed(specs)}.values())[::-1]  # the first entry of each name
+    return [Scorer(s.name, s.type, shape_of(s.model), s.batch_size, s.max_length,
+                   getattr(s, "max_new_tokens", 0), s.device) for s in specs]
+
+
+def config_shape_of(config: PipelineConfig, base: ModelShape, stage: str) -> Any:
+    """``shape_of`` for a config's entries: ``reward_model`` is the run's reward model (the base model's shape,
+    or its ``model_name_or_path``'s, under a score head); a path or hub name through ``resolve_model_shape``."""
+    def shape_of(model: str) -> ModelShape:
+        if model == "reward_model":
+            other = config.reward_model.model_name_or_path if config.reward_model is not None else None
+            return base if other is None else shape_of(other)
+        try:
+            return resolve_model_shape(model)
+        except ValueError as e:
+            raise ValueError(f"{stage}: a reward model / judge entry: {e} (or in its `model:` field)") from None
+
+    return shape_of
 
 
 def plan_pipeline(config: PipelineConfig, hw: Hardware, shape: ModelShape | None = None) -> list[StagePlan]:
@@ -54,32 +99,50 @@ def plan_pipeline(config: PipelineConfig, hw: Hardware, shape: ModelShape | None
 
     shape = shape or model_shape(config)
     plans = []
-    for s in all_stages():
-        if s.pool != "gpu" or not s.enabled(config):
-            continue
-        kind = "sft" if s.kind == "reward" else s.kind  # a reward model trains like SFT (a score head, no reference)
-        plans.append(plan_stage(s.name, kind, stage_section(config, s.name, kind), shape, hw))
+    stages = [s for s in all_stages() if s.pool == "gpu" and s.enabled(config)]
+    for name, kind in [(s.name, s.kind) for s in stages] + [(EVALUATE, "sampling")] * any(s.makes_model for s in stages):
+        kind = "sft" if kind == "reward" else kind  # a reward model trains like SFT (a score head, no reference)
+        section = getattr(config, name)
+        scorers = section_scorers(section, kind, config_shape_of(config, shape, name))
+        plans.append(plan_stage(name, kind, stage_section(config, name, kind), shape, hw, scorers))
     return plans
 
 
 def check_stage_memory(stage: str, kind: str, section: Any, model_path: str | Path, *,
-                       gpus: int | None = None, free: int | None = None, total: int | None = None) -> StagePlan | None:
+                       gpus: int | None = None, free: int | None = None, total: int | None = None,
+                       scorers_of: BaseModel | None = None) -> StagePlan | None:
     """Fail fast (``StageMemoryError``) when ``stage`` would not fit its device; None when not on CUDA.
 
     ``gpus`` defaults to torchrun's ``WORLD_SIZE``; ``free``/``total`` to ``torch.cuda.mem_get_info()``
-    (tests inject them). ``kind`` is the stage table's (``sft``, ``rl``, ``sampling``)."""
+    (tests inject them). ``kind`` is the stage table's (``sft``, ``rl``, ``sampling``). ``scorers_of``: the
+    section whose reward models and judges the stage loads (default ``section``), their paths resolved; one
+    whose shape is unknown here (a hub name outside the planner's table) is left out, with a warning."""
     if free is None or total is None:
         import torch
 
         if not torch.cuda.is_available():
             return None
         free, total = torch.cuda.mem_get_info()
+    if gpus is None and kind == "sampling":  # one process; its reward models go to the last GPU it sees
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 1
     gpus = gpus or int(os.environ.get("WORLD_SIZE", "1"))
     shape = resolve_model_shape(str(model_path))
-    plan = plan_stage(stage, kind, section, shape, Hardware(gpus=gpus, gpu_memory=total, free_memory=free))
+    scorers = section_scorers(scorers_of if scorers_of is not None else section, kind, _known_shape_of)
+    plan = plan_stage(stage, kind, section, shape, Hardware(gpus=gpus, gpu_memory=total, free_memory=free),
+                      [s for s in scorers if s.shape is not None])
     if not plan.fits:
         raise StageMemoryError(plan.failure_message())
     return plan
+
+
+def _known_shape_of(model: str) -> ModelShape | None:
+    try:
+        return resolve_model_shape(model)
+    except ValueError as e:
+        logger.warning("memory check: %s; its reward model / judge is left out of the plan", e)
+        return None
 
 
 HARDWARE_LINE = re.compile(r"^#\s*hardware:\s*(?:(\d+)x(\d+(?:\.\d+)?)GiB GPU|cpu (\d+(?:\.\d+)?)GiB)\s*$", re.M)

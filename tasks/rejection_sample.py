@@ -44,7 +44,7 @@ def _sample(ctx: StageContext, model_path: str, rows: list[dict[str, Any]], pare
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     # vLLM's context fits this stage's prompts (cut or dropped at rs.max_prompt_length) and samples
     sizes = grpo.model_copy(update={"max_prompt_length": rs.max_prompt_length, "max_completion_length": rs.max_new_tokens})
-    check_stage_memory(ctx.stage, "sampling", sizes, model_path)  # CUDA only: fail fast when it cannot fit
+    check_stage_memory(ctx.stage, "sampling", sizes, model_path, scorers_of=rs)  # CUDA only: fail fast when it cannot fit
     opts = backend_options(sizes, kind, device, AutoConfig.from_pretrained(model_path))
     backend = make_backend(kind, model_path, tokenizer=tokenizer, **opts)
     return rejection_sample_with_config(rs, backend, tokenizer, rows)

@@ -71,14 +71,16 @@ def _is_stage_reference(value: Any) -> bool:
     return isinstance(value, RewardModelSpec) and value.model == REWARD_MODEL_STAGE
 
 
-def _walk(value: Any) -> Iterator[Any]:
+def walk_fields(value: Any) -> Iterator[Any]:
+    """``value`` and everything under it: a model's fields, a list's items (the memory planner finds reward
+    models and judges with it too)."""
     yield value
     if isinstance(value, BaseModel):
         for name in type(value).model_fields:
-            yield from _walk(getattr(value, name))
+            yield from walk_fields(getattr(value, name))
     elif isinstance(value, (list, tuple)):
         for item in value:
-            yield from _walk(item)
+            yield from walk_fields(item)
 
 
 def _replace(value: Any, local: str) -> Any:
@@ -94,7 +96,7 @@ def _replace(value: Any, local: str) -> Any:
 
 def uses_reward_model_stage(section: BaseModel) -> bool:
     """Whether ``section`` holds an entry ``{reward_model: {model: reward_model}}`` anywhere."""
-    return any(_is_stage_reference(v) for v in _walk(section))
+    return any(_is_stage_reference(v) for v in walk_fields(section))
 
 
 def reward_model_upstream(section: BaseModel) -> tuple[str, ...]:
