@@ -48,6 +48,9 @@ class OptimConfig(_Strict):
     seed: int = 0
     save_steps: int = Field(50, gt=0, description="write a resumable checkpoint every N optimiser steps")
     save_total_limit: int = Field(2, gt=0, description="keep the newest N checkpoints")
+    save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="dtype of the final (committed) model: auto = the base model's (its config.json dtype, "
+        "fp32 when it names none); training runs on fp32 weights and checkpoints keep them, for exact resume")
     logging_steps: int = Field(1, gt=0)
     report_to: list[Literal["jsonl", "tensorboard"]] = ["jsonl", "tensorboard"]
     torch_num_threads: int | None = Field(None, gt=0, description="torch.set_num_threads; None leaves torch's default")
