@@ -604,7 +604,10 @@ class EvalConfig(_Strict):
         default_factory=dict, description="published numbers in percent per benchmark for the report, e.g. "
         "{math500: {label: DeepSeek-R1, pass@1: 97.3}}",
     )
-    use_vllm: bool | None = Field(False, description="sample with vLLM; None: vLLM when importable")
+    use_vllm: bool | None = Field(
+        None, description="sample with vLLM (true) or transformers (false); None = as the evaluated stage samples: "
+        "an RL stage's own use_vllm, grpo_train's for the SFT stages (tasks/evaluate.py: eval_use_vllm); transformers "
+        "for a model folder (r1 eval DIR)")
     vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     vllm_tensor_parallel_size: int = Field(1, ge=1)
     vllm_kv_cache_memory_bytes: int | None = Field(None, gt=0, description="fixed KV cache size (needed on CPU)")
