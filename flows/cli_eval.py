@@ -57,7 +57,7 @@ def eval_model(
 
         why = "--vllm/--no-vllm" if vllm is not None else "evaluate.use_vllm"
         if cfg.use_vllm is None:  # a folder is no stage whose sampling evaluation could follow
-            cfg, why = cfg.model_copy(update={"use_vllm": False}), "evaluate.use_vllm unset, a model folder: --vllm to use it"
+            cfg, why = cfg.model_copy(update={"use_vllm": False}), "a model folder with evaluate.use_vllm unset, so use_vllm"
         typer.echo(eval_backend_kind(cfg.use_vllm, why)[1])
         out = output or Path("r1-eval") / folder.resolve().name
         metrics = evaluate_folder(folder, cfg, out)
