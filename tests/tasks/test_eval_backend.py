@@ -40,11 +40,13 @@ def test_unset_follows_the_stage_sampling():
 def test_explicit_evaluate_use_vllm_wins():
     for value in (False, True):
         config = _config("qwen2.5-0.5b-gsm8k.yaml", evaluate={"use_vllm": value})
-        assert {s: eval_use_vllm(config, s) for s in MODEL_STAGES} == dict.fromkeys(MODEL_STAGES, (value, "evaluate.use_vllm"))
+        expected = dict.fromkeys(MODEL_STAGES, (value, "evaluate.use_vllm"))
+        assert {s: eval_use_vllm(config, s) for s in MODEL_STAGES} == expected
 
 
 def test_the_choice_is_said_with_its_reason():
-    assert eval_backend_kind(True, "grpo_train.use_vllm") == ("vllm", "evaluation samples with vLLM (grpo_train.use_vllm: true)")
+    assert eval_backend_kind(True, "grpo_train.use_vllm") == ("vllm", "evaluation samples with vLLM "
+                                                                    "(grpo_train.use_vllm: true)")
     assert eval_backend_kind(False, "evaluate.use_vllm") == ("hf", "evaluation samples with transformers "
                                                                    "(evaluate.use_vllm: false)")
     kind, line = eval_backend_kind(None, "evaluate.use_vllm")
