@@ -92,7 +92,8 @@ def run(
 def stage(
     name: str = typer.Argument(..., help="a stage name (listed above)"),
     run_name: str = typer.Option(..., "--run", help="the run whose committed upstream outputs this stage reads"),
-    config: Optional[Path] = typer.Option(None, "-c", "--config", help="default: the config the run started with"),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", help="default: the config the run recorded; given, "
+                                          "it is recorded as the run's config (as r1 run -c does)"),
     store: Optional[str] = typer.Option(None, "--store"),
     force_unlock: bool = typer.Option(False, "--force-unlock", help=FORCE_UNLOCK),
     seed: Optional[int] = typer.Option(None, "--seed", min=0, help="check that the run uses this seed (with -c: set "
@@ -107,11 +108,13 @@ def stage(
     st = _store(store)
     if seed is not None:
         _check_run_seed(st, run_name, seed)  # the stage's upstream outputs were made with the run's seeds
-    from flows.stages import stage_flow
+    from flows.stages import record_run_config, stage_flow
     from tasks.common import configure_stage_logging
 
     configure_stage_logging()
     with _interruptible(), _prefect_api(), _lease(st, run_name, force_unlock):
+        if cfg is not None:  # as `r1 run -c` does: the run's later stages and commands read it back
+            record_run_config(st, run_name, cfg)
         ref = _run_flow(stage_flow(name), run=run_name, config=cfg, store=st.url, force=True)
     typer.echo(f"{name}: committed {st.uri_of(ref['path'])}")
 

@@ -27,7 +27,9 @@ def eval_model(
     max_prompt_length: Optional[int] = typer.Option(None, "--max-prompt-length", help="longer prompts keep their last N tokens"),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="default 0.6 (R1 protocol)"),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="default 0.95 (R1 protocol)"),
-    vllm: Optional[bool] = typer.Option(None, "--vllm/--no-vllm", help="sample with vLLM (default: the config's use_vllm)"),
+    vllm: Optional[bool] = typer.Option(None, "--vllm/--no-vllm", help="sample with vLLM or transformers (default: "
+                                        "evaluate.use_vllm; unset: as the evaluated stage samples, transformers "
+                                        "for a model folder)"),
     run_name: Optional[str] = typer.Option(None, "--run", help="the run, when MODEL_OR_RUN_STAGE is a stage name"),
     config: Optional[Path] = typer.Option(None, "-c", "--config", help="its evaluate section is the base (default: "
                                           "the run's saved config; for a folder, the R1-protocol defaults)"),
@@ -52,7 +54,13 @@ def eval_model(
         if not cfg.benchmarks:
             _fail("a model folder has no held-out set; name benchmarks with --benchmarks math500,gsm8k,...")
         from flows.evaluate import evaluate_folder
+        from tasks.evaluate import eval_backend_kind
 
+        why = "--vllm/--no-vllm" if vllm is not None else "evaluate.use_vllm"
+        if cfg.use_vllm is None:  # a folder is no stage whose sampling evaluation could follow
+            cfg = cfg.model_copy(update={"use_vllm": False})
+            why = "a model folder with evaluate.use_vllm unset, so use_vllm"
+        typer.echo(eval_backend_kind(cfg.use_vllm, why)[1])
         out = output or Path("r1-eval") / folder.resolve().name
         metrics = evaluate_folder(folder, cfg, out)
         for key, v in sorted(metrics.items()):

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from prefect import flow
 
 from flows.report import write_report
-from flows.stages import RUN_CONFIG, call_task, reuse, stage_flow
+from flows.stages import call_task, record_run_config, reuse, stage_flow
 from tasks.config import PipelineConfig, check_run_name, load_config
 from tasks.stages import Stage, all_stages, get_stage, stage_names
 from tasks.manifest import StageRef
@@ -96,7 +96,7 @@ def r1_pipeline(config_path: str | None = None, run_name: str | None = None, sta
     cfg = pipeline_config(config, config_path)
     run = check_run_name(run_name) if run_name else new_run_name()
     st = Store(store)
-    st.write_run_file(run, RUN_CONFIG, {"config": cfg.model_dump(mode="json")})
+    record_run_config(st, run, cfg)
     stage = Dispatcher.plan(cfg, run, st.url, stages, from_stage, dispatch)
 
     for entry in all_stages():  # prepare_data, cold_start_sft, grpo_train, rejection_sample, sft_consolidate, final_rl

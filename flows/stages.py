@@ -41,6 +41,12 @@ def reuse(run: str, stage: str, store: str) -> StageRef:
     return cached(committed(Store(store), run, stage), "not selected to run; reusing the committed output")
 
 
+def record_run_config(store: Store, run: str, config: PipelineConfig) -> None:
+    """Save ``config`` as ``run``'s config (what ``r1 stage`` without -c, ``r1 eval`` and ``r1 status`` read back):
+    ``r1 run`` records the config it runs at every start, ``r1 stage -c FILE`` too (the newest one wins)."""
+    store.write_run_file(run, RUN_CONFIG, {"config": config.model_dump(mode="json")})
+
+
 def resolve_config(config: PipelineConfig | None, config_path: str | None, run: str, store: Store) -> PipelineConfig:
     """The given config, else the file at ``config_path``, else the one the run was started with (saved in
     the store)."""

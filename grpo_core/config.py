@@ -48,6 +48,9 @@ class OptimConfig(_Strict):
     seed: int = 0
     save_steps: int = Field(50, gt=0, description="write a resumable checkpoint every N optimiser steps")
     save_total_limit: int = Field(2, gt=0, description="keep the newest N checkpoints")
+    save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="dtype of the final (committed) model: auto = the base model's (its config.json dtype, "
+        "fp32 when it names none); training runs on fp32 weights and checkpoints keep them, for exact resume")
     logging_steps: int = Field(1, gt=0)
     report_to: list[Literal["jsonl", "tensorboard"]] = ["jsonl", "tensorboard"]
     torch_num_threads: int | None = Field(None, gt=0, description="torch.set_num_threads; None leaves torch's default")
@@ -606,7 +609,10 @@ class EvalConfig(_Strict):
         default_factory=dict, description="published numbers in percent per benchmark for the report, e.g. "
         "{math500: {label: DeepSeek-R1, pass@1: 97.3}}",
     )
-    use_vllm: bool | None = Field(False, description="sample with vLLM; None: vLLM when importable")
+    use_vllm: bool | None = Field(
+        None, description="sample with vLLM (true) or transformers (false); None = as the evaluated stage samples: "
+        "an RL stage's own use_vllm, grpo_train's for the SFT stages (tasks/evaluate.py: eval_use_vllm); transformers "
+        "for a model folder (r1 eval DIR)")
     vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     vllm_tensor_parallel_size: int = Field(1, ge=1)
     vllm_kv_cache_memory_bytes: int | None = Field(None, gt=0, description="fixed KV cache size (needed on CPU)")

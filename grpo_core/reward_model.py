@@ -220,7 +220,7 @@ def train_reward_model(config: RewardConfig, model_path: str | Path, rows: list[
                     metrics.update(evaluate_pairs(model, eval_pairs, pad_id, ctx.device, config.eval_batch_size))
                 state["window"] = []
             run.end_step(step, metrics, loss=loss, lr=learning_rate)
-        final = run.finish()
+        final = run.finish(model_path)
     history = state["log_history"]
     result = {k: v for k, v in (history[-1] if history else {}).items() if k.startswith(("eval/", "train/"))}
     if not any(k.startswith("eval/") for k in result):  # resumed after the last step: score the held-out set again

@@ -162,7 +162,7 @@ def train_sft(config: SFTConfig, model_path: str | Path, rows: list[dict[str, An
                            "train/num_tokens": num_tokens, "train/elapsed_s": time.time() - started}
                 state["loss_window"] = []
             run.end_step(step, metrics, loss=loss, lr=learning_rate)
-        final = run.finish()
+        final = run.finish(model_path)
     last_loss = state["log_history"][-1]["train/loss"] if state["log_history"] else float("nan")
     return {"train/loss": last_loss, "train/steps": state["step"], "train/runtime_s": time.time() - started,
             "final_path": str(final)}

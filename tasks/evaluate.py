@@ -40,7 +40,8 @@ def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRe
 
     ctx = StageContext.open(config, run, store, output_name(model.stage))
     try:
-        cfg = ctx.config.evaluate
+        use_vllm, why = eval_use_vllm(ctx.config, model.stage)
+        cfg = ctx.config.evaluate.model_copy(update={"use_vllm": use_vllm})  # the manifest records what was followed
         parents = {"model": model, "prepare_data": data}
         if uses_reward_model_stage(cfg):
             if reward_model is None:
@@ -59,7 +60,7 @@ def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRe
         rows = read_parquet(ctx.fetch(data, "eval.parquet"))
         model_path = str(ctx.fetch(model, "model"))
         scoring = resolve_reward_models(ctx, cfg, parents)  # `model: reward_model` -> the fetched folder
-        module, tokenizer, backend = make_eval_backend(scoring, model_path)
+        module, tokenizer, backend = make_eval_backend(scoring, model_path, why=why)
         result = evaluate_with_config(scoring, module if module is not None else model_path, rows, tokenizer=tokenizer,
                                       backend=backend, return_rows=True)
         held_out = result.pop("rows")  # per row, with its source (grpo_core.evaluation)
@@ -95,16 +96,42 @@ def _digest(rows: list[dict[str, Any]]) -> str:
     return rows_digest(rows)
 
 
-def make_eval_backend(cfg: Any, model_path: str) -> tuple[Any, Any, Any]:
-    """``(module or None, tokenizer, backend)``: vLLM where ``cfg.use_vllm`` selects it and it is installed
-    (then the held-out set's forced-reasoning pass loads its own module), else transformers sampling with the
-    model loaded once (on the GPU when there is one)."""
+def eval_use_vllm(config: Any, stage: str) -> tuple[bool | None, str]:
+    """``(use_vllm, where it comes from)`` for evaluating ``stage``'s model under the pipeline ``config``.
+
+    ``evaluate.use_vllm`` when set; unset (None), evaluation samples as the stage does: an RL stage (grpo_train,
+    final_rl) by its own section's ``use_vllm``, any other model stage (the SFT stages) by ``grpo_train``'s, the
+    sampler the run's RL and rejection sampling use on the same machines. None from there: vLLM where installed."""
+    from tasks.stages import get_stage
+
+    if config.evaluate.use_vllm is not None:
+        return config.evaluate.use_vllm, "evaluate.use_vllm"
+    section = stage if get_stage(stage).kind == "rl" else "grpo_train"
+    return getattr(config, section).use_vllm, f"evaluate.use_vllm unset, so {section}.use_vllm"
+
+
+def eval_backend_kind(use_vllm: bool | None, why: str) -> tuple[str, str]:
+    """``("vllm" | "hf", a line saying which sampler evaluation uses and why)``; ``why`` names the setting, e.g.
+    ``evaluate.use_vllm unset, so grpo_train.use_vllm`` (``eval_use_vllm``)."""
+    from grpo_core.generation import backend_kind
+
+    kind = backend_kind(use_vllm)
+    setting = "unset: vLLM where installed" if use_vllm is None else str(use_vllm).lower()
+    return kind, f"evaluation samples with {'vLLM' if kind == 'vllm' else 'transformers'} ({why}: {setting})"
+
+
+def make_eval_backend(cfg: Any, model_path: str, why: str = "evaluate.use_vllm") -> tuple[Any, Any, Any]:
+    """``(module or None, tokenizer, backend)``: vLLM where ``cfg.use_vllm`` selects it (None: where installed),
+    then the held-out set's forced-reasoning pass loads its own module; else transformers sampling with the model
+    loaded once (on the GPU when there is one). Logs the choice; ``why`` names the setting ``cfg.use_vllm`` came
+    from (the evaluate task resolves an unset one with ``eval_use_vllm`` first)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_core.generation import backend_kind, backend_options, make_backend
+    from grpo_core.generation import backend_options, make_backend
 
-    kind = backend_kind(cfg.use_vllm)
+    kind, line = eval_backend_kind(cfg.use_vllm, why)
+    logger().info(line)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     sizes = SimpleNamespace(max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_new_tokens,

@@ -252,7 +252,7 @@ def train_grpo(
                 logger.debug("step %d/%d reward %.3f loss %.4f (%.2fs)", step, config.max_steps,
                              metrics["reward"], metrics["loss"], metrics["time/step"])
                 run.end_step(step, metrics, loss=metrics["loss"], reward=metrics["reward"], lr=metrics["learning_rate"])
-            run.finish()
+            run.finish(model_path)
         finally:
             if config.async_rollouts:  # the sampler process ends with the stage, failed or not
                 backend.close()

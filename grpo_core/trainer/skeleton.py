@@ -10,7 +10,7 @@ and in its loss.
             ...                                            # the trainer's batch, loss and backward
             grad_norm = optimizer_step(model, run.optimizer, run.scheduler, config.max_grad_norm, ctx)
             run.end_step(step, metrics, loss=..., lr=...)  # history, metrics.jsonl, progress, on_step, checkpoint
-        run.finish()                                       # output_dir/final
+        run.finish(model_path)                             # output_dir/final, in save_dtype
 
 Only rank 0 writes checkpoints, metrics and the final model, and only rank 0 calls the callbacks; every
 rank joins the FSDP gathers and the barriers. ``trainer_state.json`` of a checkpoint holds at least
@@ -21,6 +21,7 @@ rewritten on resume, so it lists every step exactly once.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -92,6 +93,23 @@ def prepare_output_dir(output_dir: Path, ctx: DistContext, resume: bool) -> None
 
 def load_model(path: Path | str, device: torch.device) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+
+
+SAVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_save_dtype(save_dtype: str, base_model: Path | str) -> torch.dtype:
+    """The dtype the final model is written in: ``save_dtype``, or (``auto``) the base model's, read from its
+    config.json (``dtype``, or ``torch_dtype`` in older files; fp32 when it names none). The trainer always runs on
+    fp32 weights (``load_model``), so without this a bf16 base would be committed at twice its size."""
+    if save_dtype != "auto":
+        return SAVE_DTYPES[save_dtype]
+    from transformers import AutoConfig
+
+    dtype = AutoConfig.from_pretrained(base_model).dtype
+    if isinstance(dtype, str):
+        dtype = SAVE_DTYPES.get(dtype)
+    return dtype if dtype in SAVE_DTYPES.values() else torch.float32
 
 
 def uses_fsdp(config: OptimConfig, ctx: DistContext) -> bool:
@@ -266,13 +284,15 @@ class TrainingRun:
             call_callbacks(self.callbacks, "on_checkpoint", step, path)
         barrier(self.ctx)
 
-    def finish(self) -> Path:
-        """Save ``output_dir/final`` with the resolved config (rank 0; every rank joins the FSDP gather); its path."""
+    def finish(self, base_model: Path | str) -> Path:
+        """Save ``output_dir/final`` with the resolved config (rank 0; every rank joins the FSDP gather) in
+        ``config.save_dtype`` (auto: ``base_model``'s dtype, ``resolve_save_dtype``); its path."""
         final = self.output_dir / "final"
         full_model = gather_model_state(self.model) if is_sharded(self.model) else None
         if self.ctx.is_main:
+            dtype = resolve_save_dtype(self.config.save_dtype, base_model)
             save_final_model(self.model, self.tokenizer, final, state_dict=full_model,
-                             json_files={config_file(self.name): self.config_json})
+                             json_files={config_file(self.name): self.config_json}, dtype=dtype)
         barrier(self.ctx)
         return final
 
@@ -288,15 +308,38 @@ class TrainingRun:
 
 
 def save_final_model(model: torch.nn.Module, tokenizer: Any, path: Path, state_dict: dict[str, torch.Tensor] | None = None,
-                     json_files: dict[str, Any] | None = None) -> None:
+                     json_files: dict[str, Any] | None = None, dtype: torch.dtype | None = None) -> None:
     """``save_pretrained`` model (or ``state_dict``, gathered from shards), tokenizer and ``json_files``
-    (name -> object, e.g. the resolved trainer config) into ``path``, atomically."""
+    (name -> object, e.g. the resolved trainer config) into ``path``, atomically; floating-point tensors in
+    ``dtype`` when given (config.json's ``dtype`` says so), the model itself left as it is."""
     tmp = path.with_name(f".tmp-{path.name}")
     shutil.rmtree(tmp, ignore_errors=True)
+    recast = dtype is not None and dtype != model.dtype
+    if recast:
+        state_dict = cast_state_dict(model.state_dict() if state_dict is None else state_dict, dtype)
     model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+    if recast:  # save_pretrained writes the module's dtype (fp32), not the tensors'
+        config = json.loads((tmp / "config.json").read_text())
+        name = str(dtype).removeprefix("torch.")
+        config.update({key: name for key in ("dtype", "torch_dtype") if key in config} or {"dtype": name})
+        write_json(tmp / "config.json", config)
     tokenizer.save_pretrained(tmp)
     for name, obj in (json_files or {}).items():
         write_json(tmp / name, obj)
     if path.exists():
         shutil.rmtree(path)
     os.rename(tmp, path)
+
+
+def cast_state_dict(state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``state_dict`` with its floating-point tensors in ``dtype``; names sharing one tensor (tied weights) share
+    the cast copy too, so ``save_pretrained`` still sees them as tied."""
+    cast: dict[int, torch.Tensor] = {}
+    out = {}
+    for name, tensor in state_dict.items():
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            if id(tensor) not in cast:
+                cast[id(tensor)] = tensor.detach().to(dtype)
+            tensor = cast[id(tensor)]
+        out[name] = tensor
+    return out

@@ -115,5 +115,6 @@ def test_r1_eval_on_a_model_folder_writes_results_there(run_with_model, tmp_path
     assert (saved["config"]["temperature"], saved["config"]["top_p"]) == (0.6, 0.95)  # the R1 protocol by default
     assert len((out / "math500.jsonl").read_text().splitlines()) == 2
     assert "eval/math500/pass@1" in result.output
+    assert "evaluation samples with transformers (a model folder with evaluate.use_vllm unset" in result.output
     nothing = CliRunner().invoke(app, ["eval", str(model)])
     assert nothing.exit_code == 1 and "name benchmarks with --benchmarks" in nothing.output
