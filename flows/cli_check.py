@@ -54,7 +54,10 @@ def check_config(
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         try:
-            mini = miniature_pipeline(cfg, build_miniatures(workdir), rows=rows, steps=steps)
+            import torch
+
+            mini = miniature_pipeline(cfg, build_miniatures(workdir), rows=rows, steps=steps,
+                                      cuda=torch.cuda.is_available())
         except (MiniatureError, ConfigError) as e:
             _fail(str(e))
         typer.echo(f"\nminiature run: {rows} rows a source, {steps} steps a training stage, every model at 2 narrow "

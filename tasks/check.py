@@ -72,6 +72,15 @@ def _shrink_data(data: dict[str, Any], rows: int) -> None:
             _cap(data, key, value)
 
 
+def _map_values(node: Any, field: str, change: Callable[[Any], Any]) -> Any:
+    """``node`` with the value of every ``field`` key replaced by ``change(value)``."""
+    if isinstance(node, dict):
+        return {k: change(v) if k == field else _map_values(v, field, change) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_map_values(v, field, change) for v in node]
+    return node
+
+
 def _map_models(node: Any, build: Callable[[str], str], key: str = "") -> Any:
     """``node`` with every model name under ``MODEL_KEYS`` replaced by ``build(name)``."""
     if isinstance(node, dict):
@@ -84,10 +93,13 @@ def _map_models(node: Any, build: Callable[[str], str], key: str = "") -> Any:
 
 
 def miniature_pipeline(config: PipelineConfig, build_model: Callable[[str], str], *, rows: int = 8,
-                       steps: int = 2) -> PipelineConfig:
-    """The config in miniature (module docstring); ``build_model(name) -> folder`` makes each model's stand-in."""
+                       steps: int = 2, cuda: bool = False) -> PipelineConfig:
+    """The config in miniature (module docstring); ``build_model(name) -> folder`` makes each model's stand-in.
+    Without ``cuda`` a reward model or judge placed on a GPU (``device: cuda...``) runs where the rest does."""
     data = config.model_dump(mode="json", exclude_unset=True)
     data = _map_models(data, build_model)
+    if not cuda:
+        data = _map_values(data, "device", lambda d: None if str(d).startswith("cuda") else d)
     _shrink_data(data.setdefault("data", {}), rows)
     for name in TRAINING:
         if name != "reward_model" or config.reward_model is not None:

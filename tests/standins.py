@@ -19,6 +19,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+import subprocess
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -253,3 +254,15 @@ def build_hf_home(hf_home: str | Path, names: set[str] | None = None, rows: int 
 
 if __name__ == "__main__":
     print(build_hf_home(sys.argv[1] if len(sys.argv) > 1 else "./hf-home"))
+
+
+def run_check(config: Path, tmp: Path, *extra: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    """``r1 check -c config`` as a user runs it, against stand-ins of every hub name the config has (built under
+    ``tmp``), with the user's store set to ``tmp/user-store`` (the check must leave it untouched)."""
+    import os
+
+    hf_home = build_hf_home(tmp / "hf-home", hub_names(config))
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "R1_STORE": str(tmp / "user-store"),
+           "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "flows.cli", "check", "-c", str(config), *extra], env=env,
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=timeout)
