@@ -22,6 +22,12 @@ LONG_PROMPTS_HELP = ("a prompt longer than max_prompt_length: truncate keeps its
                      "(left truncation, as TRL and GRPO training always did), drop skips the row and counts it")
 
 
+# SFT and reward-model training count steps from epochs unless max_steps is given. A value, not "was it set":
+# a config dumped and read again (a saved run, a deployment's parameters) keeps its meaning.
+MAX_STEPS_HELP = "optimiser steps; None = num_train_epochs over the rows (TRL's max_steps=-1)"
+EPOCHS_HELP = "passes over the rows when max_steps is None: ceil(num_train_epochs x rows / rows per step) steps"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -81,7 +87,8 @@ class SFTConfig(OptimConfig):
     """Supervised fine-tuning on (prompt, completion) pairs, loss on completion tokens only."""
 
     learning_rate: float = Field(1e-5, gt=0)
-    num_train_epochs: float = Field(1.0, gt=0, description="used when max_steps is not set explicitly")
+    max_steps: int | None = Field(None, gt=0, description=MAX_STEPS_HELP)
+    num_train_epochs: float = Field(1.0, gt=0, description=EPOCHS_HELP)
     max_length: int = Field(1024, gt=0, description="prompt + completion tokens; longer rows are truncated")
     completion_only_loss: bool = True
     group_by_length: bool = Field(
@@ -368,7 +375,8 @@ class RewardConfig(OptimConfig):
     (grpo_core.reward_model)."""
 
     learning_rate: float = Field(1e-4, gt=0, description="TRL's RewardConfig default")
-    num_train_epochs: float = Field(1.0, gt=0, description="used when max_steps is not set explicitly")
+    max_steps: int | None = Field(None, gt=0, description=MAX_STEPS_HELP)
+    num_train_epochs: float = Field(1.0, gt=0, description=EPOCHS_HELP)
     max_length: int = Field(1024, gt=0, description="prompt + response tokens; longer ones are cut on the right (TRL)")
     center_rewards_coefficient: float | None = Field(
         None, ge=0, description="adds coef * mean((r_chosen + r_rejected)^2) (Eisenstein et al. 2023); TRL suggests 0.01",
