@@ -46,7 +46,8 @@ class OptimConfig(_Strict):
     max_grad_norm: float = Field(1.0, gt=0)
     max_steps: int = Field(100, gt=0)
     per_device_train_batch_size: int = Field(8, gt=0, description="sequences per forward/backward micro-batch")
-    gradient_accumulation_steps: int = Field(1, gt=0)
+    gradient_accumulation_steps: int = Field(1, gt=0, description="micro-batches per optimiser step (SFT, reward "
+                                             "model); GRPO refuses it: its micro-batches follow from its completions")
     gradient_checkpointing: bool = Field(False, description="recompute each decoder layer's activations in backward "
                                          "(under FSDP: one checkpointed layer per FSDP group)")
     bf16: bool = Field(False, description="GPU only (fp32 on CPU): bf16 autocast; under FSDP also bf16 weights for "
@@ -54,7 +55,8 @@ class OptimConfig(_Strict):
     seed: int = 0
     save_steps: int = Field(50, gt=0, description="write a resumable checkpoint every N optimiser steps")
     save_total_limit: int = Field(2, gt=0, description="keep the newest N checkpoints")
-    logging_steps: int = Field(1, gt=0)
+    logging_steps: int = Field(1, gt=0, description="log (metrics.jsonl, TensorBoard, progress) every N steps and at "
+                               "the last; SFT logs the mean loss of the N steps, GRPO the Nth step's metrics")
     report_to: list[Literal["jsonl", "tensorboard"]] = ["jsonl", "tensorboard"]
     torch_num_threads: int | None = Field(None, gt=0, description="torch.set_num_threads; None leaves torch's default")
     logprob_chunk_size: int = Field(1024, gt=0, description="rows of logits turned into log-probs at once (the loss "
@@ -328,6 +330,19 @@ class GRPOConfig(OptimConfig):
     @classmethod
     def _reward_entries(cls, value: Any) -> Any:
         return [normalize_reward_entry(v) for v in value] if isinstance(value, list) else value
+
+    @field_validator("gradient_accumulation_steps")
+    @classmethod
+    def _no_accumulation(cls, value: int) -> int:
+        """Inherited from OptimConfig, but GRPO's micro-batches follow from the step's completions: refuse a
+        value that would be ignored (TRL users bring it over)."""
+        if value != 1:
+            raise ValueError(
+                f"gradient_accumulation_steps ({value}) does nothing in GRPO: an optimiser step trains on "
+                "generation_batch_size / steps_per_generation completions, in micro-batches of "
+                "per_device_train_batch_size (lower it to save memory; raise generation_batch_size for a bigger step); "
+                "remove gradient_accumulation_steps")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> "GRPOConfig":

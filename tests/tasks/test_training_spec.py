@@ -1,6 +1,6 @@
 """The trainer's config crosses to the training child as one typed spec (tasks.training_spec): what the user set
 arrives as set, so ``num_train_epochs`` without ``max_steps`` trains that many epochs through the pipeline; run
-settings reach the trainer through it."""
+settings reach the trainer through it; a field GRPO would ignore is refused."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from grpo_core.sft import resolve_max_steps
 from grpo_core.tiny import build_tiny_model
 from tasks.cold_start_sft import cold_start_sft
 from tasks.common import fingerprint
-from tasks.config import PipelineConfig
+from tasks.config import ConfigError, PipelineConfig, load_config
 from tasks.reward_model import resolve_reward_models
 from tasks.store import Store
 from tasks.training_spec import TrainingSpec, trainer_config
@@ -104,3 +104,15 @@ def test_naming_the_reward_model_stage_keeps_the_set_fields():
     assert resolved.model_fields_set == {"learning_rate", "reward_funcs"}
     wire = json.loads(spec_of("grpo", trainer_config("grpo", resolved, torch_num_threads=None)).model_dump_json())
     assert set(wire["config"]) == {"learning_rate", "reward_funcs"}
+
+
+def test_grpo_refuses_gradient_accumulation_steps_naming_section_and_what_to_set(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {tiny: {}}\ncold_start_sft:\n  gradient_accumulation_steps: 4\n"
+                    "final_rl:\n  gradient_accumulation_steps: 4\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}:5: final_rl.gradient_accumulation_steps: Value error, "
+                              "gradient_accumulation_steps (4) does nothing in GRPO")
+    assert "per_device_train_batch_size" in message and "cold_start_sft" not in message  # SFT accumulates
