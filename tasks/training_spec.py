@@ -25,10 +25,11 @@ TRAINER_CONFIGS: dict[str, type[TrainerConfig]] = {"sft": SFTConfig, "grpo": GRP
 
 def trainer_config(kind: TrainerKind, section: BaseModel, *, torch_num_threads: int | None) -> TrainerConfig:
     """``section`` as the ``kind`` trainer's config: the trainer fields the user set, plus the run's
-    ``torch_num_threads`` when the section gives none."""
+    ``torch_num_threads`` (the one home of the setting: tasks.config.RunSettings)."""
     cls = TRAINER_CONFIGS[kind]
     values = {name: getattr(section, name) for name in section.model_fields_set if name in cls.model_fields}
-    if torch_num_threads is not None and values.get("torch_num_threads") is None:
+    values.pop("torch_num_threads", None)  # PipelineConfig moves a section's value to run.torch_num_threads
+    if torch_num_threads is not None:
         values["torch_num_threads"] = torch_num_threads
     return cls.model_validate(values)
 

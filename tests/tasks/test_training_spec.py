@@ -1,10 +1,11 @@
 """The trainer's config crosses to the training child as one typed spec (tasks.training_spec): what the user set
 arrives as set, so ``num_train_epochs`` without ``max_steps`` trains that many epochs through the pipeline; run
-settings reach the trainer through it; a field GRPO would ignore is refused."""
+settings (threads) have one home; fields a stage would ignore are refused or honoured."""
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,13 +18,16 @@ from grpo_core.sft import resolve_max_steps
 from grpo_core.tiny import build_tiny_model
 from tasks.cold_start_sft import cold_start_sft
 from tasks.common import fingerprint
-from tasks.config import ConfigError, PipelineConfig, load_config
+from tasks.config import TRAINER_SECTIONS, ConfigError, PipelineConfig, load_config, parse_config
 from tasks.reward_model import resolve_reward_models
 from tasks.store import Store
 from tasks.training_spec import TrainingSpec, trainer_config
 
+ROOT = Path(__file__).resolve().parents[2]
 TINY = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "max_position_embeddings": 64}
 COLD_START_ROWS, BATCH, EPOCHS = 24, 8, 2
+KINDS = {"cold_start_sft": "sft", "reward_model": "reward", "grpo_train": "grpo", "sft_consolidate": "sft",
+         "final_rl": "grpo"}
 
 
 def spec_of(kind: str, config) -> TrainingSpec:
@@ -104,6 +108,34 @@ def test_naming_the_reward_model_stage_keeps_the_set_fields():
     assert resolved.model_fields_set == {"learning_rate", "reward_funcs"}
     wire = json.loads(spec_of("grpo", trainer_config("grpo", resolved, torch_num_threads=None)).model_dump_json())
     assert set(wire["config"]) == {"learning_rate", "reward_funcs"}
+
+
+def test_the_embedded_default_runs_every_trainer_on_the_run_threads():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the shipped configs use the one home
+        config = load_config(ROOT / "configs" / "tiny-cpu.yaml")
+    assert config.run.torch_num_threads == 2
+    assert config.model.tiny.pretrain.torch_num_threads is None  # prepare_data trains it in the stage's process
+    for name, kind in KINDS.items():
+        section = getattr(config, name)
+        assert section.torch_num_threads is None, name
+        assert trainer_config(kind, section, torch_num_threads=config.run.torch_num_threads).torch_num_threads == 2
+    assert {path[0] for path in TRAINER_SECTIONS} >= set(KINDS)
+
+
+def test_a_section_torch_num_threads_moves_to_run_with_a_warning():
+    with pytest.warns(FutureWarning, match=r"grpo_train.torch_num_threads, model.tiny.pretrain.torch_num_threads: "
+                                           r"deprecated.*run.torch_num_threads: 2"):
+        config = parse_config({"model": {"tiny": {**TINY, "pretrain": {"max_steps": 2, "torch_num_threads": 2}}},
+                               "data": {"pretrain_size": 10}, "grpo_train": {"torch_num_threads": 2}})
+    assert config.run.torch_num_threads == 2
+    assert config.grpo_train.torch_num_threads is None and config.model.tiny.pretrain.torch_num_threads is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # a saved run config (a full dump) reads back quietly
+        assert PipelineConfig.model_validate(config.model_dump(mode="json")) == config
+    with pytest.raises(ConfigError, match=r"c.yaml: \(top level\): .*grpo_train.torch_num_threads: 2, "
+                                          r"run.torch_num_threads: 1: threads are one run setting"):
+        parse_config({"grpo_train": {"torch_num_threads": 2}, "run": {"torch_num_threads": 1}}, "c.yaml")
 
 
 def test_grpo_refuses_gradient_accumulation_steps_naming_section_and_what_to_set(tmp_path):
