@@ -22,6 +22,12 @@ LONG_PROMPTS_HELP = ("a prompt longer than max_prompt_length: truncate keeps its
                      "(left truncation, as TRL and GRPO training always did), drop skips the row and counts it")
 
 
+# SFT and reward-model training count steps from epochs unless max_steps is given. A value, not "was it set":
+# a config dumped and read again (a saved run, a deployment's parameters) keeps its meaning.
+MAX_STEPS_HELP = "optimiser steps; None = num_train_epochs over the rows (TRL's max_steps=-1)"
+EPOCHS_HELP = "passes over the rows when max_steps is None: ceil(num_train_epochs x rows / rows per step) steps"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -40,7 +46,8 @@ class OptimConfig(_Strict):
     max_grad_norm: float = Field(1.0, gt=0)
     max_steps: int = Field(100, gt=0)
     per_device_train_batch_size: int = Field(8, gt=0, description="sequences per forward/backward micro-batch")
-    gradient_accumulation_steps: int = Field(1, gt=0)
+    gradient_accumulation_steps: int = Field(1, gt=0, description="micro-batches per optimiser step (SFT, reward "
+                                             "model); GRPO refuses it: its micro-batches follow from its completions")
     gradient_checkpointing: bool = Field(False, description="recompute each decoder layer's activations in backward "
                                          "(under FSDP: one checkpointed layer per FSDP group)")
     bf16: bool = Field(False, description="GPU only (fp32 on CPU): bf16 autocast; under FSDP also bf16 weights for "
@@ -51,7 +58,8 @@ class OptimConfig(_Strict):
     save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="dtype of the final (committed) model: auto = the base model's (its config.json dtype, "
         "fp32 when it names none); training runs on fp32 weights and checkpoints keep them, for exact resume")
-    logging_steps: int = Field(1, gt=0)
+    logging_steps: int = Field(1, gt=0, description="log (metrics.jsonl, TensorBoard, progress) every N steps and at "
+                               "the last; SFT logs the mean loss of the N steps, GRPO the Nth step's metrics")
     report_to: list[Literal["jsonl", "tensorboard"]] = ["jsonl", "tensorboard"]
     torch_num_threads: int | None = Field(None, gt=0, description="torch.set_num_threads; None leaves torch's default")
     logprob_chunk_size: int = Field(1024, gt=0, description="rows of logits turned into log-probs at once (the loss "
@@ -84,7 +92,8 @@ class SFTConfig(OptimConfig):
     """Supervised fine-tuning on (prompt, completion) pairs, loss on completion tokens only."""
 
     learning_rate: float = Field(1e-5, gt=0)
-    num_train_epochs: float = Field(1.0, gt=0, description="used when max_steps is not set explicitly")
+    max_steps: int | None = Field(None, gt=0, description=MAX_STEPS_HELP)
+    num_train_epochs: float = Field(1.0, gt=0, description=EPOCHS_HELP)
     max_length: int = Field(1024, gt=0, description="prompt + completion tokens; longer rows are truncated")
     completion_only_loss: bool = True
     group_by_length: bool = Field(
@@ -325,6 +334,19 @@ class GRPOConfig(OptimConfig):
     def _reward_entries(cls, value: Any) -> Any:
         return [normalize_reward_entry(v) for v in value] if isinstance(value, list) else value
 
+    @field_validator("gradient_accumulation_steps")
+    @classmethod
+    def _no_accumulation(cls, value: int) -> int:
+        """Inherited from OptimConfig, but GRPO's micro-batches follow from the step's completions: refuse a
+        value that would be ignored (TRL users bring it over)."""
+        if value != 1:
+            raise ValueError(
+                f"gradient_accumulation_steps ({value}) does nothing in GRPO: an optimiser step trains on "
+                "generation_batch_size / steps_per_generation completions, in micro-batches of "
+                "per_device_train_batch_size (lower it to save memory; raise generation_batch_size for a bigger step); "
+                "remove gradient_accumulation_steps")
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> "GRPOConfig":
         names = [reward_entry_name(e) for e in self.reward_funcs]
@@ -371,7 +393,8 @@ class RewardConfig(OptimConfig):
     (grpo_core.reward_model)."""
 
     learning_rate: float = Field(1e-4, gt=0, description="TRL's RewardConfig default")
-    num_train_epochs: float = Field(1.0, gt=0, description="used when max_steps is not set explicitly")
+    max_steps: int | None = Field(None, gt=0, description=MAX_STEPS_HELP)
+    num_train_epochs: float = Field(1.0, gt=0, description=EPOCHS_HELP)
     max_length: int = Field(1024, gt=0, description="prompt + response tokens; longer ones are cut on the right (TRL)")
     center_rewards_coefficient: float | None = Field(
         None, ge=0, description="adds coef * mean((r_chosen + r_rejected)^2) (Eisenstein et al. 2023); TRL suggests 0.01",

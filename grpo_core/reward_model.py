@@ -158,8 +158,8 @@ def response_stats(model: torch.nn.Module, pairs: list[dict[str, Any]], pad_toke
 
 
 def resolve_max_steps(config: RewardConfig, num_pairs: int) -> int:
-    """``max_steps`` when set explicitly, else ``num_train_epochs`` over the pairs."""
-    if "max_steps" in config.model_fields_set:
+    """``max_steps`` when given (not None), else ``num_train_epochs`` over the pairs."""
+    if config.max_steps is not None:
         return config.max_steps
     per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
     return max(1, math.ceil(config.num_train_epochs * num_pairs / per_step))

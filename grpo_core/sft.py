@@ -110,8 +110,8 @@ def count_label_tokens(labels: list[int]) -> int:
 
 
 def resolve_max_steps(config: SFTConfig, num_rows: int) -> int:
-    """``max_steps`` when set explicitly, else ``num_train_epochs`` over the data."""
-    if "max_steps" in config.model_fields_set:
+    """``max_steps`` when given (not None), else ``num_train_epochs`` over the data."""
+    if config.max_steps is not None:
         return config.max_steps
     per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
     return max(1, math.ceil(config.num_train_epochs * num_rows / per_step))

@@ -9,7 +9,8 @@ the step history: each checkpoint carries it and ``output_dir/metrics.jsonl`` is
 resume, so that file holds every optimiser step exactly once even across a crash. ``tasks.launch``
 starts the child (``torchrun`` when the work pool asks for several processes; then only rank 0 uploads
 and reports). Progress events go through a small file the parent tails, since the child's stdout is the
-log (the trainers' progress lines appear there).
+log (the trainers' progress lines appear there). The child's one input is a ``TrainingSpec``
+(tasks/training_spec.py), validated once when the child reads it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable
+
+from tasks.training_spec import TrainingSpec
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -52,74 +55,72 @@ def _plain(metrics: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def fetch_checkpoint(spec: dict[str, Any], emit: Emit) -> int:
+def fetch_checkpoint(spec: TrainingSpec, emit: Emit) -> int:
     """Download the store's newest complete checkpoint for this stage and key into ``output_dir``
     (once, in the launching process, before any rank starts); returns its step, 0 when there is none."""
     from tasks.store import Store
 
-    store = Store(spec["store"], check=False)
-    found = store.latest_checkpoint(spec["run"], spec["stage"], spec["key"])
+    store = Store(spec.store, check=False)
+    found = store.latest_checkpoint(spec.run, spec.stage, spec.key)
     if found is None:
         return 0
     step, uri = found
-    store.get_checkpoint(uri, Path(spec["output_dir"]) / f"checkpoint-{step}")  # checked against _COMPLETE
+    store.get_checkpoint(uri, Path(spec.output_dir) / f"checkpoint-{step}")  # checked against _COMPLETE
     emit({"event": "resume", "step": step, "uri": uri})
     return step
 
 
-def execute(spec: dict[str, Any], emit: Emit) -> dict[str, Any]:
+def execute(spec: TrainingSpec, emit: Emit) -> dict[str, Any]:
     """Train (``kind``: grpo, sft or reward) from ``model_path`` or the newest checkpoint in ``output_dir``
     (the trainer writes ``output_dir/metrics.jsonl``)."""
-    from grpo_core.config import GRPOConfig, RewardConfig, SFTConfig
     from grpo_core.data import read_parquet
     from tasks.plan import check_stage_memory
     from tasks.store import Store
 
-    out = Path(spec["output_dir"])
+    out = Path(spec.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    store = Store(spec["store"], check=False)
-    callbacks = [StoreCheckpoints(store, spec["run"], spec["stage"], spec["key"], int(spec.get("keep", 2)), emit)]
-    config = {"grpo": GRPOConfig, "reward": RewardConfig}.get(spec["kind"], SFTConfig).model_validate(spec["config"])
+    store = Store(spec.store, check=False)
+    callbacks = [StoreCheckpoints(store, spec.run, spec.stage, spec.key, spec.keep, emit)]
+    config = spec.config
     # On CUDA: fail before loading anything when the plan does not fit (tasks/plan.py; `r1 plan` prints it)
-    check_stage_memory(spec["stage"], "rl" if spec["kind"] == "grpo" else "sft", config, spec["model_path"])
-    rows = read_parquet(Path(spec["rows_path"]))
-    if spec["kind"] == "grpo":
+    check_stage_memory(spec.stage, "rl" if spec.kind == "grpo" else "sft", config, spec.model_path)
+    rows = read_parquet(Path(spec.rows_path))
+    if spec.kind == "grpo":
         from grpo_core.trainer import train_grpo
 
-        metrics = train_grpo(config, spec["model_path"], rows, out,
-                             resume=True, callbacks=callbacks)
-    elif spec["kind"] == "reward":
+        metrics = train_grpo(config, spec.model_path, rows, out, resume=True, callbacks=callbacks)
+    elif spec.kind == "reward":
         from grpo_core.reward_model import train_reward_model
 
-        eval_rows = read_parquet(Path(spec["eval_rows_path"])) if spec.get("eval_rows_path") else None
-        metrics = train_reward_model(config, spec["model_path"], rows, out,
+        eval_rows = read_parquet(Path(spec.eval_rows_path)) if spec.eval_rows_path else None
+        metrics = train_reward_model(config, spec.model_path, rows, out,
                                      eval_rows=eval_rows, resume=True, callbacks=callbacks)
     else:
         from grpo_core.sft import train_sft
 
-        metrics = train_sft(config, spec["model_path"], rows, out,
-                            resume=True, callbacks=callbacks)
-    return {"metrics": _plain(metrics or {}), "resumed_from": int(spec.get("resumed_from", 0))}
+        metrics = train_sft(config, spec.model_path, rows, out, resume=True, callbacks=callbacks)
+    return {"metrics": _plain(metrics or {}), "resumed_from": spec.resumed_from}
 
 
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def run_training(spec: dict[str, Any], *, isolation: str, on_event: Emit,
+def run_training(spec: TrainingSpec, *, isolation: str, on_event: Emit,
                  inputs: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Run ``execute`` inline, or in child processes through ``tasks.launch`` (torchrun when the work pool
     asks for several processes or nodes); a child that dies without a Python error raises ``WorkerCrashed``
     (retried). With several nodes this is node 0: it leaves ``spec`` and ``inputs`` (spec key -> the store
-    output and name it was fetched from) in the store for the other nodes (``tasks.follower``)."""
+    output and name it was fetched from) in the store for the other nodes (``tasks.follower``), the spec as
+    the child reads it."""
     from tasks.common import StageFailed
     from tasks.launch import resolve_nodes
     from tasks.store import Store
 
-    spec = {**spec, "resumed_from": fetch_checkpoint(spec, on_event)}
-    nodes = resolve_nodes(default_rdzv_id=f"{spec['run']}-{spec['stage']}-{spec['key'][:12]}")
+    spec = spec.model_copy(update={"resumed_from": fetch_checkpoint(spec, on_event)})
+    nodes = resolve_nodes(default_rdzv_id=f"{spec.run}-{spec.stage}-{spec.key[:12]}")
     if nodes.nnodes > 1 and (isolation == "inline" or nodes.node_rank != 0):
-        raise StageFailed(f"{spec['stage']}: R1_NNODES={nodes.nnodes} needs run.isolation: subprocess, and the "
+        raise StageFailed(f"{spec.stage}: R1_NNODES={nodes.nnodes} needs run.isolation: subprocess, and the "
                           f"stage task on node 0 only (this is node {nodes.node_rank}); start the other nodes "
                           "with python -m tasks.follower")
     if isolation == "inline":
@@ -127,23 +128,24 @@ def run_training(spec: dict[str, Any], *, isolation: str, on_event: Emit,
     if nodes.nnodes == 1:
         result = launch_training(spec, on_event)
         if result is None:
-            raise StageFailed(f"{spec['stage']}: the training child exited cleanly but wrote no result")
+            raise StageFailed(f"{spec.stage}: the training child exited cleanly but wrote no result")
         return result
-    store = Store(spec["store"], check=False)
-    store.write_json(store.node_spec_path(nodes.rdzv_id), {"spec": spec, "inputs": inputs or {}})
+    store = Store(spec.store, check=False)
+    handover = {"spec": spec.model_dump(mode="json"), "inputs": inputs or {}}  # the set fields, as the child reads them
+    store.write_json(store.node_spec_path(nodes.rdzv_id), handover)
     try:
         result = launch_training(spec, on_event, nodes=nodes)
     finally:
         store.remove(store.node_spec_path(nodes.rdzv_id))
     if result is None:
         raise StageFailed(
-            f"{spec['stage']}: global rank 0 (which writes the trained model) ran on another node. torchrun's c10d "
+            f"{spec.stage}: global rank 0 (which writes the trained model) ran on another node. torchrun's c10d "
             "rendezvous numbers nodes by host name (FQDN), not by --node-rank: give node 0 the host name that "
             "sorts first (an indexed Job's pod <job>-0 does)")
     return result
 
 
-def launch_training(spec: dict[str, Any], on_event: Emit, *, nodes: Any = None) -> dict[str, Any] | None:
+def launch_training(spec: TrainingSpec, on_event: Emit, *, nodes: Any = None) -> dict[str, Any] | None:
     """``execute`` in child processes (``python -m`` or torchrun) with events relayed to ``on_event``; the
     result, or None when global rank 0 ran on another node (it alone writes the result)."""
     from tasks.launch import Nodes, StageProcessFailed, launch, resolve_nproc_per_node
@@ -151,32 +153,32 @@ def launch_training(spec: dict[str, Any], on_event: Emit, *, nodes: Any = None) 
     from tasks.store import TransientStoreError
 
     nodes = nodes or Nodes()
-    work = Path(spec["output_dir"]).parent
+    work = Path(spec.output_dir).parent
     work.mkdir(parents=True, exist_ok=True)  # absent when there was no checkpoint to fetch
-    spec = {**spec, "events_path": str(work / "events.jsonl"), "result_path": str(work / "result.json")}
-    Path(spec["events_path"]).write_text("")
+    events, result = work / "events.jsonl", work / "result.json"
+    spec = spec.model_copy(update={"events_path": str(events), "result_path": str(result)})
+    events.write_text("")
     spec_path = work / "worker-spec.json"
-    spec_path.write_text(json.dumps(spec))
+    spec_path.write_text(spec.model_dump_json())
     root = str(Path(__file__).resolve().parents[1])
     env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
-    follower = _EventFollower(Path(spec["events_path"]), on_event)
+    follower = _EventFollower(events, on_event)
     follower.start()
     if nodes.nnodes > 1:
-        logger().info(f"{spec['stage']}: node {nodes.node_rank} of {nodes.nnodes}, rendezvous {nodes.rdzv_endpoint}")
+        logger().info(f"{spec.stage}: node {nodes.node_rank} of {nodes.nnodes}, rendezvous {nodes.rdzv_endpoint}")
     try:
         launch("tasks._worker", [str(spec_path)], nproc_per_node=resolve_nproc_per_node(None), nodes=nodes,
                logger=logger(), env=env, cwd=root)
     except StageProcessFailed as e:
         if e.child_traceback is None:
-            raise WorkerCrashed(f"{spec['stage']} worker process died: {e}") from None
+            raise WorkerCrashed(f"{spec.stage} worker process died: {e}") from None
         if "TransientStoreError" in str(e).splitlines()[0]:
             raise TransientStoreError(str(e)) from None
         if "SamplerCrashed" in str(e).splitlines()[0]:  # async_rollouts' sampler process died or stalled: a crash
-            raise WorkerCrashed(f"{spec['stage']}: {e}") from None
+            raise WorkerCrashed(f"{spec.stage}: {e}") from None
         raise StageFailed(str(e)) from None
     finally:
         follower.stop()
-    result = Path(spec["result_path"])
     return json.loads(result.read_text()) if result.exists() else None
 
 
@@ -216,18 +218,18 @@ def _child_main(spec_path: str) -> None:
 
     @record_failure
     def run() -> None:
-        spec = json.loads(Path(spec_path).read_text())
+        spec = TrainingSpec.model_validate_json(Path(spec_path).read_text())  # the trainer config's one validation
         rank0 = _rank() == 0
         lock = threading.Lock()
 
         def emit(event: dict[str, Any]) -> None:
             if rank0:
-                with lock, open(spec["events_path"], "a") as f:
+                with lock, open(str(spec.events_path), "a") as f:
                     f.write(json.dumps(event, default=str) + "\n")
 
         result = execute(spec, emit)
         if rank0:
-            Path(spec["result_path"]).write_text(json.dumps(result, default=str))
+            Path(str(spec.result_path)).write_text(json.dumps(result, default=str))
 
     run()
 

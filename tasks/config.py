@@ -13,6 +13,7 @@ is the embedded default that ``r1 run`` and the ``r1-pipeline`` deployment use w
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -120,7 +121,9 @@ class RunSettings(_Strict):
     retries: int = Field(2, ge=0, description="task retries after a crash or storage error (never after a code error)")
     retry_delay_seconds: float = Field(2.0, ge=0)
     keep_checkpoints: int = Field(2, ge=1, description="newest store checkpoints kept per training stage")
-    torch_num_threads: int | None = Field(None, gt=0)
+    torch_num_threads: int | None = Field(
+        None, gt=0, description="torch.set_num_threads in every stage (the flow's process and the training children); "
+        "None leaves torch's default. The one home of the setting: a stage section's own is moved here, with a warning")
 
 
 class PipelineConfig(_Strict):
@@ -136,6 +139,13 @@ class PipelineConfig(_Strict):
     reward_model: RewardModelStageConfig | None = Field(None, description="optional stage; absent = not run")
     evaluate: EvalConfig = Field(default_factory=EvalConfig)
     run: RunSettings = Field(default_factory=RunSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _threads_in_run(cls, data: Any) -> Any:
+        """``torch_num_threads`` belongs to ``run`` (how stages execute, not in any fingerprint); a training
+        section's own (every section inherits the trainer's field) is moved there with a warning."""
+        return move_section_threads(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _check_pretrain(self) -> "PipelineConfig":
@@ -187,6 +197,45 @@ class PipelineConfig(_Strict):
                 owner = owner[int(part)] if part.isdigit() else getattr(owner, part)
             setattr(owner, name, seed)  # validate_assignment: the same checks as a YAML value
         return out
+
+
+# Where a trainer config sits in a pipeline config (each inherits grpo_core.config.OptimConfig.torch_num_threads).
+TRAINER_SECTIONS = (("cold_start_sft",), ("reward_model",), ("grpo_train",), ("sft_consolidate",), ("final_rl",),
+                    ("model", "tiny", "pretrain"))
+
+
+def move_section_threads(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a raw pipeline config) with every trainer section's ``torch_num_threads`` moved to ``run``: a
+    deprecated alias, warned about; sections and ``run`` that disagree are refused, naming the fields."""
+    data, moved = dict(data), {}
+    for path in TRAINER_SECTIONS:
+        owner = data
+        for key in path[:-1]:  # copy the mappings on the way, so the caller's dict is not changed
+            if not isinstance(owner.get(key), dict):
+                break
+            owner[key] = owner = dict(owner[key])
+        else:
+            section = owner.get(path[-1])
+            if isinstance(section, BaseModel) and section.torch_num_threads is not None:
+                moved[".".join(path)] = section.torch_num_threads
+                owner[path[-1]] = section.model_copy(update={"torch_num_threads": None})
+            elif isinstance(section, dict) and section.get("torch_num_threads") is not None:
+                moved[".".join(path)] = section["torch_num_threads"]
+                owner[path[-1]] = {k: v for k, v in section.items() if k != "torch_num_threads"}
+    if not moved:
+        return data
+    run = data.get("run")
+    run = run.model_dump(exclude_unset=True) if isinstance(run, BaseModel) else dict(run or {})
+    values = {**moved, **({"run": run["torch_num_threads"]} if run.get("torch_num_threads") is not None else {})}
+    fields = ", ".join(f"{where}.torch_num_threads: {v}" for where, v in values.items())
+    if len(set(values.values())) > 1:
+        raise ValueError(f"{fields}: threads are one run setting for every stage; set run.torch_num_threads once and "
+                         "remove torch_num_threads from the stage sections")
+    warnings.warn(f"{', '.join(f'{where}.torch_num_threads' for where in moved)}: deprecated, threads are a run "
+                  f"setting; write run.torch_num_threads: {next(iter(moved.values()))} (it applies to every stage) "
+                  "and remove it from the sections", FutureWarning, stacklevel=2)
+    data["run"] = {**run, "torch_num_threads": next(iter(values.values()))}
+    return data
 
 
 # The stage sections with a ``seed`` field (training order and init, sampling seeds, data mixing).

@@ -4,10 +4,11 @@
         python -m tasks.follower
 
 Node 0 runs the stage task (one Prefect flow run). Before it starts ``torchrun --nnodes N`` it leaves its
-training spec in the store under ``R1_RDZV_ID`` (``Store.node_spec_path``); a follower waits for that spec,
-fetches the same inputs and resume checkpoint from the store (checked against their manifests), and joins the
-same c10d rendezvous with its own ``R1_NODE_RANK``. It commits nothing: global rank 0, on node 0, writes the
-model and node 0's task commits it. The multi-node Kubernetes pool starts this in pods 1..N-1.
+training spec (a ``tasks.training_spec.TrainingSpec``) in the store under ``R1_RDZV_ID``
+(``Store.node_spec_path``); a follower waits for that spec, fetches the same inputs and resume checkpoint from
+the store (checked against their manifests), and joins the same c10d rendezvous with its own ``R1_NODE_RANK``.
+It commits nothing: global rank 0, on node 0, writes the model and node 0's task commits it. The multi-node
+Kubernetes pool starts this in pods 1..N-1.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def follow(env: dict[str, str] | None = None) -> int:
     from tasks.launch import resolve_nodes
     from tasks.manifest import StageRef
     from tasks.store import Store
+    from tasks.training_spec import TrainingSpec
 
     env = dict(os.environ if env is None else env)
     nodes = resolve_nodes(env)
@@ -59,10 +61,11 @@ def follow(env: dict[str, str] | None = None) -> int:
         log.warning("no spec from node 0 within %.0fs (%s); nothing to train", timeout, WAIT_ENV)
         return 0
     work = Path(env.get("R1_WORKDIR") or tempfile.gettempdir()) / "r1-follower" / nodes.rdzv_id / str(nodes.node_rank)
-    spec = {**found["spec"], "output_dir": str(work / "train" / "out")}
-    for key, source in found["inputs"].items():  # the inputs node 0 fetched, fetched here too
+    local = {"output_dir": str(work / "train" / "out")}
+    for key, source in found["inputs"].items():  # model_path, rows_path as node 0 fetched them
         ref = StageRef.from_dict(source["ref"], store.url)
-        spec[key] = str(store.get_output(ref, source["name"], work / "inputs" / ref.stage / source["name"]))
+        local[key] = str(store.get_output(ref, source["name"], work / "inputs" / ref.stage / source["name"]))
+    spec = TrainingSpec.model_validate(found["spec"]).model_copy(update=local)
     fetch_checkpoint(spec, lambda event: None)
     launch_training(spec, lambda event: None, nodes=nodes)
     log.info("node %d: training finished", nodes.node_rank)

@@ -84,13 +84,17 @@ def walk_fields(value: Any) -> Iterator[Any]:
 
 
 def _replace(value: Any, local: str) -> Any:
+    """``value`` with stage references replaced; only the fields that change are updated, since ``model_copy``
+    marks what it updates as set and the trainer's spec carries the set fields (tasks.training_spec)."""
     if _is_stage_reference(value):
         return value.model_copy(update={"model": local})
     if isinstance(value, BaseModel):
-        return value.model_copy(update={name: _replace(getattr(value, name), local)
-                                        for name in type(value).model_fields})
+        changed = {name: new for name in type(value).model_fields
+                   if (new := _replace(old := getattr(value, name), local)) is not old}
+        return value.model_copy(update=changed) if changed else value
     if isinstance(value, list):
-        return [_replace(item, local) for item in value]
+        items = [_replace(item, local) for item in value]
+        return items if any(new is not old for new, old in zip(items, value)) else value
     return value
 
 

@@ -12,16 +12,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from grpo_core.config import GRPOConfig, RewardConfig, SFTConfig
+from grpo_core.config import OptimConfig
 from tasks.common import Progress, StageContext, commit_stage, logger
 from tasks._worker import run_training
 from tasks.manifest import StageRef
+from tasks.training_spec import TrainerKind, TrainingSpec, trainer_config
 
 
-TRAINER_CONFIGS = {"grpo": GRPOConfig, "sft": SFTConfig, "reward": RewardConfig}
-
-
-def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOConfig | RewardConfig,
+def train_and_commit(ctx: StageContext, *, kind: TrainerKind, section: OptimConfig,
                      model_path: str, rows_path: Path, parents: dict[str, StageRef], fp: str,
                      extra_metrics: dict[str, Any] | None = None, eval_rows_path: Path | None = None,
                      extra_files: dict[str, Path] | None = None) -> StageRef:
@@ -32,15 +30,13 @@ def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOC
     from tasks.reward_model import resolve_reward_models
 
     log = logger()
-    trainer_cls = TRAINER_CONFIGS[kind]
     trainer_section = resolve_reward_models(ctx, section, parents)  # `model: reward_model` -> the fetched folder
-    cfg = {k: v for k, v in trainer_section.model_dump(mode="json").items() if k in trainer_cls.model_fields}
-    if ctx.config.run.torch_num_threads and not cfg.get("torch_num_threads"):
-        cfg["torch_num_threads"] = ctx.config.run.torch_num_threads
     out = ctx.work / "train" / "out"
-    spec = {"kind": kind, "config": cfg, "model_path": str(model_path), "rows_path": str(rows_path),
-            "output_dir": str(out), "store": ctx.store.url, "run": ctx.run, "stage": ctx.stage, "key": fp,
-            "keep": ctx.config.run.keep_checkpoints, "eval_rows_path": str(eval_rows_path) if eval_rows_path else None}
+    spec = TrainingSpec(
+        kind=kind, config=trainer_config(kind, trainer_section, torch_num_threads=ctx.config.run.torch_num_threads),
+        model_path=str(model_path), rows_path=str(rows_path), output_dir=str(out), store=ctx.store.url, run=ctx.run,
+        stage=ctx.stage, key=fp, keep=ctx.config.run.keep_checkpoints,
+        eval_rows_path=str(eval_rows_path) if eval_rows_path else None)
     progress = Progress(ctx.run, ctx.stage)
 
     def on_event(event: dict[str, Any]) -> None:
@@ -51,8 +47,8 @@ def train_and_commit(ctx: StageContext, *, kind: str, section: SFTConfig | GRPOC
         elif event["event"] == "resume":
             log.info(f"{ctx.stage}: resuming from the store's checkpoint at step {event['step']} ({event['uri']})")
 
-    inputs = {key: {"ref": ctx.fetched[spec[key]][0].to_dict(), "name": ctx.fetched[spec[key]][1]}
-              for key in ("model_path", "rows_path") if spec[key] in ctx.fetched}  # what other nodes fetch, if any
+    inputs = {key: {"ref": ctx.fetched[path][0].to_dict(), "name": ctx.fetched[path][1]}  # what other nodes fetch
+              for key in ("model_path", "rows_path") if (path := getattr(spec, key)) in ctx.fetched}
     result = run_training(spec, isolation=ctx.config.run.isolation, on_event=on_event, inputs=inputs)
     final = Path(result["metrics"].get("final_path") or out / "final")
     history = out / "metrics.jsonl"  # the trainer's step history, complete across resumes

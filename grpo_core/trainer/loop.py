@@ -2,9 +2,10 @@
 
 A ``step`` is one generation round: ``prompts_per_step`` prompts x ``num_generations`` completions,
 then ``steps_per_generation`` (default 1) x ``num_iterations`` optimiser steps on them. ``max_steps``
-and ``save_steps`` count these rounds. Departures from TRL: ``gradient_accumulation_steps`` is
-implied (micro-batches = completions of an optimiser step / ``per_device_train_batch_size``), and
-TRL's ``steps_per_generation`` counts micro-batches where here it counts optimiser steps.
+and ``save_steps`` count these rounds; ``logging_steps`` too (a logged row holds that step's metrics,
+not a mean over the N steps). Departures from TRL: ``gradient_accumulation_steps`` is implied
+(micro-batches = completions of an optimiser step / ``per_device_train_batch_size``; GRPOConfig refuses
+another value), and TRL's ``steps_per_generation`` counts micro-batches where here it counts optimiser steps.
 
 Determinism: prompts come from a seeded stream and every completion's sampling seed is derived from
 ``(seed, step, stream position, j)``; so a run killed at any step and resumed from its checkpoint
@@ -116,9 +117,6 @@ def train_grpo(
             f"prompts_per_step ({config.prompts_per_step} = generation_batch_size / num_generations) must be "
             f"divisible by the number of processes ({ctx.world_size}) so each rank generates whole groups"
         )
-    if config.gradient_accumulation_steps != 1:
-        logger.warning("gradient_accumulation_steps is ignored by GRPO: micro-batches follow from "
-                       "generation_batch_size / per_device_train_batch_size")
     if not train_rows:
         raise ValueError("train_rows is empty: GRPO needs at least one prompt")
     prepare_output_dir(output_dir, ctx, resume)
@@ -251,7 +249,9 @@ def train_grpo(
                 state["optimizer_steps"] += num_updates
                 logger.debug("step %d/%d reward %.3f loss %.4f (%.2fs)", step, config.max_steps,
                              metrics["reward"], metrics["loss"], metrics["time/step"])
-                run.end_step(step, metrics, loss=metrics["loss"], reward=metrics["reward"], lr=metrics["learning_rate"])
+                logged = step % config.logging_steps == 0 or step == config.max_steps
+                run.end_step(step, metrics if logged else None, loss=metrics["loss"], reward=metrics["reward"],
+                             lr=metrics["learning_rate"])
             run.finish(model_path)
         finally:
             if config.async_rollouts:  # the sampler process ends with the stage, failed or not

@@ -173,6 +173,19 @@ def test_checkpoint_corruption_falls_back_to_the_previous_one(tmp_path, tiny_pat
     assert read_metrics(tmp_path)[1]["loss"] == before[2]["loss"]
 
 
+def test_logging_steps_logs_every_nth_step_and_the_last(tmp_path, tiny_path):
+    reported = []
+
+    class Steps:
+        def on_step(self, step, max_steps, metrics):
+            reported.append(step)
+
+    out = train_grpo(small_config(max_steps=3, logging_steps=2), tiny_path, ROWS, tmp_path,
+                     reward_funcs=[digit_fraction], resume=False, callbacks=[Steps()])
+    assert [m["step"] for m in read_metrics(tmp_path)] == reported == [2, 3]
+    assert out["step"] == 3 and "reward" in out
+
+
 def test_config_errors_say_how_to_fix_them(tiny_path, tmp_path):
     with pytest.raises(ValidationError, match="multiple of num_generations"):
         GRPOConfig(generation_batch_size=10, num_generations=4)
@@ -180,6 +193,9 @@ def test_config_errors_say_how_to_fix_them(tiny_path, tmp_path):
         GRPOConfig(reward_funcs=["a", "b"], reward_weights=[1.0])
     with pytest.raises(ValidationError, match="extra"):
         GRPOConfig(num_generation=4)  # a typo is not silently ignored
+    with pytest.raises(ValidationError, match=r"gradient_accumulation_steps \(2\) does nothing in GRPO.*"
+                                              r"per_device_train_batch_size"):
+        GRPOConfig(gradient_accumulation_steps=2)  # TRL's field, which would be ignored here
     with pytest.raises(KeyError, match="registered"):
         train_grpo(small_config(reward_funcs=["no_such_reward"]), tiny_path, ROWS, tmp_path)
     with pytest.raises(ValueError, match="one weight per function"):

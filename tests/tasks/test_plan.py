@@ -73,12 +73,14 @@ def test_worker_checks_before_training(model_path, tmp_path, monkeypatch):
     import torch
 
     from tasks import _worker
+    from tasks.training_spec import TrainingSpec
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (64 * 2**20, 64 * 2**20))
-    spec = {"kind": "grpo", "config": GRPOConfig(use_vllm=False, generation_batch_size=8, num_generations=4).model_dump(),
-            "model_path": str(model_path), "rows_path": str(tmp_path / "absent.parquet"), "output_dir": str(tmp_path / "o"),
-            "store": str(tmp_path / "store"), "run": "r", "stage": "grpo_train", "key": "k"}
+    spec = TrainingSpec(kind="grpo", config=GRPOConfig(use_vllm=False, generation_batch_size=8, num_generations=4),
+                        model_path=str(model_path), rows_path=str(tmp_path / "absent.parquet"),
+                        output_dir=str(tmp_path / "o"), store=str(tmp_path / "store"), run="r", stage="grpo_train",
+                        key="k")
     with pytest.raises(StageMemoryError, match="stage grpo_train needs"):
         _worker.execute(spec, lambda event: None)
 

@@ -57,11 +57,12 @@ def test_prepare_data_commits_the_pretrained_base(tmp_path):
         return PipelineConfig.model_validate({
             "model": {"tiny": {**TINY, "pretrain": pretrain}},
             "data": {"num_train": 40, "num_eval": 20, "cold_start_size": 20, "pretrain_size": 200},
+            "run": {"torch_num_threads": 1},
         })
 
     plain = prepare_data.fn(config(None), "plain", str(tmp_path / "store"))
-    trained = prepare_data.fn(config({"max_steps": 30, "learning_rate": 3e-3, "per_device_train_batch_size": 16,
-                                      "torch_num_threads": 1}), "trained", str(tmp_path / "store"))
+    trained = prepare_data.fn(config({"max_steps": 30, "learning_rate": 3e-3, "per_device_train_batch_size": 16}),
+                              "trained", str(tmp_path / "store"))
     assert "pretrain/loss" not in plain.metrics
     assert trained.metrics["pretrain/steps"] == 30 and trained.metrics["pretrain/loss"] < 4.5  # ln(264) = 5.6 at init
     before = load_file(tmp_path / "store" / plain.path / "base_model" / "model.safetensors")

@@ -1,0 +1,73 @@
+"""What a training stage hands its trainer process: one typed ``TrainingSpec``, never a dict of loose keys.
+
+    tasks.training builds it -> tasks._worker writes it (worker-spec.json; for several nodes also the store,
+    where tasks.follower reads it) -> ``python -m tasks._worker SPEC.json`` validates it once and trains
+
+Why typed, and why the set fields only: the trainer config (``SFTConfig``, ``GRPOConfig``, ``RewardConfig``) is
+projected from the stage's section once (``trainer_config``: a pipeline section may be a subclass with stage-only
+fields such as ``init_from``) and serialised with the fields the user set, nothing more, so the child validates it
+once from what the user wrote and the defaults stay the trainer's own (a full dump read back marks every field as
+set). The run setting that reaches the trainer, ``run.torch_num_threads``, is put into the trainer config here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, SerializationInfo, ValidationInfo, field_serializer, field_validator
+
+from grpo_core.config import GRPOConfig, RewardConfig, SFTConfig
+
+TrainerKind = Literal["sft", "grpo", "reward"]
+TrainerConfig = Union[SFTConfig, GRPOConfig, RewardConfig]
+TRAINER_CONFIGS: dict[str, type[TrainerConfig]] = {"sft": SFTConfig, "grpo": GRPOConfig, "reward": RewardConfig}
+
+
+def trainer_config(kind: TrainerKind, section: BaseModel, *, torch_num_threads: int | None) -> TrainerConfig:
+    """``section`` as the ``kind`` trainer's config: the trainer fields the user set, plus the run's
+    ``torch_num_threads`` (the one home of the setting: tasks.config.RunSettings)."""
+    cls = TRAINER_CONFIGS[kind]
+    values = {name: getattr(section, name) for name in section.model_fields_set if name in cls.model_fields}
+    values.pop("torch_num_threads", None)  # PipelineConfig moves a section's value to run.torch_num_threads
+    if torch_num_threads is not None:
+        values["torch_num_threads"] = torch_num_threads
+    return cls.model_validate(values)
+
+
+class TrainingSpec(BaseModel):
+    """One training call: the trainer, its config, local inputs, where checkpoints and progress go."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: TrainerKind
+    config: TrainerConfig = Field(description="validated as TRAINER_CONFIGS[kind]; serialised with its set fields")
+    model_path: str = Field(description="the starting model: a local folder or a hub name")
+    rows_path: str = Field(description="the training rows (parquet)")
+    eval_rows_path: str | None = Field(None, description="reward: the held-out pairs, if any")
+    output_dir: str
+    store: str = Field(description="the store URL that receives checkpoints")
+    run: str
+    stage: str
+    key: str = Field(description="the stage fingerprint: a retry resumes only checkpoints written under it")
+    keep: int = Field(2, ge=1, description="newest store checkpoints kept (run.keep_checkpoints)")
+    resumed_from: int = Field(0, ge=0, description="the step of the store checkpoint fetched before the start")
+    events_path: str | None = Field(None, description="subprocess: the progress events file the parent tails")
+    result_path: str | None = Field(None, description="subprocess: where global rank 0 writes the result")
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _config_of_kind(cls, value: Any, info: ValidationInfo) -> Any:
+        kind = info.data.get("kind")
+        if kind is None:  # kind itself is invalid: pydantic reports that
+            return value
+        config_cls = TRAINER_CONFIGS[kind]
+        if isinstance(value, BaseModel):  # a stage section subclass would carry fields the trainer refuses
+            if type(value) is not config_cls:
+                raise ValueError(f"a {kind} spec takes a {config_cls.__name__}, got a {type(value).__name__}; "
+                                 "build it with tasks.training_spec.trainer_config")
+            return value
+        return config_cls.model_validate(value)
+
+    @field_serializer("config")
+    def _set_fields(self, config: TrainerConfig, info: SerializationInfo) -> dict[str, Any]:
+        return config.model_dump(mode=info.mode, include=config.model_fields_set)
