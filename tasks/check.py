@@ -163,8 +163,10 @@ def consumption(config: PipelineConfig, gpus: int = 1) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"stage": stage.name, "steps": None, "sequences": None, "completions": None,
                                "max_tokens": None, "models": _models_of(section)}
         if stage.name in TRAINING and section is not None:
-            row["steps"] = section.max_steps
-            if stage.name in RL:
+            row["steps"] = section.max_steps  # None: counted from num_train_epochs and the data
+            if section.max_steps is None:
+                pass
+            elif stage.name in RL:
                 rounds = section.max_dynamic_sampling_rounds + 1 if section.dynamic_sampling else 1
                 row["completions"] = section.max_steps * section.generation_batch_size * rounds
                 row["max_tokens"] = row["completions"] * section.max_completion_length
