@@ -155,7 +155,7 @@ def plan(
     gpu_memory: float = typer.Option(80.0, "--gpu-memory", min=0.1, help="memory of one GPU, GiB"),
 ) -> None:
     """Predict each GPU stage's per-GPU memory peak; exit 1 naming the first stage that does not fit."""
-    from grpo_core.memory_plan import GiB, Hardware
+    from grpo_core.plan.memory import GiB, Hardware
     from tasks.plan import plan_pipeline
 
     cfg = _config(config)

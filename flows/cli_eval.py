@@ -1,4 +1,4 @@
-"""``r1 eval``: a model or a run's model stage under the R1 paper's evaluation protocol (``grpo_core/benchmarks.py``).
+"""``r1 eval``: a model or a run's model stage under the R1 paper's evaluation protocol (``grpo_core/evaluation/benchmarks.py``).
 
     r1 eval exp-1/final_rl --benchmarks math500,gsm8k,aime24 -n 16 --k 1,4,16
     r1 eval /models/my-r1 --benchmarks math500=data/math500.json --limit 50

@@ -45,7 +45,7 @@ def evaluate_flow(run: str, stage: str, store: str | None = None, config: Pipeli
 def evaluate_folder(model_dir: str | Path, eval_config: Any, output: str | Path) -> dict[str, float]:
     """The benchmarks of ``eval_config`` on a local model folder; writes ``output/metrics.json`` and
     ``output/{benchmark}.jsonl``; returns the metrics."""
-    from grpo_core.benchmarks import evaluate_benchmarks
+    from grpo_core.evaluation.benchmarks import evaluate_benchmarks
     from tasks.common import write_jsonl
     from tasks.evaluate import make_eval_backend
 

@@ -9,7 +9,7 @@ of reward, accuracy and length over GRPO steps go to ``{root}/{run}/_report/`` n
 inside a Prefect run the report is also a markdown artifact linking them.
 
 "Emergence, measured" (``emergence_section``): the seed's phase table rebuilt from each evaluated stage's
-measured response features (``grpo_core.emergence``: phase by ``phase_label``'s stated rule), and
+measured response features (``grpo_core.evaluation.emergence``: phase by ``phase_label``'s stated rule), and
 ``reflection.png``, reflection rate and accuracy over GRPO steps with the candidate "aha" step of each RL
 stage marked by ``find_aha_step``'s stated rule.
 

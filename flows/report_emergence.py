@@ -1,5 +1,5 @@
 """The report's "Emergence, measured" section: the seed's phase table rebuilt from each evaluated stage's
-measured response features (``grpo_core.emergence``: phase by ``phase_label``'s stated rule), and the
+measured response features (``grpo_core.evaluation.emergence``: phase by ``phase_label``'s stated rule), and the
 candidate "aha" step of each RL stage by ``find_aha_step``'s stated rule over its logged reflection rate."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from flows.report_tables import first_metric
-from grpo_core import emergence
+from grpo_core.evaluation import emergence
 from tasks.manifest import StageRef
 
 REFLECTION_KEY = "completions/reflection_rate"
@@ -60,7 +60,7 @@ def emergence_section(measured: dict[str, Any]) -> str:
            for stage, step in measured["aha"].items()] or ["- no RL stage logged `completions/reflection_rate`"]
     return "\n\n".join([
         "## Emergence, measured\nThe seed's phases, read off each evaluated stage's sampled held-out completions "
-        "(`grpo_core/emergence.py`): direct answers = share opening with an empty `<think></think>`; steps = "
+        "(`grpo_core/evaluation/emergence.py`): direct answers = share opening with an empty `<think></think>`; steps = "
         "non-empty pieces of the reasoning between line breaks, `;` and sentence ends; reflection / backtracking "
         "= share whose reasoning holds a phrase of the configured lists (`emergence.reflection_phrases` / "
         "`backtrack_phrases`: whole English words, Chinese anywhere, case-insensitive); mean length in tokens; "

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from grpo_core.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES
+from grpo_core.evaluation.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES
 
 
 LONG_PROMPTS_HELP = ("a prompt longer than max_prompt_length: truncate keeps its last max_prompt_length tokens "
@@ -74,18 +74,18 @@ class OptimConfig(_Strict):
 
 
 class EmergenceConfig(_Strict):
-    """The phrase lists of the emergence features (``grpo_core.emergence``), for evaluation and GRPO's logs.
+    """The phrase lists of the emergence features (``grpo_core.evaluation.emergence``), for evaluation and GRPO's logs.
 
     Matching: case-insensitive; a phrase with a CJK character anywhere, any other as whole words."""
 
     reflection_phrases: list[str] = Field(
         default_factory=lambda: list(REFLECTION_PHRASES),
         description="self-verification/reconsideration phrases (reflection rate); default English + Chinese, "
-        "grpo_core.emergence.REFLECTION_PHRASES")
+        "grpo_core.evaluation.emergence.REFLECTION_PHRASES")
     backtrack_phrases: list[str] = Field(
         default_factory=lambda: list(BACKTRACK_PHRASES),
         description="phrases that abandon a line of reasoning (backtracking rate); default "
-        "grpo_core.emergence.BACKTRACK_PHRASES")
+        "grpo_core.evaluation.emergence.BACKTRACK_PHRASES")
 
 
 class SFTConfig(OptimConfig):
@@ -237,7 +237,7 @@ class GRPOConfig(OptimConfig):
     max_completion_length: int = Field(1024, gt=0)
     mask_truncated_completions: bool = Field(False, description="exclude completions that hit the length cap from the loss")
 
-    # --- objective (seed's boxed formula; see grpo_core/loss.py) ---
+    # --- objective (seed's boxed formula; see grpo_core/trainer/loss.py) ---
     beta: float = Field(0.001, ge=0, description="k3 KL coefficient; 0 means no reference model at all")
     epsilon: float = Field(0.2, gt=0, description="lower clip: ratio >= 1 - epsilon")
     epsilon_high: float | None = Field(None, gt=0, description="upper clip (DAPO clip-higher); None = epsilon")
@@ -292,7 +292,7 @@ class GRPOConfig(OptimConfig):
         "false: the trainer runs the reference forward itself, as without async_rollouts",
     )
 
-    # --- sampler/trainer gap (grpo_core/loss.py: compute_sampling_correction; TRL's names) ---
+    # --- sampler/trainer gap (grpo_core/trainer/loss.py: compute_sampling_correction; TRL's names) ---
     vllm_importance_sampling_correction: bool = Field(
         True, description="weight each completion token's loss term by pi_trainer_old / pi_sampler, bounded by "
         "vllm_importance_sampling_mode; acts whenever the sampler is not the trainer's own forward (vLLM, a "
@@ -390,7 +390,7 @@ class GRPOConfig(OptimConfig):
 
 class RewardConfig(OptimConfig):
     """Reward-model training on preference pairs (TRL's ``RewardConfig``): Bradley-Terry loss
-    (grpo_core.reward_model)."""
+    (grpo_core.trainer.reward_model)."""
 
     learning_rate: float = Field(1e-4, gt=0, description="TRL's RewardConfig default")
     max_steps: int | None = Field(None, gt=0, description=MAX_STEPS_HELP)
@@ -404,7 +404,7 @@ class RewardConfig(OptimConfig):
     eval_batch_size: int = Field(32, gt=0)
 
 
-# --- data, evaluation and rejection sampling (grpo_core/data.py, evaluation.py, rejection.py) ---
+# --- data, evaluation and rejection sampling (grpo_core/data/rows.py, evaluation.py, rejection.py) ---
 
 
 class DatasetSource(_Strict):
@@ -431,7 +431,7 @@ class DatasetSource(_Strict):
 
 
 class ReadabilityConfig(_Strict):
-    """R1's readability filters for reasoning samples (``grpo_core.readability``); None/False turns one off.
+    """R1's readability filters for reasoning samples (``grpo_core.data.readability``); None/False turns one off.
 
     R1 (sec. 2.3.3) filtered "chain-of-thought with mixed languages, long paragraphs, and code blocks"; truncated
     and overlong chains are dropped too (no answer to learn from / over the SFT budget)."""
@@ -450,7 +450,7 @@ class ReadabilityConfig(_Strict):
 
 class TraceSource(_Strict):
     """``kind: traces``: a reasoning-trace data set (hub name or local file) whose rows hold a problem and several
-    generations with a verdict each, e.g. ``open-r1/OpenR1-Math-220k`` (``grpo_core.cold_start.load_trace_rows``)."""
+    generations with a verdict each, e.g. ``open-r1/OpenR1-Math-220k`` (``grpo_core.data.cold_start.load_trace_rows``)."""
 
     kind: Literal["traces"] = "traces"
     dataset: str = Field(..., min_length=1, description="hub name (open-r1/OpenR1-Math-220k) or local jsonl/json/parquet")
@@ -482,7 +482,7 @@ class FewShotExample(_Strict):
 
 class TeacherSource(_Strict):
     """``kind: teacher``: long chains of thought sampled from a teacher model with a few-shot long-CoT prompt,
-    verified by ``reward_func``, filtered for readability, k kept per prompt (``grpo_core.cold_start``)."""
+    verified by ``reward_func``, filtered for readability, k kept per prompt (``grpo_core.data.cold_start``)."""
 
     kind: Literal["teacher"] = "teacher"
     model: str = Field(..., min_length=1, description="local model folder of the teacher, or run:RUN/STAGE for a "
@@ -536,7 +536,7 @@ class DataConfig(_Strict):
     cold_start_coarse_fraction: float = Field(
         0.0, ge=0, le=1, description="share of cold-start rows worked in coarse steps (two operations a step)")
     builtin_general: list[Literal["helpful", "unsafe"]] = Field(
-        default_factory=list, description="built-in non-verifiable sources (grpo_core.general): prompts, held-out "
+        default_factory=list, description="built-in non-verifiable sources (grpo_core.data.general): prompts, held-out "
         "prompts, cold-start answers and rule-made preference pairs (preferences.parquet)")
     general_num_train: int = Field(1000, gt=0, description="built-in general sources: training prompts per source")
     general_num_eval: int = Field(100, gt=0, description="built-in general sources: held-out prompts per source")
@@ -551,7 +551,7 @@ class DataConfig(_Strict):
     cold_start_sources: list[ColdStartSource] = Field(
         default_factory=list, description="reasoning traces for real runs: a {prompt, completion} file (field_map "
         "needs prompt and completion), kind: traces (a trace set such as open-r1/OpenR1-Math-220k) or kind: teacher "
-        "(sampled from a teacher model); grpo_core.cold_start"
+        "(sampled from a teacher model); grpo_core.data.cold_start"
     )
     eval_fraction: float = Field(0.05, gt=0, lt=1, description="held-out share when no eval_sources are given")
     on_error: Literal["raise", "skip"] = Field("raise", description="a bad row fails the stage, or is skipped and counted")
@@ -580,11 +580,30 @@ class DataConfig(_Strict):
 class BenchmarkSource(DatasetSource):
     """A benchmark: a hub dataset or local file (``DatasetSource`` fields), the name its metrics go under
     (``eval/{benchmark}/pass@1``) and the reward that decides correctness. Naming a built-in benchmark
-    (``grpo_core.benchmarks.BENCHMARKS``) with only ``path`` set reads that file with the built-in's schema."""
+    (``BENCHMARKS`` below) with only ``path`` set reads that file with the built-in's schema."""
 
     benchmark: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="name in metric keys, e.g. math500")
     split: str = "test"
     reward_func: str = Field("math_accuracy", description="registered reward that scores 1.0 for a correct answer")
+
+
+# The built-in benchmarks (R1's evaluation sets), by name; a source naming one takes its fields it does not set.
+R1_PROMPT = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+
+BENCHMARKS: dict[str, BenchmarkSource] = {
+    "math500": BenchmarkSource(benchmark="math500", path="HuggingFaceH4/MATH-500", split="test",
+                               field_map={"prompt": "problem", "answer": "answer", "id": "unique_id"},
+                               prompt_template=R1_PROMPT),
+    "gsm8k": BenchmarkSource(benchmark="gsm8k", path="openai/gsm8k", name="main", split="test",
+                             field_map={"prompt": "question", "answer": "answer"}, answer_format="gsm8k",
+                             prompt_template=R1_PROMPT),
+    "aime24": BenchmarkSource(benchmark="aime24", path="HuggingFaceH4/aime_2024", split="train",
+                              field_map={"prompt": "problem", "answer": "answer", "id": "id"},
+                              prompt_template=R1_PROMPT),
+    "aime25": BenchmarkSource(benchmark="aime25", path="yentinglin/aime_2025", split="train",
+                              field_map={"prompt": "problem", "answer": "answer", "id": "id"},
+                              prompt_template=R1_PROMPT),
+}
 
 
 REFERENCE_METRIC = r"^(pass@[1-9][0-9]*|maj@[1-9][0-9]*|greedy)$"
@@ -592,7 +611,7 @@ REFERENCE_METRIC = r"^(pass@[1-9][0-9]*|maj@[1-9][0-9]*|greedy)$"
 
 class EvalConfig(_Strict):
     """evaluate: the held-out set (greedy accuracy, pass@1 over ``num_samples``, length, format and
-    direct-answer rates) and the named ``benchmarks`` under the R1 paper's protocol (``grpo_core.benchmarks``):
+    direct-answer rates) and the named ``benchmarks`` under the R1 paper's protocol (``grpo_core.evaluation.benchmarks``):
     ``num_samples`` samples per problem at temperature 0.6 / top-p 0.95, pass@1, pass@k and maj@k for each
     ``k``, greedy accuracy beside them."""
 
@@ -646,8 +665,6 @@ class EvalConfig(_Strict):
     def _fill_builtin(cls, value: object) -> object:
         """A source naming a built-in benchmark takes the built-in's fields it does not set, here, so the saved
         config (a full dump) reads the same file the same way again."""
-        from grpo_core.benchmarks import BENCHMARKS
-
         if not isinstance(value, list):
             return value
         out = []
@@ -672,8 +689,6 @@ class EvalConfig(_Strict):
         names = [b if isinstance(b, str) else b.benchmark for b in self.benchmarks]
         if len(set(names)) != len(names):
             raise ValueError(f"benchmarks names one benchmark twice: {names}")
-        from grpo_core.benchmarks import BENCHMARKS
-
         for name in (b for b in self.benchmarks if isinstance(b, str)):
             if name not in BENCHMARKS:
                 raise ValueError(f"unknown benchmark {name!r}; built-in: {', '.join(BENCHMARKS)}; for a file give "

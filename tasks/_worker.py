@@ -73,7 +73,7 @@ def fetch_checkpoint(spec: TrainingSpec, emit: Emit) -> int:
 def execute(spec: TrainingSpec, emit: Emit) -> dict[str, Any]:
     """Train (``kind``: grpo, sft or reward) from ``model_path`` or the newest checkpoint in ``output_dir``
     (the trainer writes ``output_dir/metrics.jsonl``)."""
-    from grpo_core.data import read_parquet
+    from grpo_core.data.rows import read_parquet
     from tasks.plan import check_stage_memory
     from tasks.store import Store
 
@@ -90,13 +90,13 @@ def execute(spec: TrainingSpec, emit: Emit) -> dict[str, Any]:
 
         metrics = train_grpo(config, spec.model_path, rows, out, resume=True, callbacks=callbacks)
     elif spec.kind == "reward":
-        from grpo_core.reward_model import train_reward_model
+        from grpo_core.trainer.reward_model import train_reward_model
 
         eval_rows = read_parquet(Path(spec.eval_rows_path)) if spec.eval_rows_path else None
         metrics = train_reward_model(config, spec.model_path, rows, out,
                                      eval_rows=eval_rows, resume=True, callbacks=callbacks)
     else:
-        from grpo_core.sft import train_sft
+        from grpo_core.trainer.sft import train_sft
 
         metrics = train_sft(config, spec.model_path, rows, out, resume=True, callbacks=callbacks)
     return {"metrics": _plain(metrics or {}), "resumed_from": spec.resumed_from}

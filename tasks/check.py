@@ -5,7 +5,7 @@
 ``miniature_pipeline`` keeps everything that decides whether the real run can go through and shrinks what only
 decides how long it takes: every model the config names (the base, reward models, judges, teachers, a
 consolidation model) becomes its own architecture at two narrow layers with its own tokenizer and chat template
-(``grpo_core.miniature``; only config.json and tokenizer files are read); every data source keeps its loader,
+(``grpo_core.models.miniature``; only config.json and tokenizer files are read); every data source keeps its loader,
 schema, field map, template and split but reads ``rows`` rows; every training stage runs ``steps`` steps with
 its own loss, rewards, mixture and sampling backend at short lengths. Stage for stage it is the config the user
 gave, so a defect of the sources together, of a template, of a reward model's scope fails here with the message
@@ -214,8 +214,8 @@ def format_consumption(rows: list[dict[str, Any]]) -> str:
 
 
 def build_miniatures(workdir: Path) -> Callable[[str], str]:
-    """``build(name) -> folder``: each distinct model built once under ``workdir`` (grpo_core.miniature)."""
-    from grpo_core.miniature import build_miniature
+    """``build(name) -> folder``: each distinct model built once under ``workdir`` (grpo_core.models.miniature)."""
+    from grpo_core.models.miniature import build_miniature
 
     built: dict[str, str] = {}
 

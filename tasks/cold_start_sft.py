@@ -1,6 +1,6 @@
 """Stage 2, cold_start_sft: SFT of the base model on the cold-start chain-of-thought set.
 
-Loss on completion tokens only, chat template applied (grpo_core.sft.train_sft). Output: ``model/``
+Loss on completion tokens only, chat template applied (grpo_core.trainer.sft.train_sft). Output: ``model/``
 and ``metrics.jsonl`` (one line per logged step).
 """
 

@@ -42,9 +42,9 @@ class _Strict(BaseModel):
 
 
 class TinyModelConfig(_Strict):
-    """The embedded default's model, built by prepare_data: random init (grpo_core.tiny.build_tiny_model), then
+    """The embedded default's model, built by prepare_data: random init (grpo_core.models.tiny.build_tiny_model), then
     optionally pretrained on worked solutions of the built-in task, as a real base model is pretrained before
-    the R1 recipe starts (grpo_core.tiny.pretrain_tiny_model)."""
+    the R1 recipe starts (grpo_core.models.tiny.pretrain_tiny_model)."""
 
     seed: int = 0
     hidden_size: int = Field(128, gt=0)
@@ -101,7 +101,7 @@ class ConsolidateConfig(SFTConfig):
 
 class RewardModelStageConfig(RewardConfig):
     """reward_model (optional; runs only when the config has this section): a reward model trained on
-    prepare_data's ``preferences.parquet`` with the Bradley-Terry loss (grpo_core.reward_model). Later stages
+    prepare_data's ``preferences.parquet`` with the Bradley-Terry loss (grpo_core.trainer.reward_model). Later stages
     name it in ``reward_funcs`` as ``{reward_model: {model: reward_model}}``."""
 
     init_from: Literal["base", "cold_start_sft"] = Field(

@@ -2,8 +2,8 @@
 its own.
 
 Held-out set: greedy accuracy, pass@1 over k samples, mean completion length, format rate and the rest of
-grpo_core.evaluation's metrics (``eval/...``), per source too when the set has several
-(``eval/{source}/accuracy``, computed there). Benchmarks (``evaluate.benchmarks``, grpo_core.benchmarks): the R1
+grpo_core.evaluation.heldout's metrics (``eval/...``), per source too when the set has several
+(``eval/{source}/accuracy``, computed there). Benchmarks (``evaluate.benchmarks``, grpo_core.evaluation.benchmarks): the R1
 protocol's ``eval/{benchmark}/pass@1``, ``pass@{k}``, ``maj@{k}`` and ``greedy``. The output lives at
 ``{run}/evaluate/{stage}/{version}/`` with ``results.jsonl`` (held-out, per prompt), ``benchmarks/{name}.jsonl``
 (per problem: samples, extracted answers, verdicts) and a manifest whose parents are the model it scored and
@@ -17,7 +17,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from grpo_core.data import read_parquet
+from grpo_core.data.rows import read_parquet
 from tasks.common import StageContext, cached, commit_stage, fingerprint, logger, stage_task_options, write_jsonl
 from tasks.manifest import StageRef
 
@@ -54,8 +54,8 @@ def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRe
         fp = fingerprint(STAGE, cfg, parents, extra)
         if (ref := ctx.reuse(fp, force)) is not None:
             return cached(ref, "this model was already evaluated with this config")
-        from grpo_core.benchmarks import evaluate_benchmarks
-        from grpo_core.evaluation import evaluate_with_config
+        from grpo_core.evaluation.benchmarks import evaluate_benchmarks
+        from grpo_core.evaluation.heldout import evaluate_with_config
 
         rows = read_parquet(ctx.fetch(data, "eval.parquet"))
         model_path = str(ctx.fetch(model, "model"))
@@ -63,7 +63,7 @@ def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRe
         module, tokenizer, backend = make_eval_backend(scoring, model_path, why=why)
         result = evaluate_with_config(scoring, module if module is not None else model_path, rows, tokenizer=tokenizer,
                                       backend=backend, return_rows=True)
-        held_out = result.pop("rows")  # per row, with its source (grpo_core.evaluation)
+        held_out = result.pop("rows")  # per row, with its source (grpo_core.evaluation.heldout)
         metrics = {k: float(v) for k, v in result.items() if isinstance(v, (int, float))}
         out = ctx.work / "out"
         files = {"results.jsonl": write_jsonl(held_out, out / "results.jsonl")}
@@ -85,13 +85,13 @@ def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRe
 
 def load_benchmarks(cfg: Any) -> dict[str, list[dict[str, Any]]]:
     """``{benchmark: rows}`` of ``cfg.benchmarks`` (the first ``cfg.limit`` problems of each)."""
-    from grpo_core.benchmarks import load_benchmark, resolve_benchmark
+    from grpo_core.evaluation.benchmarks import load_benchmark, resolve_benchmark
 
     return {resolve_benchmark(b).benchmark: load_benchmark(b, cfg.limit) for b in cfg.benchmarks}
 
 
 def _digest(rows: list[dict[str, Any]]) -> str:
-    from grpo_core.benchmarks import rows_digest
+    from grpo_core.evaluation.benchmarks import rows_digest
 
     return rows_digest(rows)
 

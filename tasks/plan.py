@@ -2,7 +2,7 @@
 
     r1 plan -c configs/qwen2.5-7b-math.yaml --gpus 8 --gpu-memory 80
 
-The arithmetic is ``grpo_core.memory_plan``; this module maps the pipeline config onto it: which stages run
+The arithmetic is ``grpo_core.plan.memory``; this module maps the pipeline config onto it: which stages run
 on the GPU pool (the stage table), which config section sizes each, where the model's shape comes from
 (a local folder's config.json, the planner's table of known architectures, or the tiny model's config), and
 which reward models and judges each stage loads (``stage_scorers``; evaluation's ``rm_reward`` too: evaluation
@@ -22,8 +22,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from grpo_core.config import JudgeSpec, RewardModelSpec
-from grpo_core.memory_plan import GiB, Hardware, ModelShape, StagePlan, plan_stage, resolve_model_shape
-from grpo_core.memory_scorers import Scorer
+from grpo_core.plan.memory import GiB, Hardware, ModelShape, StagePlan, plan_stage, resolve_model_shape
+from grpo_core.plan.scorers import Scorer
 from tasks.config import PipelineConfig
 
 EVALUATE = "evaluate"
@@ -37,7 +37,7 @@ class StageMemoryError(RuntimeError):
 def model_shape(config: PipelineConfig) -> ModelShape:
     """The base model's shape: its config.json (local folder or known architecture), or the tiny model's."""
     if config.model.tiny is not None:
-        from grpo_core.tiny import build_tiny_tokenizer
+        from grpo_core.models.tiny import build_tiny_tokenizer
 
         t = config.model.tiny
         return ModelShape(hidden_size=t.hidden_size, intermediate_size=3 * t.hidden_size,

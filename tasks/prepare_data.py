@@ -5,7 +5,7 @@ Output files: ``train.parquet``, ``eval.parquet``, ``cold_start.parquet``, ``pre
 pairs ``{prompt, chosen, rejected, source}`` of the built-in general sources; only when there are pairs),
 ``base_model/`` (tiny only; pretrained on the built-in task's worked solutions when ``model.tiny.pretrain``
 is set). Every prompt row keeps its ``source`` column.
-A bad row fails the stage before anything is written (grpo_core.data.DataError names file, row, field),
+A bad row fails the stage before anything is written (grpo_core.data.rows.DataError names file, row, field),
 unless ``data.on_error: skip``, which counts the skipped rows in the manifest.
 
 A teacher cold-start source may name a committed model of a run in this store instead of a folder,
@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_core.config import TeacherSource
-from grpo_core.data import prepare_datasets, write_parquet
+from grpo_core.data.rows import write_parquet
+from grpo_core.data.prepare import prepare_datasets
 from tasks.common import StageContext, StageFailed, commit_stage, stage_task
 from tasks.config import PipelineConfig
 from tasks.manifest import StageRef
@@ -63,7 +64,7 @@ def prepare_data(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> St
         write_parquet(data.preferences, out / "preferences.parquet")
     pretrain: dict[str, float] = {}
     if cfg.model.tiny is not None:
-        from grpo_core.tiny import build_tiny_model, pretrain_tiny_model
+        from grpo_core.models.tiny import build_tiny_model, pretrain_tiny_model
 
         build_tiny_model(out / "base_model", **cfg.model.tiny.architecture())
         if cfg.model.tiny.pretrain is not None:

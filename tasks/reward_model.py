@@ -1,4 +1,4 @@
-"""Optional stage reward_model: a reward model trained on prepare_data's preference pairs (grpo_core.reward_model),
+"""Optional stage reward_model: a reward model trained on prepare_data's preference pairs (grpo_core.trainer.reward_model),
 and how later stages name it as a reward.
 
 Runs only when the config has a ``reward_model:`` section (the stage table's ``when``). Reads

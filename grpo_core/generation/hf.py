@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from grpo_core.generation import Rollout, merge_eos_ids, resolve_seeds
+from grpo_core.generation.base import Rollout, merge_eos_ids, resolve_seeds
 
 
 class HFBackend:

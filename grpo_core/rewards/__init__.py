@@ -33,8 +33,8 @@ __all__ = [
     "register_reward",
 ]
 # Built-in reward modules register themselves on import (one line each below).
-import grpo_core.synthetic  # noqa: E402,F401  chain_accuracy, chain_format (the built-in task)
-import grpo_core.general  # noqa: E402,F401  preference_rule (the built-in general sources' rule)
+import grpo_core.data.synthetic  # noqa: E402,F401  chain_accuracy, chain_format (the built-in task)
+import grpo_core.data.general  # noqa: E402,F401  preference_rule (the built-in general sources' rule)
 from grpo_core.rewards.code import code_execution  # noqa: E402,F401
 from grpo_core.rewards.shaping import language_consistency, overlong_penalty  # noqa: E402,F401
 from grpo_core.rewards.math import math_accuracy  # noqa: E402,F401

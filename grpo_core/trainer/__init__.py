@@ -1,5 +1,7 @@
-"""The GRPO trainer: ``train_grpo(config, model_path, train_rows, output_dir)`` (see ``loop.py``), and the
-training skeleton it shares with the SFT trainer (``skeleton.py``; ``grpo_core.sft.train_sft``)."""
+"""The trainers: GRPO (``train_grpo(config, model_path, train_rows, output_dir)``, ``loop.py``; its loss in
+``loss.py``, log-probs in ``logprobs.py``, rollouts, mixtures and the update beside them), SFT (``sft.py``) and the
+Bradley-Terry reward model (``reward_model.py``), all on one training skeleton (``skeleton.py``: optimiser,
+checkpoints, distributed setup, FSDP, logging)."""
 
 from grpo_core.trainer.checkpoint import CheckpointError, list_checkpoints, load_latest_checkpoint
 from grpo_core.trainer.loop import train_grpo

@@ -6,7 +6,7 @@ rollouts, so advantages, dynamic sampling and metrics are computed identically e
 then shards the sequences again (SFT shards a step's rows the same way); gradients are summed with ``all_reduce_gradients`` (or, with
 ``distributed_strategy='fsdp'``, reduce-scattered by FSDP2: see ``trainer/fsdp.py``).
 
-Departure from the usual DDP wrapper: ``grpo_core.logprobs.compute_token_logps`` runs the decoder and
+Departure from the usual DDP wrapper: ``grpo_core.trainer.logprobs.compute_token_logps`` runs the decoder and
 the (chunked) LM head as separate calls, which a ``DistributedDataParallel`` wrapper never sees, so the
 gradient sync is done explicitly after accumulation: one flattened SUM all-reduce per step (DDP
 averages; with the loss already divided by global totals a sum gives the full-batch gradient).

@@ -11,7 +11,7 @@ computed by transformers' own ``_init_weights``. No rank ever holds the full mod
 
 Sharding: one FSDP group per decoder layer and a root group on the whole causal LM holding what is
 left (embeddings, final norm, ``lm_head``; tied embeddings stay one parameter). FSDP2 unshards a
-group in its module's forward pre-hook, but ``grpo_core.logprobs.compute_token_logps`` calls the
+group in its module's forward pre-hook, but ``grpo_core.trainer.logprobs.compute_token_logps`` calls the
 decoder and ``lm_head`` directly and never runs the root's ``forward``. So:
   - the root's lazy init runs at setup, making it FSDP's root (it would otherwise run in the first FSDP
     forward, and a layer running first would become a root of its own and never reshard);

@@ -31,7 +31,7 @@ from transformers import AutoTokenizer
 
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import backend_kind, backend_options, make_backend, release_memory
-from grpo_core.loss import combine_rewards, compute_group_advantages
+from grpo_core.trainer.loss import combine_rewards, compute_group_advantages
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.rewards.scoring import resolve_reward

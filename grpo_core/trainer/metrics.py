@@ -8,7 +8,7 @@ appears twice; TensorBoard events past the resumed step are purged (``purge_step
 wall time (generation, rewards and training together).
 
 ``completions/reflection_rate``, ``completions/mean_steps``, ``completions/backtrack_rate`` and
-``completions/direct_rate`` are the seed's emergence features (``grpo_core.emergence``) of the step's
+``completions/direct_rate`` are the seed's emergence features (``grpo_core.evaluation.emergence``) of the step's
 generated completions, with the phrase lists of ``GRPOConfig.emergence``; the report's "aha" step is read
 off ``completions/reflection_rate``.
 """
@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
-from grpo_core.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES, emergence_metrics
+from grpo_core.evaluation.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES, emergence_metrics
 from grpo_core.generation import Rollout
 
 logger = logging.getLogger(__name__)

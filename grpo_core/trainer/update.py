@@ -30,8 +30,8 @@ import torch
 
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import Rollout
-from grpo_core.logprobs import compute_completion_logps, compute_token_logps
-from grpo_core.loss import compute_policy_loss, compute_sampling_correction
+from grpo_core.trainer.logprobs import compute_completion_logps, compute_token_logps
+from grpo_core.trainer.loss import compute_policy_loss, compute_sampling_correction
 from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
 from grpo_core.trainer.fsdp import is_sharded
 from grpo_core.trainer.skeleton import autocast, optimizer_step

@@ -5,7 +5,7 @@ For each finished embedded-default run in ``--store`` (``r1 run --seed N --run m
 trained twice from that run's committed cold-start model on its ``prepare_data`` train set, with the run's own
 ``grpo_train`` config (from the stage's manifest): once as committed (synchronous) and once with
 ``async_rollouts: true`` (everything else equal). Each model is then scored on the run's held-out set with the
-run's ``evaluate`` config (``grpo_core.evaluation.evaluate_with_config``, as the evaluate stage does; without the
+run's ``evaluate`` config (``grpo_core.evaluation.heldout.evaluate_with_config``, as the evaluate stage does; without the
 reward model, so ``eval/accuracy`` is the chain task's greedy accuracy). Each training+evaluation runs in a fresh
 child process (``_child.launch``), one after the other.
 
@@ -63,8 +63,8 @@ def run_inputs(store: Any, run: str, work: Path) -> dict[str, Any]:
 def run_child(spec: dict[str, Any]) -> None:
     """Train one configuration and evaluate its final model; print ``RESULT {...}``."""
     from grpo_core.config import EvalConfig, GRPOConfig
-    from grpo_core.data import read_parquet
-    from grpo_core.evaluation import evaluate_with_config
+    from grpo_core.data.rows import read_parquet
+    from grpo_core.evaluation.heldout import evaluate_with_config
     from grpo_core.trainer import train_grpo
 
     fields = {**spec["grpo"], "async_rollouts": spec["async"], "report_to": ["jsonl"], "save_steps": 10**6}

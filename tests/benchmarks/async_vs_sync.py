@@ -64,10 +64,10 @@ def stage_inputs(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
         return (store.get_output(sft, "model", work / "cold_start_model"),
                 store.get_output(data, "train.parquet", work / "train.parquet"))
     from grpo_core.config import SFTConfig
-    from grpo_core.data import write_parquet
-    from grpo_core.sft import train_sft
-    from grpo_core.synthetic import make_chain_splits, make_cold_start_rows
-    from grpo_core.tiny import build_tiny_model
+    from grpo_core.data.rows import write_parquet
+    from grpo_core.trainer.sft import train_sft
+    from grpo_core.data.synthetic import make_chain_splits, make_cold_start_rows
+    from grpo_core.models.tiny import build_tiny_model
     from tasks.config import load_config
 
     cfg = load_config(CONFIG)
@@ -89,7 +89,7 @@ def _fields(section: Any, cls: Any) -> dict[str, Any]:
 def run_child(spec: dict[str, Any]) -> None:
     """One configuration: the tiny-cpu GRPO section for ``steps`` steps; prints the per-step times."""
     from grpo_core.config import GRPOConfig
-    from grpo_core.data import read_parquet
+    from grpo_core.data.rows import read_parquet
     from grpo_core.trainer import train_grpo
     from tasks.config import load_config
 

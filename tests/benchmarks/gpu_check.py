@@ -6,7 +6,7 @@ The model is built locally with random weights (no hub): ``Qwen2Config`` with Qw
 (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864, vocab 151,936, tied embeddings; ~494M
 parameters), and a byte-level tokenizer padded to the same vocabulary (one token per byte, the R1 tags as
 added tokens, the rest filler tokens that decode but are never produced by encoding). Prompts are the
-chain task's (``grpo_core.synthetic``), the reward ``chain_accuracy``; a random model scores 0, which
+chain task's (``grpo_core.data.synthetic``), the reward ``chain_accuracy``; a random model scores 0, which
 changes no cost. ``grpo_core.trainer.train_grpo`` runs the steps as it would any run (vLLM in the trainer's
 process, weights pushed after each optimiser step, bf16 autocast for the training passes, beta > 0 so a
 reference model runs too).
@@ -55,7 +55,7 @@ def build_tokenizer(vocab_size: int):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from grpo_core.tiny import BOS, CHAT_TEMPLATE, EOS, PAD, REASONING_TAGS, SPECIAL_TOKENS, UNK
+    from grpo_core.models.tiny import BOS, CHAT_TEMPLATE, EOS, PAD, REASONING_TAGS, SPECIAL_TOKENS, UNK
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     base_size = vocab_size - len(REASONING_TAGS)  # the tags are appended after the model vocabulary
@@ -86,7 +86,7 @@ def build_model_dir(output_dir: str | Path, *, hidden: int, layers: int, heads: 
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from grpo_core.tiny import _pin_tokenizer_class, count_parameters
+    from grpo_core.models.tiny import _pin_tokenizer_class, count_parameters
 
     output_dir = Path(output_dir)
     tokenizer = build_tokenizer(vocab)
@@ -138,10 +138,10 @@ def require_gpu() -> None:
 
 def planned_vs_measured(stage: str, kind: str, config: Any, model_path: str | Path, measured_bytes: int | None,
                         device_memory: int, *, device: str = "cuda") -> dict[str, Any]:
-    """The memory planner's per-device prediction (``r1 plan``'s arithmetic, ``grpo_core.memory_plan``) for this
+    """The memory planner's per-device prediction (``r1 plan``'s arithmetic, ``grpo_core.plan.memory``) for this
     run's settings beside the measured peak (``torch.cuda.max_memory_allocated``): the planner checked on a GPU."""
-    from grpo_core.memory_plan import GiB, Hardware, plan_stage
-    from grpo_core.model_shapes import resolve_model_shape
+    from grpo_core.plan.memory import GiB, Hardware, plan_stage
+    from grpo_core.plan.shapes import resolve_model_shape
 
     plan = plan_stage(stage, kind, config, resolve_model_shape(str(model_path)),
                       Hardware(gpus=1, gpu_memory=device_memory, device=device))
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace, *, sleep_mode: bool = False, steps: int | None
     import torch
 
     from grpo_core.config import GRPOConfig
-    from grpo_core.synthetic import chain_accuracy, make_chain_rows
+    from grpo_core.data.synthetic import chain_accuracy, make_chain_rows
     from grpo_core.trainer import train_grpo
 
     start = time.perf_counter()
@@ -230,7 +230,7 @@ def run_sft_fsdp(args: argparse.Namespace) -> dict[str, Any]:
     import torch.distributed as dist
 
     from grpo_core.config import SFTConfig
-    from grpo_core.sft import completion_token_loss
+    from grpo_core.trainer.sft import completion_token_loss
     from grpo_core.trainer.distributed import DistContext
     from grpo_core.trainer.fsdp import load_sharded_model
 

@@ -1,9 +1,9 @@
 # python tests/benchmarks/grpo_vs_trl.py --threads 1 --steps 6 --rounds 2
 """This project's GRPO trainer against TRL's ``GRPOTrainer`` on the same work, side by side.
 
-Same for both: a tiny local model (``grpo_core.tiny.build_tiny_model``: the embedded default, hidden 128
+Same for both: a tiny local model (``grpo_core.models.tiny.build_tiny_model``: the embedded default, hidden 128
 x 4 layers, ~0.9M parameters, and one 4x wider), the prompts and reward (plain TRL-contract functions) of
-two workloads: ``chain`` (the embedded default's task, ``grpo_core.synthetic``: ~9-token prompts,
+two workloads: ``chain`` (the embedded default's task, ``grpo_core.data.synthetic``: ~9-token prompts,
 ``chain_accuracy``) and ``gsm8k`` (the last 120 characters of GSM8K test questions read from ``--gsm8k``:
 ~120-token prompts, the length a real tokenizer gives a GSM8K prompt; reward: share of digits), 8 prompts x
 G=8 completions x 32 new tokens per step,
@@ -88,7 +88,7 @@ def digit_share(completions, **kwargs) -> list[float]:
 def workload(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], Any, int]:
     """Rows, reward function and this trainer's ``max_prompt_length`` (no truncation: both see the same prompts)."""
     if spec["workload"] == "chain":  # the embedded default's task: ~9-token prompts
-        from grpo_core.synthetic import chain_accuracy, make_chain_rows
+        from grpo_core.data.synthetic import chain_accuracy, make_chain_rows
 
         return make_chain_rows(256, seed=SEED), chain_accuracy, 64
     with open(spec["gsm8k_path"]) as f:  # GSM8K questions: ~120-token prompts
@@ -232,7 +232,7 @@ def measure_matmul_peak(threads: int, n: int = 1024, repeats: int = 10) -> float
 def build_models(root: Path) -> dict[str, dict[str, Any]]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from grpo_core.tiny import build_tiny_model, count_parameters
+    from grpo_core.models.tiny import build_tiny_model, count_parameters
 
     out = {}
     for name, shape in MODELS.items():

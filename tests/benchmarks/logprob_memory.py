@@ -6,7 +6,7 @@ init, fp32 on CPU; input 4 x (32 prompt + 1024 completion) tokens, forward only 
 
 - naive: ``model(..., logits_to_keep=T+1).logits[:, :-1]`` -> ``log_softmax(-1)`` -> ``gather`` (TRL's
   path without its chunking): [B, T, V] logits and an fp32 log-softmax of the same size.
-- chunked: ``grpo_core.logprobs.compute_token_logps`` (hidden states, lm_head on ``chunk_size`` rows at a time).
+- chunked: ``grpo_core.trainer.logprobs.compute_token_logps`` (hidden states, lm_head on ``chunk_size`` rows at a time).
 
 Each measurement runs in a fresh subprocess, methods interleaved (A B, B A, ...). Memory: torch's CPU
 allocator keeps no statistics, so the child resets the kernel's RSS high-water mark (``/proc/self/clear_refs``)
@@ -33,7 +33,7 @@ from _memory import qwen_one_layer, read_status_kib, reset_peak_rss
 def run_child(args: argparse.Namespace) -> None:
     import torch
 
-    from grpo_core.logprobs import compute_token_logps
+    from grpo_core.trainer.logprobs import compute_token_logps
 
     torch.set_num_threads(args.threads)
     model = qwen_one_layer(args.vocab, args.hidden).eval()
@@ -77,7 +77,7 @@ def main() -> None:
     if args.chunk_size is None:
         import inspect
 
-        from grpo_core.logprobs import compute_token_logps
+        from grpo_core.trainer.logprobs import compute_token_logps
 
         args.chunk_size = inspect.signature(compute_token_logps).parameters["chunk_size"].default
     if args.child:

@@ -17,7 +17,7 @@ runs with AdamW's state allocated, so the peak holds weights, gradients, optimiz
 
 Measured: the growth of the kernel's RSS high-water mark over the process's RSS just before the models
 were built (``/proc/self/clear_refs``, tests/benchmarks/_memory.py), the largest over the ranks. Predicted:
-``grpo_core.memory_plan.model_state_bytes(shape, strategy, ranks, device="cpu", reference=True)``.
+``grpo_core.plan.memory.model_state_bytes(shape, strategy, ranks, device="cpu", reference=True)``.
 One JSON line per case: predicted components, predicted total, measured, ratio (measured / predicted;
 target within 25%).
 
@@ -110,7 +110,7 @@ def two_steps(config, ctx, fsdp: bool) -> None:
 
 
 def run_case(size: str, nproc: int, strategy: str, work: Path) -> dict:
-    from grpo_core.memory_plan import ModelShape, model_state_bytes
+    from grpo_core.plan.memory import ModelShape, model_state_bytes
 
     out = work / f"{size}-{nproc}-{strategy}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),

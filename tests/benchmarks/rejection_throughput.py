@@ -42,9 +42,9 @@ def main() -> None:
 
     from grpo_core.config import GRPOConfig, RejectionSamplingConfig
     from grpo_core.generation import backend_options, make_backend
-    from grpo_core.rejection import rejection_sample_with_config
-    from grpo_core.synthetic import make_chain_splits
-    from grpo_core.tiny import build_tiny_model
+    from grpo_core.generation.rejection import rejection_sample_with_config
+    from grpo_core.data.synthetic import make_chain_splits
+    from grpo_core.models.tiny import build_tiny_model
     from grpo_core.trainer.prompts import encode_prompts
 
     torch.set_num_threads(args.threads)

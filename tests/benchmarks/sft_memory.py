@@ -5,9 +5,9 @@ Model: a 1-layer Qwen2 with Qwen2.5-0.5B's widths (hidden 896, vocab 151,936, ti
 init, fp32 on CPU (or ``--device cuda``); batch: 4 rows of 32 prompt tokens (label -100) + 1024
 completion tokens, the same batch for both methods.
 
-- old: the previous ``grpo_core.sft.completion_token_loss``, re-implemented below: ``model(...).logits``
+- old: the previous ``grpo_core.trainer.sft.completion_token_loss``, re-implemented below: ``model(...).logits``
   ``[B, L, V]``, shifted, ``cross_entropy(reduction="sum")`` over the label tokens.
-- chunked: ``grpo_core.sft.completion_token_loss`` (hidden states, LM head on ``logprob_chunk_size`` rows at
+- chunked: ``grpo_core.trainer.sft.completion_token_loss`` (hidden states, LM head on ``logprob_chunk_size`` rows at
   a time under activation checkpointing, only from the first label column on).
 
 Both divide by the label-token count and call ``backward()``. Each measurement runs in a fresh subprocess,
@@ -42,7 +42,7 @@ IGNORE_INDEX = -100
 def run_child(args: argparse.Namespace) -> None:
     import torch
 
-    from grpo_core.sft import completion_token_loss
+    from grpo_core.trainer.sft import completion_token_loss
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)

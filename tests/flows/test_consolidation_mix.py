@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from flows.r1_pipeline import r1_pipeline
-from grpo_core.tiny import build_tiny_model
+from grpo_core.models.tiny import build_tiny_model
 from tasks.config import load_config
 from tasks.manifest import StageRef
 from tasks.store import Store

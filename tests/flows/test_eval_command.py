@@ -101,7 +101,7 @@ def test_r1_eval_refuses_bad_targets_and_options(run_with_model):
 
 
 def test_r1_eval_on_a_model_folder_writes_results_there(run_with_model, tmp_path):
-    from grpo_core.tiny import build_tiny_model
+    from grpo_core.models.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "my-model", hidden_size=32, num_layers=1, num_heads=2, max_position_embeddings=64)
     out = tmp_path / "results"

@@ -148,7 +148,7 @@ def test_report_prints_table_and_plots_open(first_run, s3_store, tmp_path):
         assert f"{stage} (held-out)" in result.output
     assert "grpo_train step 4 (train samples)" in result.output
     # the seed's phase table from measured features, one measured row per evaluated stage, and the aha verdict
-    from grpo_core.emergence import PHASES
+    from grpo_core.evaluation.emergence import PHASES
 
     assert "## Emergence, measured" in result.output
     for stage in MODEL_STAGES:

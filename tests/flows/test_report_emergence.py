@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.report import write_report
 from flows.report_emergence import NOT_MEASURED
-from grpo_core.emergence import PHASES
+from grpo_core.evaluation.emergence import PHASES
 from tasks.evaluate import output_name
 from tasks.store import Store
 

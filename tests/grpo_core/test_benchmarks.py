@@ -8,11 +8,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from grpo_core.benchmarks import BENCHMARKS, R1_PROMPT, evaluate_benchmark, load_benchmark, resolve_benchmark
+from grpo_core.config import BENCHMARKS, R1_PROMPT
+from grpo_core.evaluation.benchmarks import evaluate_benchmark, load_benchmark, resolve_benchmark
 from grpo_core.config import BenchmarkSource, EvalConfig
-from grpo_core.data import DataError, write_parquet
+from grpo_core.data.rows import DataError, write_parquet
 from grpo_core.generation import Rollout
-from grpo_core.tiny import build_tiny_model
+from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer.prompts import encode_prompt
 
 torch.set_num_threads(1)
@@ -153,7 +154,7 @@ def test_a_local_copy_of_a_builtin_keeps_its_schema_through_a_saved_config():
 
 
 def test_per_source_only_when_there_are_several():
-    from grpo_core.benchmarks import per_source
+    from grpo_core.evaluation.benchmarks import per_source
 
     rows = [{"source": "a", "pass@1": 1.0, "greedy_correct": True}, {"source": "a", "pass@1": 0.5, "greedy_correct": False},
             {"source": "b", "pass@1": 0.0, "greedy_correct": False}]

@@ -3,7 +3,7 @@ reward verifies them, the readability filters drop the unreadable, k are kept pe
 counted once, and SFT on the result runs.
 
 The teacher is the tiny model fine-tuned for a few seconds on the chain task's worked solutions (the rule
-teacher of grpo_core.synthetic), so some of its samples are right and some wrong: verification has work to do.
+teacher of grpo_core.data.synthetic), so some of its samples are right and some wrong: verification has work to do.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import json
 import pytest
 import torch
 
-from grpo_core.cold_start import few_shot_prompt, sample_teacher_traces
+from grpo_core.data.cold_start import few_shot_prompt, sample_teacher_traces
 from grpo_core.config import DataConfig, ReadabilityConfig, SFTConfig, TeacherSource
-from grpo_core.data import prepare_datasets
-from grpo_core.sft import train_sft
-from grpo_core.synthetic import chain_accuracy, make_chain_rows, make_cold_start_rows
-from grpo_core.tiny import build_tiny_model
+from grpo_core.data.prepare import prepare_datasets
+from grpo_core.trainer.sft import train_sft
+from grpo_core.data.synthetic import chain_accuracy, make_chain_rows, make_cold_start_rows
+from grpo_core.models.tiny import build_tiny_model
 
 torch.set_num_threads(1)
 

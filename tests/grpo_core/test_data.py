@@ -8,17 +8,8 @@ import json
 import pytest
 
 from grpo_core.config import DataConfig, DatasetSource
-from grpo_core.data import (
-    DataError,
-    decontaminate,
-    dedupe_rows,
-    load_prompt_rows,
-    load_sft_rows,
-    prepare_datasets,
-    read_parquet,
-    split_rows,
-    write_parquet,
-)
+from grpo_core.data.rows import DataError, load_prompt_rows, load_sft_rows, read_parquet, write_parquet
+from grpo_core.data.prepare import decontaminate, dedupe_rows, prepare_datasets, split_rows
 from grpo_core.rewards.extract import parse_gold_answer
 
 GSM8K_MAP = {"prompt": "question", "answer": "answer"}

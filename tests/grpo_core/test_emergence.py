@@ -11,7 +11,7 @@ import pytest
 from grpo_core.config import EmergenceConfig, EvalConfig, GRPOConfig
 from grpo_core.generation import Rollout
 from grpo_core.trainer.metrics import completion_metrics
-from grpo_core.emergence import (
+from grpo_core.evaluation.emergence import (
     BACKTRACK_PHRASES,
     PHASES,
     REFLECTION_PHRASES,

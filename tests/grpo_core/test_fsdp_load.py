@@ -42,7 +42,7 @@ def check(folder: Path) -> None:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from grpo_core.logprobs import compute_token_logps
+    from grpo_core.trainer.logprobs import compute_token_logps
     from grpo_core.trainer.distributed import init_distributed
     from grpo_core.trainer.fsdp import gather_model_state, load_sharded_model
 

@@ -10,10 +10,10 @@ import torch
 from transformers import AutoTokenizer
 
 from grpo_core.config import DataConfig
-from grpo_core.data import prepare_datasets
-from grpo_core.evaluation import evaluate
-from grpo_core.general import make_general_cold_start, make_general_rows, make_preference_pairs, preference_rule
-from grpo_core.tiny import build_tiny_model
+from grpo_core.data.prepare import prepare_datasets
+from grpo_core.evaluation.heldout import evaluate
+from grpo_core.data.general import make_general_cold_start, make_general_rows, make_preference_pairs, preference_rule
+from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer.prompts import encode_prompt
 from tests.grpo_core.test_evaluation import ScriptedBackend
 
@@ -98,7 +98,7 @@ def test_evaluation_measures_general_rows_two_ways(tmp_path):
 
 
 def test_max_rows_caps_each_source():
-    from grpo_core.evaluation import first_rows_per_source
+    from grpo_core.evaluation.heldout import first_rows_per_source
 
     rows = [{"id": i, "source": s} for i, s in enumerate(["chain"] * 5 + ["helpful"] * 3 + ["unsafe"] * 2)]
     assert [r["id"] for r in first_rows_per_source(rows, 2)] == [0, 1, 5, 6, 8, 9]

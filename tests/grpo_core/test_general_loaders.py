@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.data import DataError, load_prompt_rows, write_parquet
+from grpo_core.data.rows import DataError, load_prompt_rows, write_parquet
 from tasks.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_core.generation import Rollout, make_backend
 from grpo_core.generation.hf import HFBackend, filter_logits
-from grpo_core.tiny import build_tiny_model
+from grpo_core.models.tiny import build_tiny_model
 
 torch.set_num_threads(1)
 

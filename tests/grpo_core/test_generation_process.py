@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_core.generation import make_backend
 from grpo_core.generation.process import ProcessBackend, SamplerError
-from grpo_core.tiny import build_tiny_model
+from grpo_core.models.tiny import build_tiny_model
 
 torch.set_num_threads(1)
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_core.tiny import build_tiny_model
+from grpo_core.models.tiny import build_tiny_model
 
 
 torch.set_num_threads(1)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from grpo_core.logprobs import compute_token_logps
+from grpo_core.trainer.logprobs import compute_token_logps
 
 torch.set_num_threads(1)
 V = 97
@@ -107,7 +107,7 @@ def test_no_vocabulary_sized_tensor_is_saved_for_backward():
 def test_shared_prompt_pass_matches_one_pass_per_row(kind, completion_len):
     """Completions of shared prompts (groups of uneven size, left-padded prompts, right-padded completions):
     one prompt pass gathered per row gives the per-row pass's log-probs, entropies and gradients."""
-    from grpo_core.logprobs import compute_completion_logps
+    from grpo_core.trainer.logprobs import compute_completion_logps
 
     model = tiny_model(kind, tied=True)
     gen = torch.Generator().manual_seed(3)

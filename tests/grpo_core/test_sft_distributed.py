@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def rows() -> list[dict]:
-    from grpo_core.synthetic import make_chain_rows, make_cold_start_rows
+    from grpo_core.data.synthetic import make_chain_rows, make_cold_start_rows
 
     return make_cold_start_rows(make_chain_rows(10, seed=1), direct_fraction=0.3, seed=1)
 
@@ -47,7 +47,7 @@ class CrashAfterCheckpoint2:
 
 
 def run(model_dir: str, output_dir: str, strategy: str, phase: str = "") -> None:
-    from grpo_core.sft import train_sft
+    from grpo_core.trainer.sft import train_sft
 
     callbacks = [CrashAfterCheckpoint2()] if phase == "crash" else []
     train_sft(config(strategy), model_dir, rows(), output_dir, resume=phase == "resume", callbacks=callbacks)
@@ -59,7 +59,7 @@ def _metrics(output_dir: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory) -> tuple[Path, Path]:
-    from grpo_core.tiny import build_tiny_model
+    from grpo_core.models.tiny import build_tiny_model
 
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp("sft-dist")

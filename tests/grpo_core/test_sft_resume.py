@@ -23,7 +23,7 @@ MAX_STEPS = 8
 
 
 def rows() -> list[dict]:
-    from grpo_core.synthetic import make_chain_rows, make_cold_start_rows
+    from grpo_core.data.synthetic import make_chain_rows, make_cold_start_rows
 
     return make_cold_start_rows(make_chain_rows(12, seed=2), direct_fraction=0.5, seed=2)
 
@@ -48,7 +48,7 @@ class SlowSteps:
 
 
 def run_child(model_dir: str, output_dir: str) -> None:
-    from grpo_core.sft import train_sft
+    from grpo_core.trainer.sft import train_sft
 
     train_sft(resume_config(), model_dir, rows(), output_dir, callbacks=[SlowSteps()])
 
@@ -77,8 +77,8 @@ def _kill_after_line(model_dir: Path, output_dir: Path, line: int, rng: random.R
 def test_sigkill_resume_is_bit_identical(tmp_path):
     from safetensors.torch import load_file
 
-    from grpo_core.sft import train_sft
-    from grpo_core.tiny import build_tiny_model
+    from grpo_core.trainer.sft import train_sft
+    from grpo_core.models.tiny import build_tiny_model
 
     torch.set_num_threads(1)
     model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_layers=2, num_heads=2)

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from grpo_core.evaluation import is_direct
+from grpo_core.evaluation.heldout import is_direct
 from grpo_core.rewards import get_reward_funcs
-from grpo_core.synthetic import (
+from grpo_core.data.synthetic import (
     chain_accuracy,
     chain_format,
     chain_steps,

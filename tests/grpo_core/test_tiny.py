@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_core.tiny import build_tiny_model, count_parameters
+from grpo_core.models.tiny import build_tiny_model, count_parameters
 
 torch.set_num_threads(1)
 

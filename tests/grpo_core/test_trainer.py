@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import Rollout
-from grpo_core.loss import combine_rewards
-from grpo_core.tiny import build_tiny_model
+from grpo_core.trainer.loss import combine_rewards
+from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer import CheckpointError, list_checkpoints, load_latest_checkpoint, train_grpo
 from grpo_core.trainer.checkpoint import verify_checkpoint
 from grpo_core.trainer.prompts import PromptStream, completion_seed, encode_prompt

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpo_core.config import GRPOConfig
-from grpo_core.tiny import build_tiny_model
+from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer import train_grpo
 
 torch.set_num_threads(1)

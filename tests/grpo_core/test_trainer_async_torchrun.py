@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.tiny import build_tiny_model
+from grpo_core.models.tiny import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

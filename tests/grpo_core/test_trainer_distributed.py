@@ -49,7 +49,7 @@ def _metrics(output_dir: Path) -> list[dict]:
 def test_two_processes_give_the_loss_curve_of_one(tmp_path):
     from safetensors.torch import load_file
 
-    from grpo_core.tiny import build_tiny_model
+    from grpo_core.models.tiny import build_tiny_model
 
     torch.set_num_threads(1)
     model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=2, num_heads=2)

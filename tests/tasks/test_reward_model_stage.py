@@ -12,10 +12,10 @@ import pytest
 
 from flows.run_status import stage_status
 from flows.stages import RUN_CONFIG
-from grpo_core.data import write_parquet
+from grpo_core.data.rows import write_parquet
 from grpo_core.rewards.reward_model import RewardModelReward
 from grpo_core.rewards.scoring import resolve_reward
-from grpo_core.tiny import build_tiny_model
+from grpo_core.models.tiny import build_tiny_model
 from tasks.common import StageContext, StageFailed
 from tasks.config import ConfigError, PipelineConfig, load_config, parse_config
 from tasks.reward_model import reward_model, resolve_reward_models

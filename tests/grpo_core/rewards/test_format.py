@@ -69,7 +69,7 @@ def test_hostile_inputs_are_fast_and_score_zero():
 
 def test_the_embedded_defaults_completions():
     """Worked chain solutions are in format; the cold-start set's direct answers (empty think) are not."""
-    from grpo_core.synthetic import format_solution, make_chain_rows, make_cold_start_rows
+    from grpo_core.data.synthetic import format_solution, make_chain_rows, make_cold_start_rows
 
     assert format_reward(["<think>7+8=15;15*3=45;45-5=40</think><answer>40</answer>"]) == [1.0]
     assert format_reward(["<think></think><answer>40</answer>"]) == [0.0]

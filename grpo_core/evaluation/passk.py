@@ -8,7 +8,7 @@ numerically stable product form of the same paper's reference code:
 the R1 paper reports as pass@1 (DeepSeek-R1, section 3.1).
 
 maj@k (the R1 paper's cons@64): the answer most of k samples agree on, scored once. Answers are grouped
-by equivalence (``equivalent(a, b)``: math-verify for math, see ``grpo_core.benchmarks``), not by string, so
+by equivalence (``equivalent(a, b)``: math-verify for math, see ``grpo_core.evaluation.benchmarks``), not by string, so
 ``0.5`` and ``\\frac{1}{2}`` vote together. Rules, stated once here:
 
 - Grouping: samples are taken in order; each joins the first existing group whose representative (its

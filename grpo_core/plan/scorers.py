@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-from grpo_core.model_shapes import ModelShape
+from grpo_core.plan.shapes import ModelShape
 
 GiB = 2**30
 ScorerKind = Literal["reward_model", "judge"]

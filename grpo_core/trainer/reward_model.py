@@ -1,6 +1,6 @@
 """Reward-model training on preference pairs: TRL's ``RewardTrainer`` on this codebase's training skeleton.
 
-    python -c "from grpo_core.reward_model import train_reward_model; ..."   (the reward_model stage calls it)
+    python -c "from grpo_core.trainer.reward_model import train_reward_model; ..."   (the reward_model stage calls it)
 
 A row is ``{prompt, chosen, rejected[, margin][, source]}``. The model is ``AutoModelForSequenceClassification``
 with ``num_labels=1`` loaded from ``model_path``: a causal LM (the tiny base model, an SFT model) gets a fresh

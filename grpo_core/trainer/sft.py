@@ -1,6 +1,6 @@
 """Supervised fine-tuning on (prompt, completion) pairs: the cold-start and consolidation stages.
 
-    python -c "from grpo_core.sft import train_sft; ..."   (the Prefect tasks call train_sft)
+    python -c "from grpo_core.trainer.sft import train_sft; ..."   (the Prefect tasks call train_sft)
 
 The loss is the mean next-token cross-entropy over completion tokens only (TRL's
 ``completion_only_loss``): prompt and padding positions get label -100. A prompt is rendered with the
@@ -9,7 +9,7 @@ same token layout generation and GRPO see. An optimiser step averages over every
 its ``per_device_train_batch_size x gradient_accumulation_steps`` rows (token-weighted, not
 micro-batch-weighted), so ``group_by_length`` may cut the step's rows into micro-batches in length order
 (less padding) without changing the gradient. The cross-entropy is ``-log p`` from
-``grpo_core.logprobs.compute_token_logps``: the LM head runs ``logprob_chunk_size`` rows at a time, so the
+``grpo_core.trainer.logprobs.compute_token_logps``: the LM head runs ``logprob_chunk_size`` rows at a time, so the
 ``[B, L, V]`` fp32 logits never exist.
 
 Everything else is the skeleton GRPO uses (``grpo_core.trainer.skeleton``): AdamW with weight-decay
@@ -37,7 +37,7 @@ import torch
 from transformers import AutoTokenizer
 
 from grpo_core.config import SFTConfig
-from grpo_core.logprobs import compute_token_logps
+from grpo_core.trainer.logprobs import compute_token_logps
 from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
 from grpo_core.trainer.fsdp import is_sharded
 from grpo_core.trainer.prompts import PromptStream, encode_prompt

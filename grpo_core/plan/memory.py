@@ -21,7 +21,7 @@ the rest from the stage's config section and the hardware. What is counted follo
   one layer recomputed.
 - logprob chunks: the backward of one ``logprob_chunk_size``-row chunk holds ~4 fp32 ``[rows, V]``
   tensors (measured: tests/benchmarks/sft_memory.py).
-- reward models and judges (``grpo_core.memory_scorers``): fp32 weights and a scoring allowance on the GPU they
+- reward models and judges (``grpo_core.plan.scorers``): fp32 weights and a scoring allowance on the GPU they
   load onto (the last visible one by default: under torchrun every rank's copy lands there).
 - generation: vLLM's share of the device (``vllm_gpu_memory_utilization`` of its total memory, or its bf16
   weights + ``vllm_kv_cache_memory_bytes``), 0 while asleep under ``vllm_enable_sleep_mode``; or, for the
@@ -39,8 +39,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
-from grpo_core.memory_scorers import Scorer, ScorerLoad, place_scorers
-from grpo_core.model_shapes import KNOWN_SHAPES, ModelShape, resolve_model_shape  # noqa: F401 (re-exported)
+from grpo_core.plan.scorers import Scorer, ScorerLoad, place_scorers
+from grpo_core.plan.shapes import KNOWN_SHAPES, ModelShape, resolve_model_shape  # noqa: F401 (re-exported)
 
 GiB = 2**30
 CUDA_CONTEXT_BYTES = 1 * GiB  # CUDA context, cuBLAS/NCCL workspaces, allocator slack (not seen by torch)

@@ -23,7 +23,7 @@ import random
 from typing import Any, Collection, Iterable, Sequence
 
 from grpo_core.config import DatasetSource
-from grpo_core.data import DataError, LoadStats, load_sft_rows, read_records, to_messages
+from grpo_core.data.rows import DataError, LoadStats, load_sft_rows, read_records, to_messages
 
 REASONING = "reasoning"
 
@@ -56,7 +56,7 @@ def load_general_rows(src: DatasetSource, *, on_error: str = "raise") -> list[di
 
 def general_source_names(train_rows: Iterable[dict[str, Any]]) -> set[str]:
     """The sources of ``train_rows`` (prepare_data's prompts) none of whose rows has a reference answer: general
-    prompts a reward model or judge scores (``answer_format: none``; ``grpo_core.general``'s built-in ones)."""
+    prompts a reward model or judge scores (``answer_format: none``; ``grpo_core.data.general``'s built-in ones)."""
     answered: dict[str, bool] = {}
     for row in train_rows:
         if row.get("source") is not None:

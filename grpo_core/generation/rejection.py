@@ -6,7 +6,7 @@ it is correct (the reward passes ``reward_threshold``), it stopped on EOS (not t
 optimises and evaluation's ``eval/format_rate`` counts; a direct answer with an empty think block fails), it is
 no longer than ``max_completion_tokens``, its language_consistency reward passes
 ``language_consistency_threshold`` (R1 filters out mixed-language chains of thought; a prompt the reward does
-not apply to passes), it passes the ``readability`` filters when set (``grpo_core.readability``: truncated,
+not apply to passes), it passes the ``readability`` filters when set (``grpo_core.data.readability``: truncated,
 overlong in tokens, code blocks, long paragraphs, mixed CJK/Latin; counted under each filter's name), and it is not an exact duplicate of a completion already kept for that prompt.
 The rewards (correctness, plus format and language consistency when those filters are on) are scored in one
 ``score_completions`` call, the one the trainer makes, and judged by ``passes``, as evaluation judges them.
@@ -33,9 +33,9 @@ from collections import Counter
 from typing import Any
 
 from grpo_core.config import ReadabilityConfig, RejectionSamplingConfig
-from grpo_core.evaluation import _generate, completion_length, sample_seed
+from grpo_core.evaluation.heldout import _generate, completion_length, sample_seed
 from grpo_core.generation import GenerationBackend
-from grpo_core.readability import FILTERS, readability_reason
+from grpo_core.data.readability import FILTERS, readability_reason
 from grpo_core.rewards import get_reward_funcs
 from grpo_core.rewards.base import RewardFunc
 from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
@@ -128,7 +128,7 @@ def rejection_sample(
                 reason = "language"
             elif readability is not None and (why := readability_reason(r.text, row["prompt"], readability,
                                                                           completion_length(r))):
-                reason = why.split(":", 1)[0]  # a readability filter's name (grpo_core.readability.FILTERS)
+                reason = why.split(":", 1)[0]  # a readability filter's name (grpo_core.data.readability.FILTERS)
             elif r.text in kept_texts:
                 reason = "duplicate"
             elif len(kept_texts) >= keep_per_prompt:

@@ -1,6 +1,6 @@
 """A tiny randomly initialised causal LM and its tokenizer, built locally (no hub).
 
-    python -c "from grpo_core.tiny import build_tiny_model; print(build_tiny_model('/tmp/tiny'))"
+    python -c "from grpo_core.models.tiny import build_tiny_model; print(build_tiny_model('/tmp/tiny'))"
 
 The embedded default of the pipeline trains this model through the whole R1 recipe on a laptop CPU.
 It is a Llama (or Qwen2) config at hidden 128 x 4 layers x 4 heads (~0.9M parameters, a size that
@@ -139,7 +139,7 @@ def pretrain_tiny_model(model_dir: str | Path, rows: list[dict[str, Any]], confi
     """Train the model in ``model_dir`` on ``rows`` ``{prompt, completion}`` with ``config`` (an ``SFTConfig``)
     and put the result back in ``model_dir``; returns the SFT metrics (``train/loss``, ``train/steps``,
     ``train/runtime_s``). ``work_dir`` holds the checkpoints meanwhile (removed after)."""
-    from grpo_core.sft import train_sft
+    from grpo_core.trainer.sft import train_sft
 
     model_dir, work_dir = Path(model_dir), Path(work_dir)
     result = train_sft(config, model_dir, rows, work_dir, resume=False)

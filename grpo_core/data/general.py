@@ -1,6 +1,6 @@
 """The embedded default's non-verifiable sources: "helpful" and "unsafe" prompts, judged by preference.
 
-Beside the verifiable chain task (``grpo_core.synthetic``), R1's final RL trains on general prompts whose reward
+Beside the verifiable chain task (``grpo_core.data.synthetic``), R1's final RL trains on general prompts whose reward
 is a reward model of human preference (DeepSeek-R1, sec. 2.3.4). These two built-in sources make that visible on
 a laptop CPU: a preferred answer has a property the cold-start answers mostly lack, preference pairs
 (chosen/rejected) come from a rule, a reward model is trained on the pairs, and RL must move the policy towards

@@ -6,7 +6,7 @@ Both kinds end in the pipeline's cold-start layout, SFT rows ``{prompt, completi
 
 R1's "|special_token|<reasoning_process>|special_token|<summary>" with the ``<think>`` tags this pipeline's
 format reward and GRPO use. A sample is kept when it is verified, passes every readability filter
-(``grpo_core.readability``), is not a repeat of one kept for that prompt, and fewer than ``keep_per_prompt``
+(``grpo_core.data.readability``), is not a repeat of one kept for that prompt, and fewer than ``keep_per_prompt``
 were kept before it (in source/sample order). Every sample is counted once: ``samples = kept + unverified +
 duplicate + over_limit + sum(rejected/{filter})``.
 
@@ -26,8 +26,8 @@ from collections import Counter
 from typing import Any, Sequence
 
 from grpo_core.config import DatasetSource, ReadabilityConfig, TeacherSource, TraceSource
-from grpo_core.data import RAW_PROMPT, DataError, LoadStats, load_prompt_rows, raw_prompt_text, read_records, to_messages
-from grpo_core.readability import FILTERS, readability_reason, split_reasoning
+from grpo_core.data.rows import RAW_PROMPT, DataError, LoadStats, load_prompt_rows, raw_prompt_text, read_records, to_messages
+from grpo_core.data.readability import FILTERS, readability_reason, split_reasoning
 
 COUNTS = ("samples", "kept", "unverified", "duplicate", "over_limit")
 
@@ -143,7 +143,7 @@ def sample_teacher_traces(src: TeacherSource, rows: list[dict[str, Any]], *, bac
                           tokenizer: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Cold-start rows sampled from ``src.model`` on ``rows`` (prompt rows with the reward's columns, e.g.
     ``answer``); ``backend``/``tokenizer`` default to one loaded from ``src.model``."""
-    from grpo_core.evaluation import _generate, sample_seed
+    from grpo_core.evaluation.heldout import _generate, sample_seed
     from grpo_core.generation import backend_kind, make_backend
     from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
     from grpo_core.trainer.prompts import all_dropped_error, encode_prompts
@@ -194,7 +194,7 @@ def sample_teacher_traces(src: TeacherSource, rows: list[dict[str, Any]], *, bac
 def load_cold_start_source(src: DatasetSource | TraceSource | TeacherSource, train_rows: list[dict[str, Any]], *,
                            on_error: str = "raise") -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``(rows, stats)`` of one ``cold_start_sources`` entry; a teacher without ``prompts`` samples on ``train_rows``."""
-    from grpo_core.data import load_sft_rows
+    from grpo_core.data.rows import load_sft_rows
 
     if isinstance(src, TraceSource):
         return load_trace_rows(src, on_error=on_error)

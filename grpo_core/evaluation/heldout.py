@@ -16,7 +16,7 @@ Metrics (all over the same held-out rows):
   everything except ``</think>`` and greedy decoding continues. Compared with ``eval/accuracy`` it
   separates "RL taught better reasoning" from "RL taught the model to use the reasoning it already had"
   (the README's emergence table shows both). Needs ``<think>``/``</think>`` to be single tokens; otherwise NaN.
-- The seed's emergence features (``grpo_core.emergence``) of the sampled completions (the greedy ones when
+- The seed's emergence features (``grpo_core.evaluation.emergence``) of the sampled completions (the greedy ones when
   ``num_samples`` is 0): ``eval/direct_rate``, ``eval/mean_steps``, ``eval/reflection_rate``,
   ``eval/backtrack_rate``, and the sampled accuracy split by reflection, ``eval/accuracy_with_reflection`` /
   ``eval/accuracy_without_reflection`` (NaN where no completion falls in the group). Their mean length is
@@ -49,7 +49,7 @@ from typing import Any, Sequence
 import torch
 
 from grpo_core.config import EvalConfig
-from grpo_core.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES, emergence_metrics, is_direct
+from grpo_core.evaluation.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES, emergence_metrics, is_direct
 from grpo_core.generation import GenerationBackend, Rollout, make_backend
 from grpo_core.rewards import get_reward_funcs
 from grpo_core.rewards.base import RewardFunc

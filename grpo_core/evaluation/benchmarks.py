@@ -1,7 +1,7 @@
 """Math benchmarks under the DeepSeek-R1 paper's evaluation protocol: pass@1 over n samples, pass@k, maj@k
 (cons@k) and greedy accuracy, per benchmark.
 
-    from grpo_core.benchmarks import evaluate_benchmarks
+    from grpo_core.evaluation.benchmarks import evaluate_benchmarks
     evaluate_benchmarks(EvalConfig(benchmarks=["math500"], num_samples=16, k=[1, 16]), "/models/r1-distill")
 
 Built-in benchmarks (hub dataset, split, fields; a local copy in the same schema is read by giving
@@ -17,7 +17,7 @@ Any other jsonl/json/parquet/csv file or hub dataset is a ``BenchmarkSource`` wi
 Protocol (DeepSeek-R1, section 3.1 "Evaluation Setup"): sampling at temperature 0.6 and top-p 0.95
 (``EvalConfig`` defaults), n samples per problem, the prompt asking for a boxed answer
 ("Please reason step by step, and put your final answer within \\boxed{}.", DeepSeek's usage
-recommendation). pass@1 is the mean correctness of the n samples; pass@k and maj@k (``grpo_core.passk``)
+recommendation). pass@1 is the mean correctness of the n samples; pass@k and maj@k (``grpo_core.evaluation.passk``)
 for each configured k. maj@k votes over the answers ``extract_answer`` finds, grouped by math-verify
 equivalence (``answers_equivalent``); correctness is the benchmark's reward (``math_accuracy`` by default),
 scored through ``score_completions`` as training scores. Greedy accuracy is a separate column.
@@ -31,30 +31,12 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo_core.config import BenchmarkSource, EvalConfig
-from grpo_core.passk import maj_at_k, pass_at_k
+from grpo_core.config import BENCHMARKS, BenchmarkSource, EvalConfig
+from grpo_core.evaluation.passk import maj_at_k, pass_at_k
 from grpo_core.rewards.extract import ExtractedAnswer, extract_answer
 
-if TYPE_CHECKING:  # the registry is imported by config validation: torch and the generation stack load on use
+if TYPE_CHECKING:  # torch and the generation stack load on use
     from grpo_core.generation import GenerationBackend
-
-R1_PROMPT = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
-
-BENCHMARKS: dict[str, BenchmarkSource] = {
-    "math500": BenchmarkSource(benchmark="math500", path="HuggingFaceH4/MATH-500", split="test",
-                               field_map={"prompt": "problem", "answer": "answer", "id": "unique_id"},
-                               prompt_template=R1_PROMPT),
-    "gsm8k": BenchmarkSource(benchmark="gsm8k", path="openai/gsm8k", name="main", split="test",
-                             field_map={"prompt": "question", "answer": "answer"}, answer_format="gsm8k",
-                             prompt_template=R1_PROMPT),
-    "aime24": BenchmarkSource(benchmark="aime24", path="HuggingFaceH4/aime_2024", split="train",
-                              field_map={"prompt": "problem", "answer": "answer", "id": "id"},
-                              prompt_template=R1_PROMPT),
-    "aime25": BenchmarkSource(benchmark="aime25", path="yentinglin/aime_2025", split="train",
-                              field_map={"prompt": "problem", "answer": "answer", "id": "id"},
-                              prompt_template=R1_PROMPT),
-}
-
 
 def resolve_benchmark(spec: str | BenchmarkSource) -> BenchmarkSource:
     """A built-in name -> its source; a source naming a built-in takes the built-in's fields it does not set
@@ -72,7 +54,7 @@ def resolve_benchmark(spec: str | BenchmarkSource) -> BenchmarkSource:
 def load_benchmark(spec: str | BenchmarkSource, limit: int | None = None) -> list[dict[str, Any]]:
     """The benchmark's problems as prompt rows ``{id, prompt, answer, task, source}`` (``grpo_core.data``:
     errors name the file, row and field), the first ``limit`` of them."""
-    from grpo_core.data import load_prompt_rows
+    from grpo_core.data.rows import load_prompt_rows
 
     src = resolve_benchmark(spec)
     if limit is not None:
@@ -105,7 +87,7 @@ def evaluate_benchmark(
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """``(metrics, per-problem results)`` of one benchmark: ``pass@1``, ``pass@{k}``, ``maj@{k}`` for each
     ``config.ks``, ``greedy``, ``mean_length``, ``num_rows`` (keys without the ``eval/{benchmark}/`` prefix)."""
-    from grpo_core.evaluation import _generate, _mean, completion_length, sample_seed
+    from grpo_core.evaluation.heldout import _generate, _mean, completion_length, sample_seed
     from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
     from grpo_core.trainer.prompts import all_dropped_error, encode_prompts
 

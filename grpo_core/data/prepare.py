@@ -1,0 +1,222 @@
+"""The prepare_data stage as a function: every source's rows together, deduped, decontaminated, split.
+
+Decontamination drops training rows that share a word n-gram (default 13, as in GPT-3's and the Llama reports'
+contamination checks) with any eval prompt; a prompt shorter than n words is compared whole. It compares the
+prompt field as read, before any ``prompt_template``: a template shared by the train and eval sources would
+otherwise put the same n-grams in every prompt and drop them all (the rows carry that text as ``RAW_PROMPT``
+until ``prepare_datasets`` returns). A source that loses more than ``max_contaminated_fraction`` of its rows fails
+the stage, naming the source, the count and one shared n-gram. Splits are deterministic: rows are ordered by a
+seeded hash of their id, not by input order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from grpo_core.config import DataConfig, DatasetSource
+from grpo_core.data import general, synthetic
+from grpo_core.data.cold_start import load_cold_start_source, source_key
+from grpo_core.data.rows import (RAW_PROMPT, DataError, load_prompt_rows, normalized_prompt_hash, source_label)
+from grpo_core.rewards.base import prompt_text
+
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------- dedupe, decontaminate, split
+
+
+def dedupe_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """Keep the first row of each normalised prompt (case and whitespace folded)."""
+    seen: set[str] = set()
+    out = []
+    for row in rows:
+        h = normalized_prompt_hash(row["prompt"])
+        if h not in seen:
+            seen.add(h)
+            out.append(row)
+    return out, len(rows) - len(out)
+
+
+_WORD = re.compile(r"\w+|[^\w\s]")
+
+
+def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    words = _WORD.findall(text.lower())
+    if len(words) < n:
+        return {tuple(words)} if words else set()
+    return {tuple(words[i: i + n]) for i in range(len(words) - n + 1)}
+
+
+def _compared_text(row: dict[str, Any]) -> str:
+    return row.get(RAW_PROMPT) or prompt_text(row["prompt"])
+
+
+@dataclass
+class Contamination:
+    """What ``decontaminate`` dropped, per source: how many rows of how many, and one n-gram a dropped row shares
+    with an eval prompt (what a user needs to see why)."""
+
+    removed: dict[str, int] = field(default_factory=dict)
+    total: dict[str, int] = field(default_factory=dict)
+    example: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_removed(self) -> int:
+        return sum(self.removed.values())
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return {src: {"removed": n, "of": self.total[src], "example_ngram": self.example[src]}
+                for src, n in self.removed.items()}
+
+    def check(self, max_fraction: float, what: str, ngram_size: int) -> None:
+        """A ``DataError`` for the first source that lost more than ``max_fraction`` of its rows."""
+        for src, n in self.removed.items():
+            if n > max_fraction * self.total[src]:
+                raise DataError(
+                    f"decontamination dropped {n} of {self.total[src]} {what} rows of source {src!r} "
+                    f"({n / self.total[src]:.0%}, above data.max_contaminated_fraction {max_fraction}): they share "
+                    f"{ngram_size}-word runs with eval prompts, e.g. {self.example[src]!r}. Prompts are compared "
+                    "before prompt_template, so the shared text is in the prompt field itself (a system prompt or "
+                    "boilerplate in the data, or train and eval from the same split?); fix the sources, or raise "
+                    "data.ngram_size, data.max_contaminated_fraction, or set data.decontaminate: false")
+
+
+def decontaminate(train: list[dict[str, Any]], eval_rows: Iterable[dict[str, Any]], *, ngram_size: int = 13
+                  ) -> tuple[list[dict[str, Any]], Contamination]:
+    """Drop training rows that share a word n-gram with any eval prompt (short prompts: whole match).
+
+    Words are ``\\w+`` runs and single punctuation marks, lowercased, so ``7+8*3=`` is 6 words. Rows are
+    compared by their prompt before any template (``RAW_PROMPT``), eval rows too.
+    """
+    eval_grams: set[tuple[str, ...]] = set()
+    for row in eval_rows:
+        eval_grams |= _ngrams(_compared_text(row), ngram_size)
+    kept, report = [], Contamination()
+    for r in train:
+        src = str(r.get("source", ""))
+        report.total[src] = report.total.get(src, 0) + 1
+        shared = _ngrams(_compared_text(r), ngram_size) & eval_grams
+        if not shared:
+            kept.append(r)
+            continue
+        report.removed[src] = report.removed.get(src, 0) + 1
+        if src not in report.example:  # the first shared run in reading order
+            words = _WORD.findall(_compared_text(r).lower())
+            report.example[src] = " ".join(next(g for i in range(max(1, len(words) - ngram_size + 1))
+                                                if (g := tuple(words[i: i + ngram_size])) in shared))
+    return kept, report
+
+
+def split_rows(rows: list[dict[str, Any]], *, eval_fraction: float = 0.05, eval_size: int | None = None,
+               seed: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Deterministic train/eval split by a seeded hash of each row's id (independent of input order)."""
+    order = sorted(rows, key=lambda r: hashlib.sha256(f"{seed}:{r['id']}".encode()).hexdigest())
+    n_eval = eval_size if eval_size is not None else max(1, round(len(rows) * eval_fraction))
+    if not 0 < n_eval < len(rows):
+        raise DataError(f"cannot hold out {n_eval} of {len(rows)} rows; give more rows or change eval_fraction")
+    return order[n_eval:], order[:n_eval]
+
+
+# ---------------------------------------------------------------- the prepare_data stage, as a function
+
+
+@dataclass
+class PreparedData:
+    train: list[dict[str, Any]]
+    eval: list[dict[str, Any]]
+    cold_start: list[dict[str, Any]]
+    stats: dict[str, Any]
+    preferences: list[dict[str, Any]] = field(default_factory=list)  # {prompt, chosen, rejected, source}
+    pretrain: list[dict[str, Any]] = field(default_factory=list)  # {prompt, completion}: the tiny base's corpus
+
+
+def prepare_datasets(config: DataConfig) -> PreparedData:
+    """Build the train/eval prompt sets and the cold-start SFT set a DataConfig describes."""
+    train: list[dict[str, Any]] = []
+    eval_rows: list[dict[str, Any]] = []
+    cold: list[dict[str, Any]] = []
+    pretrain: list[dict[str, Any]] = []
+    stats: dict[str, Any] = {"sources": {}}
+    if config.builtin_task == "chain":
+        kw = {"min_operands": config.min_operands, "max_operands": config.max_operands}
+        b_train, b_eval = synthetic.make_chain_splits(config.num_train, config.num_eval, seed=config.seed, **kw)
+        train += b_train
+        eval_rows += b_eval
+        held_out = {r["prompt"][0]["content"] for r in b_eval}
+        if config.cold_start_size:
+            cs_prompts = synthetic.make_chain_rows(config.cold_start_size, seed=10_000 + config.seed,
+                                                   exclude=held_out, **kw)
+            cold += [{**r, "source": synthetic.SOURCE} for r in synthetic.make_cold_start_rows(
+                cs_prompts, direct_fraction=config.cold_start_direct_fraction,
+                coarse_fraction=config.cold_start_coarse_fraction, seed=config.seed)]
+        if config.pretrain_size:  # other problems than the cold start's, none held out, every one worked in full
+            pretrain = synthetic.make_cold_start_rows(synthetic.make_chain_rows(
+                config.pretrain_size, seed=30_000 + config.seed, exclude=held_out, **kw), direct_fraction=0.0)
+    preferences: list[dict[str, Any]] = []
+    for name in config.builtin_general:  # grpo_core.data.general: prompts, cold-start answers, rule-made pairs
+        g_train, g_eval = general.make_general_splits(name, config.general_num_train, config.general_num_eval,
+                                                      seed=config.seed)
+        train += g_train
+        eval_rows += g_eval
+        exclude = {r["prompt"][0]["content"] for r in g_eval}
+        if config.general_cold_start_size:
+            cs_rows = general.make_general_rows(name, config.general_cold_start_size, seed=10_000 + config.seed,
+                                                exclude=exclude)
+            cold += general.make_general_cold_start(cs_rows, preferred_fraction=config.general_cold_start_preferred,
+                                                    seed=config.seed)
+        if config.general_pretrain_size and config.pretrain_size:  # the plain echo only: no preferred answer
+            pre_rows = general.make_general_rows(name, config.general_pretrain_size, seed=40_000 + config.seed,
+                                                 exclude=exclude)
+            pretrain += [{k: r[k] for k in ("prompt", "completion")}
+                         for r in general.make_general_cold_start(pre_rows, preferred_fraction=0.0)]
+        if config.general_num_pairs:
+            pair_rows = general.make_general_rows(name, config.general_num_pairs, seed=20_000 + config.seed,
+                                                  exclude=exclude)
+            preferences += general.make_preference_pairs(pair_rows, seed=config.seed)
+    for kind, sources, target in (("train", config.train_sources, train), ("eval", config.eval_sources, eval_rows)):
+        for src in sources:
+            rows, s = load_prompt_rows(src, on_error=config.on_error, keep_raw=True)
+            target += rows
+            stats["sources"][f"{kind}:{src.path}"] = s.as_dict()
+    for src in config.cold_start_sources:  # files, trace sets and teachers: grpo_core.data.cold_start
+        rows, stats["sources"][source_key(src)] = load_cold_start_source(src, train, on_error=config.on_error)
+        label = source_label(src) if isinstance(src, DatasetSource) else source_key(src).split(":", 1)[1]
+        cold += [{**r, "source": r.get("source") or label} for r in rows]
+    if config.dedupe:
+        train, stats["train_duplicates"] = dedupe_rows(train)
+        eval_rows, stats["eval_duplicates"] = dedupe_rows(eval_rows)
+    if not train and config.on_error == "skip" and any(s["rows_skipped"] for s in stats["sources"].values()):
+        raise DataError("no training rows left: every row was skipped as bad (on_error: skip); "
+                        "see the skip reasons in the data stats, or set on_error: raise to stop at the first")
+    if not eval_rows:
+        train, eval_rows = split_rows(train, eval_fraction=config.eval_fraction, seed=config.seed)
+    if config.decontaminate:
+        for what, rows in (("train", train), ("cold_start", cold)):
+            kept, report = decontaminate(rows, eval_rows, ngram_size=config.ngram_size)
+            stats[f"{what}_contaminated"] = report.num_removed
+            stats[f"{what}_contaminated_by_source"] = report.as_dict()
+            stats["ngram_size"] = config.ngram_size
+            for src, info in report.as_dict().items():
+                log.warning("decontamination dropped %d of %d %s rows of source %r (e.g. shared with an eval prompt: "
+                            "%r)", info["removed"], info["of"], what.replace("_", "-"), src, info["example_ngram"])
+            report.check(config.max_contaminated_fraction, what.replace("_", "-"), config.ngram_size)
+            train, cold = (kept, cold) if what == "train" else (train, kept)
+    if not train:
+        raise DataError("no training rows left after loading, dedupe and decontamination")
+    for row in (*train, *eval_rows, *cold):
+        row.pop(RAW_PROMPT, None)
+    stats.update({"num_train": len(train), "num_eval": len(eval_rows), "num_cold_start": len(cold),
+                  "num_preferences": len(preferences), "num_pretrain": len(pretrain), "train_by_source": _count_by_source(train),
+                  "eval_by_source": _count_by_source(eval_rows)})
+    return PreparedData(train=train, eval=eval_rows, cold_start=cold, stats=stats, preferences=preferences,
+                        pretrain=pretrain)
+
+
+def _count_by_source(rows: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in rows:
+        out[r.get("source", "")] = out.get(r.get("source", ""), 0) + 1
+    return out
