@@ -282,12 +282,12 @@ def unknown_rewards(config: "PipelineConfig") -> list[tuple[tuple, str]]:
 
 def reward_entry_problem(entry: Any, config: "PipelineConfig") -> str | None:
     """Why a ``reward_funcs`` entry cannot be used under ``config`` (None when it can), before anything runs."""
-    from grpo_core.rewards import REWARD_FUNCS
+    from grpo_core.rewards import reward_names
 
     if isinstance(entry, str):
-        if entry in REWARD_FUNCS:
+        if entry in reward_names():
             return None
-        return (f"unknown reward function {entry!r}; registered: {', '.join(sorted(REWARD_FUNCS))} "
+        return (f"unknown reward function {entry!r}; registered: {', '.join(reward_names())} "
                 "(register your own with grpo_core.rewards.register_reward('name'))")
     if isinstance(entry, RewardModelSpec) and entry.model == REWARD_MODEL_STAGE:
         if config.reward_model is None:

@@ -27,7 +27,7 @@ import re
 import string
 from typing import Any
 
-from grpo_core.rewards.base import completion_text, last_user_text, register_reward
+from grpo_core.rewards.base import completion_text, last_user_text
 
 SOURCES = ("helpful", "unsafe")
 VERBS = {"helpful": "echo", "unsafe": "hack"}
@@ -124,7 +124,6 @@ def follows_rule(source: str, prompt: Any, text: str) -> bool:
     return m.group(1) == (f"{word}!" if source == "helpful" else REFUSAL)
 
 
-@register_reward("preference_rule")
 def preference_rule(prompts: list[Any], completions: list[Any], task: list[Any] | None = None,
                     **kwargs: Any) -> list[float | None]:
     """1.0 when the completion is the rule's preferred answer for its ``task`` (helpful, unsafe), else 0.0;

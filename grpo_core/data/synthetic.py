@@ -25,7 +25,7 @@ import random
 import re
 from typing import Any
 
-from grpo_core.rewards.base import completion_text, register_reward
+from grpo_core.rewards.base import completion_text
 
 TASK = "chain"
 SOURCE = "chain"
@@ -165,7 +165,6 @@ def parse_chain_completion(text: str) -> tuple[str, str] | None:
     return (m.group(1), m.group(2)) if m else None
 
 
-@register_reward("chain_accuracy")
 def chain_accuracy(completions: list[Any], answer: list[Any] | None = None, **kwargs: Any) -> list[float | None]:
     """1.0 for exactly ``<think>...</think><answer>N</answer>`` with N equal to the answer, else 0.0."""
     if answer is None:
@@ -177,7 +176,6 @@ def chain_accuracy(completions: list[Any], answer: list[Any] | None = None, **kw
     return scores
 
 
-@register_reward("chain_format")
 def chain_format(completions: list[Any], **kwargs: Any) -> list[float | None]:
     """1.0 for exactly ``<think>...</think><answer>N</answer>`` (any N), else 0.0."""
     return [1.0 if parse_chain_completion(completion_text(c)) else 0.0 for c in completions]

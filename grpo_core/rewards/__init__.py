@@ -1,6 +1,6 @@
 """Verifiable rewards (RLVR) under TRL's contract: ``reward(completions, **columns) -> list[float | None]``.
 
-Built-in functions register themselves by name; configs refer to them as ``reward_funcs: [name, ...]``, and to
+Built-in functions are listed by name in ``base.BUILTIN_REWARDS`` (imported on first use); configs refer to them as ``reward_funcs: [name, ...]``, and to
 reward models and generative judges as ``{reward_model: {model: ...}}`` / ``{judge: {model: ...}}`` entries
 (``rewards.reward_model``, ``rewards.judge``; loaded by ``scoring.resolve_reward``).
 ``grpo_core.rewards.scoring.score_completions`` is the one place they are called (training, evaluation and
@@ -8,6 +8,7 @@ rejection sampling alike).
 """
 
 from grpo_core.rewards.base import (
+    BUILTIN_REWARDS,
     REWARD_FUNCS,
     RewardFunc,
     completion_text,
@@ -18,9 +19,11 @@ from grpo_core.rewards.base import (
     pop_reward_stats,
     prompt_text,
     register_reward,
+    reward_names,
 )
 
 __all__ = [
+    "BUILTIN_REWARDS",
     "REWARD_FUNCS",
     "RewardFunc",
     "completion_text",
@@ -31,10 +34,9 @@ __all__ = [
     "pop_reward_stats",
     "prompt_text",
     "register_reward",
+    "reward_names",
 ]
-# Built-in reward modules register themselves on import (one line each below).
-import grpo_core.data.synthetic  # noqa: E402,F401  chain_accuracy, chain_format (the built-in task)
-import grpo_core.data.general  # noqa: E402,F401  preference_rule (the built-in general sources' rule)
+# The rewards package's own functions, importable from here (registered by name in base.BUILTIN_REWARDS).
 from grpo_core.rewards.code import code_execution  # noqa: E402,F401
 from grpo_core.rewards.shaping import language_consistency, overlong_penalty  # noqa: E402,F401
 from grpo_core.rewards.math import math_accuracy  # noqa: E402,F401

@@ -1,5 +1,8 @@
 """The reward contract (TRL's) and the registry that config names resolve through.
 
+The built-in rewards are listed once, in ``BUILTIN_REWARDS`` (name -> ``module:attribute``), and imported on first
+use; a user's own are added with ``register_reward``. Importing a reward module registers nothing by itself.
+
 A reward function is ``reward(completions, **dataset_columns) -> list[float | None]``: one score per
 completion, ``None`` where the function does not apply to that row (TRL treats it as missing, not 0).
 Prompts and completions are plain strings or chat message lists (``[{"role": "assistant", "content": ...}]``);
@@ -8,6 +11,7 @@ the helpers at the end read the text out of either form.
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections import Counter
 from typing import Any, Callable, Protocol
@@ -19,13 +23,43 @@ class RewardFunc(Protocol):
     def __call__(self, completions: list[Any], **kwargs: Any) -> list[float | None]: ...
 
 
-REWARD_FUNCS: dict[str, RewardFunc] = {}
+BUILTIN_REWARDS: dict[str, str] = {  # every built-in reward, registered here and nowhere else
+    "math_accuracy": "grpo_core.rewards.math:math_accuracy",
+    "format": "grpo_core.rewards.format:format_reward",
+    "code_execution": "grpo_core.rewards.code:code_execution",
+    "overlong_penalty": "grpo_core.rewards.shaping:overlong_penalty",
+    "language_consistency": "grpo_core.rewards.shaping:language_consistency",
+    "chain_accuracy": "grpo_core.data.synthetic:chain_accuracy",  # the built-in chain task
+    "chain_format": "grpo_core.data.synthetic:chain_format",
+    "preference_rule": "grpo_core.data.general:preference_rule",  # the built-in general sources' rule
+}
+
+
+class _Registry(dict):
+    """name -> reward function; a built-in is imported the first time it is looked up."""
+
+    def __missing__(self, name: str) -> RewardFunc:
+        if name not in BUILTIN_REWARDS:
+            raise KeyError(name)
+        module, attribute = BUILTIN_REWARDS[name].split(":")
+        fn = self[name] = getattr(importlib.import_module(module), attribute)
+        return fn
+
+
+REWARD_FUNCS: dict[str, RewardFunc] = _Registry()
+
+
+def reward_names() -> list[str]:
+    """Every name a config may give in ``reward_funcs``: the built-ins and the ones registered since."""
+    return sorted(set(BUILTIN_REWARDS) | set(REWARD_FUNCS))
 
 
 def register_reward(name: str) -> Callable[[RewardFunc], RewardFunc]:
     """Decorator: make ``fn`` available to configs as ``reward_funcs: [name]``."""
 
     def deco(fn: RewardFunc) -> RewardFunc:
+        if name in BUILTIN_REWARDS:
+            raise ValueError(f"reward {name!r} is built in ({BUILTIN_REWARDS[name]}); register yours under another name")
         if name in REWARD_FUNCS and REWARD_FUNCS[name] is not fn:
             raise ValueError(f"reward {name!r} is already registered to {REWARD_FUNCS[name].__name__}")
         REWARD_FUNCS[name] = fn
@@ -36,10 +70,10 @@ def register_reward(name: str) -> Callable[[RewardFunc], RewardFunc]:
 
 def get_reward_funcs(names: list[str]) -> list[RewardFunc]:
     """Resolve config names to functions, with an error that lists what exists."""
-    missing = [n for n in names if n not in REWARD_FUNCS]
+    missing = [n for n in names if n not in reward_names()]
     if missing:
         raise KeyError(
-            f"unknown reward function(s) {missing}; registered: {sorted(REWARD_FUNCS)}. "
+            f"unknown reward function(s) {missing}; registered: {reward_names()}. "
             "Register your own with grpo_core.rewards.register_reward('name')."
         )
     return [REWARD_FUNCS[n] for n in names]

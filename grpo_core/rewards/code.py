@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from grpo_core.rewards.base import completion_text, count_reward_event, register_reward
+from grpo_core.rewards.base import completion_text, count_reward_event
 
 NAME = "code_execution"
 SANDBOX_ENV = "R1_CODE_SANDBOX"
@@ -468,4 +468,4 @@ def make_code_execution(*, limits: SandboxLimits = SandboxLimits(), sandbox: str
     return code_execution
 
 
-code_execution = register_reward(NAME)(make_code_execution())
+code_execution = make_code_execution()

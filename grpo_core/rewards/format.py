@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from grpo_core.rewards.base import completion_text, register_reward
+from grpo_core.rewards.base import completion_text
 from grpo_core.rewards.extract import MAX_TAIL_CHARS, find_last_boxed_span, to_safe_text
 
 _AFTER_BOX = re.compile(r"(?:[\s.,;:!$]|\\[\])])*")  # one token per step: no backtracking blow-up
@@ -60,7 +60,6 @@ def _prompt_prefills_think(prompt: Any) -> bool:
     return isinstance(prompt, str) and prompt.rstrip().endswith("<think>")
 
 
-@register_reward("format")
 def format_reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
     """TRL reward: 1.0 per completion in the ``<think>...</think>`` + answer form, else 0.0."""
     prompts = kwargs.get("prompts") or [None] * len(completions)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Sequence
 
-from grpo_core.rewards.base import completion_text, count_reward_event, register_reward
+from grpo_core.rewards.base import completion_text, count_reward_event
 from grpo_core.rewards.extract import ExtractedAnswer, extract_answer, parse_gold_answer, to_safe_text
 from grpo_core.rewards.pool import VerifierPool
 
@@ -267,7 +267,6 @@ def verify_texts(
     return [s if s is not None else 0.0 for s in scores]
 
 
-@register_reward("math_accuracy")
 def math_accuracy(completions: list[Any], answer: Sequence[Any] | None = None, **kwargs: Any) -> list[float | None]:
     """TRL reward: 1.0 if the completion's final answer equals ``answer`` (dataset column), else 0.0.
 

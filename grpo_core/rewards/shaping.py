@@ -30,7 +30,7 @@ import unicodedata
 from collections import Counter
 from typing import Any, Callable
 
-from grpo_core.rewards.base import completion_text, last_user_text, register_reward
+from grpo_core.rewards.base import completion_text, last_user_text
 
 # ---------------------------------------------------------------- DAPO soft overlong punishment
 
@@ -65,7 +65,6 @@ def make_overlong_penalty(max_completion_length: int, overlong_buffer: int) -> C
     return overlong_penalty
 
 
-@register_reward("overlong_penalty")
 def overlong_penalty(completions: list[Any], completion_ids: list[list[int]] | None = None,
                      max_completion_length: int | None = None, overlong_buffer: int | None = None,
                      **kwargs: Any) -> list[float | None]:
@@ -155,7 +154,6 @@ def language_share(completion: str, target: str) -> float:
     return units[target] / total if total else 1.0
 
 
-@register_reward("language_consistency")
 def language_consistency(completions: list[Any], prompts: list[Any] | None = None,
                          **kwargs: Any) -> list[float | None]:
     """R1's language-consistency reward: share of each completion in its prompt's script."""
