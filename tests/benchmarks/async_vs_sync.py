@@ -72,7 +72,7 @@ def stage_inputs(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
 
     cfg = load_config(CONFIG)
     rows = make_chain_splits(cfg.data.num_train, cfg.data.num_eval, seed=cfg.data.seed)[0]
-    base = build_tiny_model(work / "base", **cfg.model.tiny.model_dump())
+    base = build_tiny_model(work / "base", **cfg.model.tiny.architecture())
     sft_cfg = SFTConfig(**{**_fields(cfg.cold_start_sft, SFTConfig), "max_steps": args.sft_steps,
                            "save_steps": 10**6, "report_to": [], "torch_num_threads": 2})
     cold = make_cold_start_rows(rows, direct_fraction=cfg.data.cold_start_direct_fraction, seed=cfg.data.seed)
