@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 from transformers import AutoTokenizer
 
-from grpo_core.config import GRPOConfig
+from grpo_core.config import GRPOConfig, needs_reference
 from grpo_core.generation import backend_kind, backend_options, make_backend, release_memory
 from grpo_core.trainer.loss import combine_rewards, compute_group_advantages
 from grpo_core.rewards import pop_reward_stats
@@ -133,8 +133,8 @@ def train_grpo(
     names = mixture.reward_names
     model, loaded = load_policy("grpo", model_path, output_dir, config, ctx, resume=resume)
     ref_model = None
-    ref_on_sampler = config.beta > 0.0 and config.async_rollouts and config.async_reference_on_sampler
-    if config.beta > 0.0 and not ref_on_sampler:  # the reference model exists only when the KL term does
+    ref_on_sampler = needs_reference(config) and config.async_rollouts and config.async_reference_on_sampler
+    if needs_reference(config) and not ref_on_sampler:  # the reference model exists only when the KL term does
         ref_model = load_trained_model(model_path, config, ctx, trainable=False)  # sharded like the policy
     num_updates = (config.steps_per_generation or 1) * config.num_iterations
     initial = {"step": 0, "stream_position": 0, "optimizer_steps": 0, "log_history": []}
