@@ -784,3 +784,11 @@ class RejectionSamplingConfig(_Strict):
 
 
 SFTConfig.model_rebuild()
+
+
+def needs_reference(config: GRPOConfig) -> bool:
+    """Whether an RL run needs the reference model's log-probs: exactly when the k3 KL term is on (``beta > 0``;
+    ``trainer/loss.py``). They come from the trainer's own reference model, or from the sampler process under
+    ``async_rollouts`` with ``async_reference_on_sampler`` (``trainer/async_rollouts.py``); with ``beta: 0`` no
+    reference model is loaded anywhere."""
+    return config.beta > 0.0

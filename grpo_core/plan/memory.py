@@ -39,6 +39,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
+from grpo_core.config import needs_reference
 from grpo_core.plan.scorers import Scorer, ScorerLoad, place_scorers
 from grpo_core.plan.shapes import KNOWN_SHAPES, ModelShape, resolve_model_shape  # noqa: F401 (re-exported)
 
@@ -191,7 +192,7 @@ def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Har
     strategy = resolve_strategy(config.distributed_strategy, hw.gpus)
     rl = kind == "rl"
     state = model_state_bytes(shape, strategy, hw.gpus, device=hw.device, bf16=config.bf16,
-                              reference=rl and config.beta > 0, offload=config.fsdp_cpu_offload)
+                              reference=rl and needs_reference(config), offload=config.fsdp_cpu_offload)
     seq = config.max_prompt_length + config.max_completion_length if rl else config.max_length
     rows = config.per_device_train_batch_size * (config.max_completion_length if rl else config.max_length)
     components = {

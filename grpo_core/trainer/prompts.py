@@ -2,8 +2,8 @@
 
 Position ``p`` of the stream is row ``permutation(seed, epoch = p // n)[p % n]``: an endless sequence
 of epochs, each a fresh seeded shuffle, so a checkpoint only needs the position, and every rank and
-every restart sees the same prompts. The position also names a prompt globally: completion seeds are
-derived from ``(seed, step, position, j)``, never from a rank or a batch slot.
+every restart sees the same prompts. The position also names a prompt globally: completion seeds come from
+``derive_seed(seed, step, position, j)`` (``grpo_core/seeds.py``), never from a rank or a batch slot.
 
 ``encode_prompts`` is the one place a prompt longer than ``max_prompt_length`` is handled: training,
 evaluation and rejection sampling all call it, with the config's ``long_prompts`` policy (``truncate``:
@@ -19,6 +19,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 
 from grpo_core.rewards.base import is_conversational
+from grpo_core.seeds import seeded_rng
 
 LongPrompts = Literal["truncate", "drop"]
 
@@ -37,13 +38,8 @@ class PromptStream:
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if epoch not in self._perms:
-            self._perms = {epoch: np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)}
+            self._perms = {epoch: seeded_rng(self.seed, epoch).permutation(self.num_rows)}
         return self._perms[epoch]
-
-
-def completion_seed(seed: int, step: int, position: int, j: int) -> int:
-    """The sampling seed of completion ``j`` of the prompt at stream ``position`` in ``step``."""
-    return int(np.random.SeedSequence([seed, step, position, j]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 def encode_prompt(tokenizer: Any, prompt: Any, max_prompt_length: int | None = None) -> list[int]:

@@ -24,9 +24,10 @@ import torch
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import GenerationBackend, Rollout
 from grpo_core.rewards.scoring import score_completions
+from grpo_core.seeds import derive_seed
 from grpo_core.trainer.distributed import DistContext, gather_objects, shard
 from grpo_core.trainer.mixture import Mixture
-from grpo_core.trainer.prompts import completion_seed, encode_prompts
+from grpo_core.trainer.prompts import encode_prompts
 
 
 @dataclass
@@ -90,7 +91,7 @@ def group_request(tokenizer: Any, mixture: Mixture, position: int, num_prompts: 
     # under long_prompts "drop" train_grpo removed the over-long rows before the stream was built (a prompt
     # skipped here would leave the step a group short), so here the policy can only truncate
     encoded = encode_prompts(tokenizer, [row["prompt"] for row in local_rows], config.max_prompt_length, "truncate")
-    seeds = [completion_seed(config.seed, step, p, j) for p in local_positions for j in range(G)]
+    seeds = [derive_seed(config.seed, step, p, j) for p in local_positions for j in range(G)]
     kwargs = dict(n=G, max_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
                   top_k=config.top_k, seeds=seeds)
     return encoded.ids, kwargs, encoded.truncated

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo_core.config import GRPOConfig
+from grpo_core.config import GRPOConfig, needs_reference
 from grpo_core.generation import Rollout
 from grpo_core.trainer.logprobs import compute_completion_logps, compute_token_logps
 from grpo_core.trainer.loss import compute_policy_loss, compute_sampling_correction
@@ -169,8 +169,10 @@ def optimise(
     if config.num_iterations > 1 or num_chunks > 1:
         batch.old_logps = compute_batch_logps(model, batch, local_idx, config, ctx.device, ctx)
     reference_s = 0.0  # the reference forward's seconds here (0 when the sampler computed them)
-    if config.beta > 0.0 and batch.ref_logps is None:  # else the sampler computed them (async_rollouts)
-        assert ref_model is not None, "beta > 0 needs a reference model or rollouts carrying ref_logprobs"
+    if needs_reference(config) and batch.ref_logps is None:  # else the sampler computed them (async_rollouts)
+        if ref_model is None:
+            raise ValueError(f"beta={config.beta} > 0 needs the reference model's log-probs: pass ref_model to "
+                             "optimise, or rollouts carrying ref_logprobs (async_reference_on_sampler)")
         start = time.perf_counter()
         batch.ref_logps = compute_batch_logps(ref_model, batch, local_idx, config, ctx.device, ctx)
         reference_s = time.perf_counter() - start

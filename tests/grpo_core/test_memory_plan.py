@@ -145,3 +145,13 @@ def test_sleep_mode_reaches_the_engine_options_and_needs_vllm():
     assert backend_options(GRPOConfig(use_vllm=True), "vllm", torch.device("cpu"))["enable_sleep_mode"] is False
     with pytest.raises(ValidationError, match="vllm_enable_sleep_mode .* use_vllm is false"):
         GRPOConfig(use_vllm=False, vllm_enable_sleep_mode=True)
+
+
+def test_the_reference_model_is_planned_exactly_when_the_kl_term_needs_it():
+    """One rule (config.needs_reference): beta > 0 holds a reference model as large as the fp32 weights; beta 0,
+    or an SFT stage, holds none."""
+    hw = Hardware(1, 80 * GiB)
+    plan = lambda beta: plan_training("grpo_train", "rl", GRPOConfig(beta=beta, use_vllm=False), SMALL, hw)  # noqa: E731
+    assert plan(0.04).components["reference"] == 4 * SMALL_PARAMS
+    assert plan(0.0).components["reference"] == 0
+    assert plan_training("s", "sft", SFTConfig(), SMALL, hw).components["reference"] == 0

@@ -7,10 +7,7 @@ The child process is this file run as a script:
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.grpo_core.run_helpers import assert_same_final_weights, child_env, kill_after_line, read_metrics
+
 MAX_STEPS = 8
 
 
@@ -53,30 +51,12 @@ def run_child(model_dir: str, output_dir: str) -> None:
     train_sft(resume_config(), model_dir, rows(), output_dir, callbacks=[SlowSteps()])
 
 
-def _metrics(output_dir: Path) -> list[dict]:
-    path = output_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-
-
-def _kill_after_line(model_dir: Path, output_dir: Path, line: int, rng: random.Random) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, __file__, str(model_dir), str(output_dir)], env=env,
+def _spawn(model_dir: Path, output_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, __file__, str(model_dir), str(output_dir)], env=child_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 240
-    while len(_metrics(output_dir)) < line:
-        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-        assert time.time() < deadline, "child made no progress"
-        time.sleep(0.02)
-    time.sleep(rng.uniform(0.0, 0.4))  # somewhere in the next step: training or checkpointing
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the child finished before it could be killed"
 
 
 def test_sigkill_resume_is_bit_identical(tmp_path):
-    from safetensors.torch import load_file
-
     from grpo_core.trainer.sft import train_sft
     from grpo_core.models.tiny import build_tiny_model
 
@@ -88,16 +68,13 @@ def test_sigkill_resume_is_bit_identical(tmp_path):
     killed = tmp_path / "killed"
     rng = random.Random()
     for line in (3, 6):  # SIGKILL twice, at arbitrary points after step 3 and after step 6
-        _kill_after_line(model_dir, killed, line, rng)
+        kill_after_line(_spawn(model_dir, killed), killed, line, rng, max_delay=0.4)
         assert not (killed / "final").exists()
     out = train_sft(resume_config(), model_dir, rows(), killed)  # resume=True
     assert out["train/steps"] == MAX_STEPS
 
-    expected, actual = load_file(reference / "final" / "model.safetensors"), load_file(killed / "final" / "model.safetensors")
-    assert expected.keys() == actual.keys()
-    for name in expected:
-        assert torch.equal(expected[name], actual[name]), f"{name} differs after resume"
-    ref_metrics, got = _metrics(reference), _metrics(killed)
+    assert_same_final_weights(reference, killed)
+    ref_metrics, got = read_metrics(reference), read_metrics(killed)
     assert [m["step"] for m in got] == list(range(1, MAX_STEPS + 1))  # every step exactly once
     for a, b in zip(ref_metrics, got):
         for key in ("train/loss", "train/grad_norm", "train/learning_rate", "train/num_tokens"):

@@ -17,7 +17,8 @@ from grpo_core.trainer.loss import combine_rewards
 from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer import CheckpointError, list_checkpoints, load_latest_checkpoint, train_grpo
 from grpo_core.trainer.checkpoint import verify_checkpoint
-from grpo_core.trainer.prompts import PromptStream, completion_seed, encode_prompt
+from grpo_core.seeds import derive_seed
+from grpo_core.trainer.prompts import PromptStream, encode_prompt
 from grpo_core.trainer.rollouts import ScoredGroups, collect_step_groups
 
 torch.set_num_threads(1)
@@ -210,7 +211,7 @@ def test_prompt_stream_and_seeds_are_deterministic(tiny_path):
     assert sorted(first_epoch) == list(range(5))  # a permutation per epoch
     assert stream.rows_at(3, 4) == first_epoch[3:] + PromptStream(5, seed=3).rows_at(5, 2)
     assert PromptStream(5, seed=4).rows_at(0, 5) != first_epoch or PromptStream(5, seed=5).rows_at(0, 5) != first_epoch
-    assert completion_seed(0, 1, 2, 3) == completion_seed(0, 1, 2, 3) != completion_seed(0, 1, 2, 4)
+    assert derive_seed(0, 1, 2, 3) == derive_seed(0, 1, 2, 3) != derive_seed(0, 1, 2, 4)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_path)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from grpo_core.config import GRPOConfig
 from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer import train_grpo
+from tests.grpo_core.run_helpers import assert_same_final_weights, read_metrics
 
 torch.set_num_threads(1)
 
@@ -32,10 +30,6 @@ def async_config(**overrides) -> GRPOConfig:
     return GRPOConfig(**fields)
 
 
-def read_metrics(output_dir) -> list[dict]:
-    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 class CrashAt:
     """Raises after ``step`` is logged (its checkpoint, if any, is written after this callback)."""
 
@@ -45,6 +39,19 @@ class CrashAt:
     def on_step(self, step: int, max_steps: int, metrics: dict) -> None:
         if step == self.step:
             raise RuntimeError(f"crash at step {step}")
+
+
+def assert_crash_and_resume_repeat(config: GRPOConfig, tiny_path, tmp_path) -> None:
+    """A run crashed after step 3 and resumed from its step-2 checkpoint repeats the uninterrupted run in
+    ``tmp_path/full``: the same rewards and losses, the same final weights bit for bit."""
+    with pytest.raises(RuntimeError, match="crash at step 3"):
+        train_grpo(config, tiny_path, ROWS, tmp_path / "crash", reward_funcs=[digit_fraction], resume=False,
+                   callbacks=[CrashAt(3)])
+    train_grpo(config, tiny_path, ROWS, tmp_path / "crash", reward_funcs=[digit_fraction], resume=True)
+    metrics, resumed = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "crash")
+    assert [m["reward"] for m in resumed] == [m["reward"] for m in metrics]
+    assert [m["loss"] for m in resumed] == [m["loss"] for m in metrics]
+    assert_same_final_weights(tmp_path / "full", tmp_path / "crash")
 
 
 @pytest.fixture(scope="module")
@@ -65,17 +72,7 @@ def test_async_rollouts_are_one_step_stale_corrected_and_resume_exactly(tmp_path
     assert metrics[2]["sampling/sampling_logp_difference/max"] > 1e-3
 
     # a crash after step 3 (checkpoint at 2), then a resume: the same rollouts, the same weights, bit for bit
-    with pytest.raises(RuntimeError, match="crash at step 3"):
-        train_grpo(config, tiny_path, ROWS, tmp_path / "crash", reward_funcs=[digit_fraction], resume=False,
-                   callbacks=[CrashAt(3)])
-    train_grpo(config, tiny_path, ROWS, tmp_path / "crash", reward_funcs=[digit_fraction], resume=True)
-    resumed = read_metrics(tmp_path / "crash")
-    assert [m["reward"] for m in resumed] == [m["reward"] for m in metrics]
-    assert [m["loss"] for m in resumed] == [m["loss"] for m in metrics]
-    full = load_file(tmp_path / "full" / "final" / "model.safetensors")
-    again = load_file(tmp_path / "crash" / "final" / "model.safetensors")
-    for name in full:
-        assert torch.equal(full[name], again[name]), name
+    assert_crash_and_resume_repeat(config, tiny_path, tmp_path)
 
 
 @pytest.mark.parametrize("staleness", [1, 2])
@@ -148,14 +145,4 @@ def test_two_steps_of_staleness_are_logged_and_resume_exactly(tmp_path, tiny_pat
     assert [m[gap] for m in metrics[:2]] == [m[gap] for m in k1[:2]]  # the same rollouts and weights so far
     assert metrics[2][gap] != k1[2][gap]  # step 3: sampled by the weights of step 0 (k=2), of step 1 (k=1)
 
-    with pytest.raises(RuntimeError, match="crash at step 3"):
-        train_grpo(config, tiny_path, ROWS, tmp_path / "crash", reward_funcs=[digit_fraction], resume=False,
-                   callbacks=[CrashAt(3)])
-    train_grpo(config, tiny_path, ROWS, tmp_path / "crash", reward_funcs=[digit_fraction], resume=True)
-    resumed = read_metrics(tmp_path / "crash")
-    assert [m["reward"] for m in resumed] == [m["reward"] for m in metrics]
-    assert [m["loss"] for m in resumed] == [m["loss"] for m in metrics]
-    full = load_file(tmp_path / "full" / "final" / "model.safetensors")
-    again = load_file(tmp_path / "crash" / "final" / "model.safetensors")
-    for name in full:
-        assert torch.equal(full[name], again[name]), name
+    assert_crash_and_resume_repeat(config, tiny_path, tmp_path)

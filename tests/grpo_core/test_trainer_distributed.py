@@ -8,15 +8,12 @@ The two-process run is this file under torchrun:
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.grpo_core.run_helpers import read_metrics, run_torchrun
+
 ROWS = [{"prompt": [{"role": "user", "content": f"{i}-{i % 3}="}], "answer": str(i - i % 3)} for i in range(10)]
 
 
@@ -42,10 +39,6 @@ def run(model_dir: str, output_dir: str) -> None:
     train_grpo(config(), model_dir, ROWS, output_dir, reward_funcs=[digit_fraction], resume=False)
 
 
-def _metrics(output_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_two_processes_give_the_loss_curve_of_one(tmp_path):
     from safetensors.torch import load_file
 
@@ -53,16 +46,10 @@ def test_two_processes_give_the_loss_curve_of_one(tmp_path):
 
     torch.set_num_threads(1)
     model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=2, num_heads=2)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         __file__, str(model_dir), str(tmp_path / "two")],
-        env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_torchrun(__file__, str(model_dir), str(tmp_path / "two"), timeout=300)
     run(str(model_dir), str(tmp_path / "one"))
 
-    one, two = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     assert [m["step"] for m in two] == [1, 2, 3, 4]  # rank 0 alone writes metrics
     for a, b in zip(one, two):
         assert a["reward"] == b["reward"]  # same completions: seeds follow the prompt, not the rank

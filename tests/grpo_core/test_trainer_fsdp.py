@@ -8,17 +8,14 @@ The two-process run is this file under torchrun (it trains 2 steps, then resumes
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.grpo_core.run_helpers import read_metrics, run_torchrun
+
 ROWS = [{"prompt": [{"role": "user", "content": f"{i}-{i % 3}="}], "answer": str(i - i % 3)} for i in range(10)]
 
 
@@ -47,10 +44,6 @@ def run(model_dir: str, output_dir: str, max_steps: int, strategy: str, resume: 
     train_grpo(config(max_steps, strategy), model_dir, ROWS, output_dir, reward_funcs=[digit_fraction], resume=resume)
 
 
-def _metrics(output_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def _assert_same_curve(reference: list[dict], other: list[dict]) -> None:
     for a, b in zip(reference, other, strict=True):
         assert a["step"] == b["step"]
@@ -69,16 +62,10 @@ def test_fsdp_two_processes_match_one_and_resume_from_their_checkpoints(tmp_path
 
     torch.set_num_threads(1)
     model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=2, num_heads=2)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         __file__, str(model_dir), str(tmp_path / "fsdp")],
-        env=env, capture_output=True, text=True, timeout=400,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_torchrun(__file__, str(model_dir), str(tmp_path / "fsdp"), timeout=400)
     run(str(model_dir), str(tmp_path / "one"), 4, "ddp", resume=False)
 
-    one, fsdp = _metrics(tmp_path / "one"), _metrics(tmp_path / "fsdp")
+    one, fsdp = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "fsdp")
     assert [m["step"] for m in fsdp] == [1, 2, 3, 4]  # 2 steps, then resumed from checkpoint-2: none twice
     _assert_same_curve(one, fsdp)
     assert len({m["loss"] for m in one}) > 1  # the curve moves, so agreement is not trivial
@@ -98,7 +85,7 @@ def test_fsdp_two_processes_match_one_and_resume_from_their_checkpoints(tmp_path
     (tmp_path / "mixed").mkdir()
     shutil.copytree(tmp_path / "fsdp" / "checkpoint-2", tmp_path / "mixed" / "checkpoint-2")
     run(str(model_dir), str(tmp_path / "mixed"), 4, "ddp", resume=True)
-    _assert_same_curve(one[2:], _metrics(tmp_path / "mixed")[-2:])
+    _assert_same_curve(one[2:], read_metrics(tmp_path / "mixed")[-2:])
 
 
 def check_helpers() -> None:
@@ -150,13 +137,7 @@ def check_helpers() -> None:
 
 
 def test_fsdp_gradients_and_optimizer_state_round_trip(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__, "helpers"],
-        env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "helpers ok" in proc.stdout
+    assert "helpers ok" in run_torchrun(__file__, "helpers", timeout=300)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,7 @@ The child process is this file run as a script:
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.grpo_core.run_helpers import assert_same_final_weights, child_env, kill_after_line, read_metrics
+
 MAX_STEPS = 8
 ROWS = [{"prompt": [{"role": "user", "content": f"{i}*{i}="}], "answer": str(i * i)} for i in range(12)]
 
@@ -56,36 +54,14 @@ def run_child(model_dir: str, output_dir: str, backend: str) -> None:
     train_grpo(resume_config(backend), model_dir, ROWS, output_dir, reward_funcs=[digit_fraction], callbacks=[SlowSteps()])
 
 
-def _metrics(output_dir: Path) -> list[dict]:
-    path = output_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-
-
 def _spawn(model_dir: Path, output_dir: Path, backend: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     return subprocess.Popen(
         [sys.executable, __file__, str(model_dir), str(output_dir), backend],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env=child_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
 
 
-def _kill_after_line(proc: subprocess.Popen, output_dir: Path, line: int, rng: random.Random) -> None:
-    deadline = time.time() + 240
-    while len(_metrics(output_dir)) < line:
-        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-        assert time.time() < deadline, "child made no progress"
-        time.sleep(0.02)
-    time.sleep(rng.uniform(0.0, 0.3))  # somewhere in the next step: generating, training or checkpointing
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the child finished before it could be killed"
-
-
 def _resume_is_exact(tmp_path: Path, backend: str) -> None:
-    from safetensors.torch import load_file
-
     from grpo_core.models.tiny import build_tiny_model
     from grpo_core.trainer import train_grpo
 
@@ -97,15 +73,12 @@ def _resume_is_exact(tmp_path: Path, backend: str) -> None:
     killed = tmp_path / "killed"
     rng = random.Random()
     for line in (2, 5):  # SIGKILL twice, at arbitrary points after step 2 and after step 5
-        _kill_after_line(_spawn(model_dir, killed, backend), killed, line, rng)
+        kill_after_line(_spawn(model_dir, killed, backend), killed, line, rng)
         assert not (killed / "final").exists()
     train_grpo(resume_config(backend), model_dir, ROWS, killed, reward_funcs=[digit_fraction])  # resume=True
 
-    expected, actual = load_file(reference / "final" / "model.safetensors"), load_file(killed / "final" / "model.safetensors")
-    assert expected.keys() == actual.keys()
-    for name in expected:
-        assert torch.equal(expected[name], actual[name]), f"{name} differs after resume"
-    ref_metrics, got = _metrics(reference), _metrics(killed)
+    assert_same_final_weights(reference, killed)
+    ref_metrics, got = read_metrics(reference), read_metrics(killed)
     assert [m["step"] for m in got] == list(range(1, MAX_STEPS + 1))  # every step exactly once
     for a, b in zip(ref_metrics, got):
         for key in ("loss", "reward", "grad_norm", "kl", "learning_rate", "completions/mean_length"):

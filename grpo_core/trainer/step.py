@@ -1,0 +1,186 @@
+"""One GRPO step as named calls: ``generate``, ``score``, ``advantages``, ``optimise``, ``log``, ``save``.
+
+``GRPOSteps`` holds what every step uses (the policy, the sampler, the mixture, the training run) so that
+``train_grpo``'s loop reads as the algorithm: one call per phase, in the order they run. The order is part
+of the contract: completions are seeded by ``(seed, step, position, j)`` and the sampler answers its rounds in
+the order they were submitted, so a resumed or distributed run repeats the same computation bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpo_core.config import GRPOConfig
+from grpo_core.generation import GenerationBackend, release_memory
+from grpo_core.rewards import pop_reward_stats
+from grpo_core.trainer.async_rollouts import NextRollouts
+from grpo_core.trainer.distributed import DistContext, gather_objects
+from grpo_core.trainer.loss import combine_rewards, compute_group_advantages
+from grpo_core.trainer.metrics import completion_metrics, reward_metrics
+from grpo_core.trainer.mixture import Mixture, per_source_scale, source_labels, source_reward_metrics
+from grpo_core.trainer.rollouts import ScoredGroups, collect_step_groups, generate_groups
+from grpo_core.trainer.skeleton import TrainingRun
+from grpo_core.trainer.update import build_train_batch, optimise
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepRollouts:
+    """What ``GRPOSteps.generate`` made for one step."""
+
+    groups: ScoredGroups  # the groups trained on (DAPO dynamic sampling: the informative ones)
+    generated: ScoredGroups  # every group generated this step, the dropped ones included (its metrics)
+    position: int  # the next free prompt-stream position after this step
+    rounds: int  # generation rounds spent (dynamic sampling)
+    staleness: int  # async_rollouts: optimiser steps between the sampler's weights and this step's policy
+
+
+@dataclass
+class StepRewards:
+    """Each completion's rewards combined over the reward functions, with its own source's weights."""
+
+    generated: torch.Tensor  # [P*G] of StepRollouts.generated
+    train: torch.Tensor  # [N] of StepRollouts.groups
+
+
+class GRPOSteps:
+    """The phases of a GRPO step, on the objects ``train_grpo`` set up once."""
+
+    def __init__(self, config: GRPOConfig, ctx: DistContext, run: TrainingRun, model: torch.nn.Module,
+                 ref_model: torch.nn.Module | None, tokenizer: Any, mixture: Mixture, backend: GenerationBackend,
+                 next_rollouts: NextRollouts | None, *, sampling_correction: bool, num_dropped: int) -> None:
+        self.config, self.ctx, self.run = config, ctx, run
+        self.model, self.ref_model, self.tokenizer = model, ref_model, tokenizer
+        self.mixture, self.backend, self.next_rollouts = mixture, backend, next_rollouts
+        self.sampling_correction, self.num_dropped = sampling_correction, num_dropped
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.num_updates = (config.steps_per_generation or 1) * config.num_iterations  # optimiser steps per step
+
+    def generate(self, step: int, timings: dict[str, float]) -> StepRollouts:
+        """The step's groups: ``prompts_per_step`` prompts x ``num_generations`` completions, each scored by its
+        source's reward functions (more rounds under DAPO dynamic sampling); under ``async_rollouts`` the first
+        round was generated earlier, and the rounds of the steps ahead are submitted here."""
+        planned = self.next_rollouts.take(step) if self.next_rollouts is not None else None  # async: made earlier
+        first, staleness = (planned[0], step - 1 - planned[1]) if planned else (None, 0)
+        generate_round = functools.partial(self._generate_round, step=step, timings=timings)
+        groups, generated, position, rounds = collect_step_groups(generate_round, self.run.state["stream_position"],
+                                                                  self.config, self._combine, first=first)
+        if self.next_rollouts is not None:
+            position = self._submit_ahead(step, position)
+        release_memory(self.backend)  # vllm_enable_sleep_mode: the engine sleeps until update_weights wakes it
+        return StepRollouts(groups, generated, position, rounds, staleness)
+
+    def _generate_round(self, position: int, count: int, *, step: int, timings: dict[str, float]) -> ScoredGroups:
+        """One round of ``count`` groups from stream ``position`` (``collect_step_groups`` asks for each)."""
+        if self.next_rollouts is not None:  # the sampler answers in order: the rounds in flight first
+            self.next_rollouts.collect(timings)
+        return generate_groups(self.backend, self.tokenizer, self.mixture, position, count, step, self.config,
+                               self.ctx, timings)
+
+    def _submit_ahead(self, step: int, position: int) -> int:
+        """Submit the first rounds of the steps up to ``async_max_staleness`` ahead, with the weights the sampler
+        holds (step - 1's); returns the next free stream position."""
+        assert self.next_rollouts is not None
+        last = min(step + self.config.async_max_staleness, self.config.max_steps)
+        for ahead in range(step + 1, last + 1):
+            if not self.next_rollouts.planned(ahead):
+                self.next_rollouts.submit(position, ahead, version=step - 1)
+                position += self.config.prompts_per_step
+        return position
+
+    def _combine(self, groups: ScoredGroups) -> torch.Tensor:
+        """``[P*G]`` each completion's rewards combined with its own source's weights."""
+        return combine_rewards(groups.rewards_per_func, self.mixture.row_weights(groups.rows, self.config.num_generations))
+
+    def score(self, rollouts: StepRollouts) -> StepRewards:
+        """The combined rewards of every generated completion and of those trained on."""
+        return StepRewards(self._combine(rollouts.generated), self._combine(rollouts.groups))
+
+    def advantages(self, rollouts: StepRollouts, rewards: StepRewards) -> tuple[torch.Tensor, dict[str, float]]:
+        """``(advantages [N], group metrics)``: group-relative advantages of the trained completions (one std per
+        source under ``scale_rewards: batch`` with a mixture); the metrics are over every generated group."""
+        G = self.config.num_generations
+        _, group_metrics = compute_group_advantages(rewards.generated, G, self.config.scale_rewards)
+        if self.mixture.mixed and self.config.scale_rewards == "batch":  # one std per source, not one over the mix
+            centred, _ = compute_group_advantages(rewards.train, G, "none")
+            labels = source_labels(rollouts.groups.rows, G)  # [N]
+            return per_source_scale(centred, rewards.train, labels), group_metrics  # [N]
+        advantages, _ = compute_group_advantages(rewards.train, G, self.config.scale_rewards)
+        return advantages, group_metrics
+
+    def optimise(self, step: int, rollouts: StepRollouts, advantages: torch.Tensor,
+                 timings: dict[str, float]) -> dict[str, float]:
+        """The step's optimiser steps on its groups, then the sampler gets the new weights; returns the update's
+        metrics (``timings["time/train"]``: these seconds)."""
+        batch = build_train_batch(rollouts.groups.rollouts, advantages, self.pad_token_id,
+                                  self.config.mask_truncated_completions)
+        start = time.perf_counter()
+        metrics = optimise(self.model, self.ref_model, self.run.optimizer, self.run.scheduler, batch, self.config,
+                           self.ctx, sampling_correction=self.sampling_correction)
+        if self.next_rollouts is not None:  # the next step's round; at a checkpoint every round in flight
+            saves = self.run.saves_at(step)
+            self.next_rollouts.collect(timings, until=None if saves else step + 1)
+            if saves:
+                self.run.state["next_rollouts"] = self.next_rollouts.to_state()
+        self.backend.update_weights(self.model)  # the next step samples from the updated policy
+        timings["time/train"] = time.perf_counter() - start
+        return metrics
+
+    def log(self, rollouts: StepRollouts, rewards: StepRewards, group_metrics: dict[str, float],
+            update_metrics: dict[str, float], timings: dict[str, float], start: float) -> dict[str, Any]:
+        """The step's metrics row (``start``: when the step began): rewards, completions, the update, timings."""
+        end = time.perf_counter()
+        config, generated, G = self.config, rollouts.generated, self.config.num_generations
+        num_tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in generated.rollouts)
+        metrics = {
+            **group_metrics,
+            **reward_metrics(generated.rewards_per_func, self.mixture.reward_names),
+            **source_reward_metrics(rewards.generated, source_labels(generated.rows, G), G),
+            **self._reward_events(),
+            **completion_metrics(generated.rollouts, config.emergence.reflection_phrases,
+                                 config.emergence.backtrack_phrases),
+            "prompts/truncated": float(sum(generated.truncated)),
+            "prompts/dropped": float(self.num_dropped),
+            **update_metrics,
+            "time/generate": timings.get("time/generate", 0.0),
+            "time/reward": timings.get("time/reward", 0.0),
+            "time/train": timings["time/train"],
+            "time/step": end - start,
+            "tokens_per_second": num_tokens / (end - start),
+        }
+        if config.async_rollouts:
+            metrics["async/staleness"] = float(rollouts.staleness)
+            metrics["time/wait_sampler"] = timings.get("time/wait_sampler", 0.0)
+            metrics["time/sampler_generate"] = timings.get("time/sampler_generate", 0.0)
+            metrics["time/sampler_reference"] = timings.get("time/sampler_annotate", 0.0)
+        if config.dynamic_sampling:
+            metrics["dynamic_sampling/rounds"] = float(rollouts.rounds)
+            metrics["dynamic_sampling/kept_groups"] = float(len(rollouts.groups))
+        return metrics
+
+    def _reward_events(self) -> dict[str, float]:
+        """The reward functions' event counts (timeouts, parse failures, ...) summed over every rank."""
+        counts: dict[str, float] = {}
+        for part in gather_objects([pop_reward_stats()], self.ctx):
+            for k, v in part.items():
+                counts[k] = counts.get(k, 0.0) + v
+        return counts
+
+    def save(self, step: int, rollouts: StepRollouts, metrics: dict[str, Any]) -> None:
+        """Close the step: advance the stream and optimiser counters, log the row on logging steps, checkpoint
+        when due (``TrainingRun.end_step``)."""
+        state = self.run.state
+        state["stream_position"] = rollouts.position
+        state["optimizer_steps"] += self.num_updates
+        logger.debug("step %d/%d reward %.3f loss %.4f (%.2fs)", step, self.config.max_steps,
+                     metrics["reward"], metrics["loss"], metrics["time/step"])
+        logged = step % self.config.logging_steps == 0 or step == self.config.max_steps
+        self.run.end_step(step, metrics if logged else None, loss=metrics["loss"], reward=metrics["reward"],
+                          lr=metrics["learning_rate"])
