@@ -78,14 +78,14 @@ def drop_long_prompts(tokenizer: Any, rows: list[dict[str, Any]], config: GRPOCo
                       ) -> tuple[list[dict[str, Any]], int]:
     """``(rows, num_dropped)``: under ``long_prompts: drop`` the rows whose prompt is longer than
     ``max_prompt_length`` removed (the same for every rank and every restart); else ``rows`` as given."""
-    if config.long_prompts != "drop":
+    if config.sampling.long_prompts != "drop":
         return rows, 0
-    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], config.max_prompt_length, "drop")
+    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], config.sampling.max_prompt_length, "drop")
     if not encoded.kept:
-        raise all_dropped_error("train_grpo", len(rows), config.max_prompt_length)
+        raise all_dropped_error("train_grpo", len(rows), config.sampling.max_prompt_length)
     if encoded.num_dropped:
         logger.warning("dropped %d of %d training prompts longer than max_prompt_length (%d tokens)",
-                       encoded.num_dropped, len(rows), config.max_prompt_length)
+                       encoded.num_dropped, len(rows), config.sampling.max_prompt_length)
     return [rows[i] for i in encoded.kept], encoded.num_dropped
 
 
@@ -141,9 +141,10 @@ def train_grpo(
     with TrainingRun.start("grpo", config, ctx, output_dir, model, tokenizer, loaded, max_steps=config.max_steps,
                            optimizer_steps=config.max_steps * num_updates, state=initial, callbacks=callbacks) as run:
         state = run.state
-        kind = backend_kind(config.use_vllm)
+        kind = backend_kind(config.sampling.use_vllm)
         start_path = loaded.path if loaded else model_path
-        opts = backend_options(config, kind, ctx.device, model.config)
+        opts = backend_options(config.sampling, kind, ctx.device, seed=config.seed, bf16=config.bf16,
+                               model_config=model.config)
         pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if config.async_rollouts:  # the sampler in its own process (trainer/async_rollouts.py)
             from grpo_core.generation.process import ProcessBackend
@@ -181,7 +182,7 @@ def train_grpo(
                     return generate_groups(backend, tokenizer, mixture, position, count, step, config, ctx, timings)
 
                 def combine(g: Any) -> torch.Tensor:  # [P*G] each completion weighted by its own source
-                    return combine_rewards(g.rewards_per_func, mixture.row_weights(g.rows, config.num_generations))
+                    return combine_rewards(g.rewards_per_func, mixture.row_weights(g.rows, config.sampling.num_generations))
 
                 planned = next_rollouts.take(step) if next_rollouts is not None else None  # async: generated earlier
                 first, staleness = (planned[0], step - 1 - planned[1]) if planned else (None, 0)
@@ -194,15 +195,15 @@ def train_grpo(
                             position += config.prompts_per_step
                 release_memory(backend)  # vllm_enable_sleep_mode: the engine sleeps until update_weights wakes it
                 generated_rewards = combine(generated)  # [P*G]
-                _, group_metrics = compute_group_advantages(generated_rewards, config.num_generations,
+                _, group_metrics = compute_group_advantages(generated_rewards, config.sampling.num_generations,
                                                             config.scale_rewards)
                 rewards = combine(groups)  # [N]
-                labels = source_labels(groups.rows, config.num_generations)  # [N]
+                labels = source_labels(groups.rows, config.sampling.num_generations)  # [N]
                 if mixture.mixed and config.scale_rewards == "batch":  # one std per source, not one over the mixture
-                    centred, _ = compute_group_advantages(rewards, config.num_generations, "none")
+                    centred, _ = compute_group_advantages(rewards, config.sampling.num_generations, "none")
                     advantages = per_source_scale(centred, rewards, labels)  # [N]
                 else:
-                    advantages, _ = compute_group_advantages(rewards, config.num_generations, config.scale_rewards)
+                    advantages, _ = compute_group_advantages(rewards, config.sampling.num_generations, config.scale_rewards)
                 batch = build_train_batch(groups.rollouts, advantages, pad_token_id, config.mask_truncated_completions)
                 train_start = time.perf_counter()
                 update_metrics = optimise(model, ref_model, run.optimizer, run.scheduler, batch, config, ctx,
@@ -223,8 +224,8 @@ def train_grpo(
                 metrics = {
                     **group_metrics,
                     **reward_metrics(generated.rewards_per_func, names),
-                    **source_reward_metrics(generated_rewards, source_labels(generated.rows, config.num_generations),
-                                            config.num_generations),
+                    **source_reward_metrics(generated_rewards, source_labels(generated.rows, config.sampling.num_generations),
+                                            config.sampling.num_generations),
                     **event_counts,
                     **completion_metrics(generated.rollouts, config.emergence.reflection_phrases,
                                          config.emergence.backtrack_phrases),
