@@ -28,7 +28,7 @@ def eval_model(
     temperature: Optional[float] = typer.Option(None, "--temperature", help="default 0.6 (R1 protocol)"),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="default 0.95 (R1 protocol)"),
     vllm: Optional[bool] = typer.Option(None, "--vllm/--no-vllm", help="sample with vLLM or transformers (default: "
-                                        "evaluate.use_vllm; unset: as the evaluated stage samples, transformers "
+                                        "evaluate.sampling.use_vllm; unset: as the evaluated stage samples, transformers "
                                         "for a model folder)"),
     run_name: Optional[str] = typer.Option(None, "--run", help="the run, when MODEL_OR_RUN_STAGE is a stage name"),
     config: Optional[Path] = typer.Option(None, "-c", "--config", help="its evaluate section is the base (default: "
@@ -43,10 +43,11 @@ def eval_model(
     `r1 status` and `r1 report` show."""
     from grpo_core.config import EvalConfig
 
-    options = {"benchmarks": _benchmark_args(benchmarks), "num_samples": num_samples, "k": _ints(k, "--k"),
-               "limit": limit, "max_new_tokens": max_new_tokens, "max_prompt_length": max_prompt_length, "temperature": temperature, "top_p": top_p,
-               "use_vllm": vllm}
+    options = {"benchmarks": _benchmark_args(benchmarks), "k": _ints(k, "--k"), "limit": limit}
     options = {key: v for key, v in options.items() if v is not None}
+    sampling = {"num_generations": num_samples, "max_completion_length": max_new_tokens, "top_p": top_p,
+                "max_prompt_length": max_prompt_length, "temperature": temperature, "use_vllm": vllm}
+    options["sampling"] = {key: v for key, v in sampling.items() if v is not None}
     folder = Path(target)
     if folder.is_dir() and (folder / "config.json").is_file():
         base = _config(config).evaluate if config else EvalConfig()
@@ -56,11 +57,11 @@ def eval_model(
         from flows.evaluate import evaluate_folder
         from tasks.evaluate import eval_backend_kind
 
-        why = "--vllm/--no-vllm" if vllm is not None else "evaluate.use_vllm"
-        if cfg.use_vllm is None:  # a folder is no stage whose sampling evaluation could follow
-            cfg = cfg.model_copy(update={"use_vllm": False})
-            why = "a model folder with evaluate.use_vllm unset, so use_vllm"
-        typer.echo(eval_backend_kind(cfg.use_vllm, why)[1])
+        why = "--vllm/--no-vllm" if vllm is not None else "evaluate.sampling.use_vllm"
+        if cfg.sampling.use_vllm is None:  # a folder is no stage whose sampling evaluation could follow
+            cfg = _eval_config(cfg, {"sampling": {"use_vllm": False}})
+            why = "a model folder with evaluate.sampling.use_vllm unset, so use_vllm"
+        typer.echo(eval_backend_kind(cfg.sampling.use_vllm, why)[1])
         out = output or Path("r1-eval") / folder.resolve().name
         metrics = evaluate_folder(folder, cfg, out)
         for key, v in sorted(metrics.items()):
@@ -120,13 +121,16 @@ def _ints(text: Optional[str], flag: str) -> Optional[list[int]]:
 
 
 def _eval_config(base: Any, options: dict[str, Any]) -> Any:
-    """``base`` (an EvalConfig) with the command's options; an invalid combination fails in one line."""
+    """``base`` (an EvalConfig) with the command's options (``sampling``: a mapping merged into base's);
+    an invalid combination fails in one line."""
     from pydantic import ValidationError
 
     from grpo_core.config import EvalConfig
 
+    data = base.model_dump(exclude_unset=True)
+    sampling = {**data.get("sampling", {}), **options.get("sampling", {})}
     try:
-        return EvalConfig.model_validate({**base.model_dump(exclude_unset=True), **options})
+        return EvalConfig.model_validate({**data, **options, "sampling": sampling})
     except ValidationError as e:
         err = e.errors()[0]
         _fail(f"evaluate options: {'.'.join(map(str, err['loc'])) or 'evaluate'}: {err['msg']}")

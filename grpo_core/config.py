@@ -73,6 +73,120 @@ class OptimConfig(_Strict):
                                    "optimizer state in CPU memory (CPUOffloadPolicy; the optimizer steps on the CPU)")
 
 
+# --- sampling: one model wherever completions are generated ---
+
+# The flat names older configs used inside a section, by the SamplingConfig field they now are
+SAMPLING_RENAMES = {"num_samples": "num_generations", "max_new_tokens": "max_completion_length"}
+
+
+class SamplingConfig(_Strict):
+    """How completions are sampled, wherever generation happens: GRPO stages (``grpo_train.sampling``), evaluation
+    (``evaluate.sampling``), rejection sampling (``rejection_sample.sampling``) and teacher cold-start sources
+    (``data.cold_start_sources[i].sampling``). TRL's names; each use is a subclass with that use's defaults
+    (``GRPOSampling``, ``EvalSampling``, ``RejectionSampling``, ``TeacherSampling``), so a section that sets one
+    field keeps its use's defaults for the others. The seed and ``bf16`` stay on the section: GRPO's are the
+    trainer's too, and ``PipelineConfig.seeds`` lists them there."""
+
+    num_generations: int = Field(8, ge=1, description="completions sampled per prompt")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0 disables top-k")
+    max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")
+    max_completion_length: int = Field(1024, gt=0, description="new tokens per completion")
+    long_prompts: Literal["truncate", "drop"] = Field("truncate", description=LONG_PROMPTS_HELP)
+    use_vllm: bool | None = Field(None, description="None: vLLM when importable, else transformers generate")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    vllm_tensor_parallel_size: int = Field(1, ge=1)
+    vllm_kv_cache_memory_bytes: int | None = Field(None, gt=0, description="fixed KV cache size (needed on CPU)")
+
+    @classmethod
+    def nest_flat_fields(cls, data: Any) -> Any:
+        """``data`` (a section's raw mapping) with the sampling fields given flat (``temperature: 0.6``, and the
+        older ``num_samples`` / ``max_new_tokens``) moved into its ``sampling`` mapping, so configs written before
+        the nesting keep working. A flat key and its nested one both set to different values is an error."""
+        if not isinstance(data, dict):
+            return data
+        flat = [k for k in data if k in cls.model_fields or k in SAMPLING_RENAMES]
+        if not flat:
+            return data
+        data = dict(data)
+        nested = data.get("sampling") or {}
+        nested = dict(nested.model_dump(exclude_unset=True) if isinstance(nested, BaseModel) else nested)
+        for old in flat:
+            new, value = SAMPLING_RENAMES.get(old, old), data.pop(old)
+            if new in nested and nested[new] != value:
+                raise ValueError(f"{old}: {value!r} and sampling.{new}: {nested[new]!r} are both set; "
+                                 f"{old} is the flat (older) spelling of sampling.{new}: keep only sampling.{new}")
+            nested[new] = value
+        data["sampling"] = nested
+        return data
+
+
+class GRPOSampling(SamplingConfig):
+    """A GRPO stage's rollouts (seed: G = 8-16, max_new_tokens 1024-2048); vLLM shares the GPU with the trainer."""
+
+    num_generations: int = Field(8, ge=2, description="G: completions sampled per prompt")
+    long_prompts: Literal["truncate", "drop"] = Field(
+        "truncate", description=LONG_PROMPTS_HELP + "; drop filters the training rows before the prompt stream is "
+        "built and logs their count as prompts/dropped",
+    )
+    vllm_enable_sleep_mode: bool = Field(
+        False, description="GPU only: the engine releases its weights and KV cache (sleep level 1) while the trainer "
+        "runs and takes them back before generating (TRL's name); the memory planner then counts no vLLM share there",
+    )
+
+    @model_validator(mode="after")
+    def _check_sleep(self) -> "GRPOSampling":
+        if self.vllm_enable_sleep_mode and self.use_vllm is False:
+            raise ValueError("vllm_enable_sleep_mode puts the vLLM engine to sleep but use_vllm is false; "
+                             "set sampling.use_vllm: true or drop sampling.vllm_enable_sleep_mode")
+        return self
+
+
+class BatchedSampling(SamplingConfig):
+    """Sampling outside the trainer (evaluation, rejection sampling, a teacher): alone on its GPU, in batches."""
+
+    batch_size: int = Field(64, gt=0, description="sequences per transformers generate call (vLLM gets every "
+                            "prompt at once and schedules its own batches)")
+    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+
+
+class EvalSampling(BatchedSampling):
+    """evaluate's sampling: the R1 protocol's temperature 0.6 / top-p 0.95."""
+
+    num_generations: int = Field(4, ge=0, description="n sampled completions per prompt for pass@1; 0 = greedy only")
+    temperature: float = Field(0.6, gt=0, description="sampling temperature (R1 protocol: 0.6)")
+    top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling (R1 protocol: 0.95)")
+    max_completion_length: int = Field(64, gt=0, description="new tokens per completion")
+    use_vllm: bool | None = Field(
+        None, description="sample with vLLM (true) or transformers (false); None = as the evaluated stage samples: "
+        "an RL stage's own sampling.use_vllm, grpo_train's for the SFT stages (tasks/evaluate.py: eval_use_vllm); "
+        "transformers for a model folder (r1 eval DIR)")
+
+
+class RejectionSampling(BatchedSampling):
+    """rejection_sample's sampling: its own backend settings (it runs alone, after grpo_train)."""
+
+    num_generations: int = Field(4, ge=1, description="n completions sampled per prompt")
+    max_completion_length: int = Field(64, gt=0, description="new tokens per completion")
+
+
+class TeacherSampling(BatchedSampling):
+    """A teacher cold-start source's sampling: long chains of thought after a few-shot prompt."""
+
+    num_generations: int = Field(4, ge=1, description="n completions sampled per prompt")
+    temperature: float = Field(0.7, gt=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    max_prompt_length: int = Field(2048, gt=0, description="prompt tokens (few-shot included); longer prompts "
+                                   "follow long_prompts")
+    max_completion_length: int = Field(1024, gt=0, description="new tokens per completion")
+    long_prompts: Literal["truncate", "drop"] = Field(
+        "drop", description=LONG_PROMPTS_HELP + " (truncating would cut the few-shot examples)")
+    use_vllm: bool | None = Field(False, description="sample with vLLM; None: vLLM when importable")
+    batch_size: int = Field(16, gt=0, description="sequences per transformers generate call (vLLM gets every "
+                            "prompt at once)")
+
+
 class EmergenceConfig(_Strict):
     """The phrase lists of the emergence features (``grpo_core.evaluation.emergence``), for evaluation and GRPO's logs.
 
@@ -224,17 +338,9 @@ class GRPOConfig(OptimConfig):
     """Group Relative Policy Optimisation (the seed's boxed objective and its variants)."""
 
     # --- sampling (seed: G = 8-16, max_new_tokens 1024-2048) ---
-    num_generations: int = Field(8, ge=2, description="G: completions sampled per prompt")
+    sampling: GRPOSampling = Field(default_factory=GRPOSampling, description="rollouts: G, temperature, lengths, "
+                                   "backend (the flat names of older configs are accepted, SamplingConfig.nest_flat_fields)")
     generation_batch_size: int = Field(64, gt=0, description="completions generated per step (prompts x G)")
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0, description="0 disables top-k")
-    max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")
-    long_prompts: Literal["truncate", "drop"] = Field(
-        "truncate", description=LONG_PROMPTS_HELP + "; drop filters the training rows before the prompt stream is "
-        "built and logs their count as prompts/dropped",
-    )
-    max_completion_length: int = Field(1024, gt=0)
     mask_truncated_completions: bool = Field(False, description="exclude completions that hit the length cap from the loss")
 
     # --- objective (seed's boxed formula; see grpo_core/trainer/loss.py) ---
@@ -265,16 +371,6 @@ class GRPOConfig(OptimConfig):
     # --- DAPO dynamic sampling ---
     dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal and refill the batch")
     max_dynamic_sampling_rounds: int = Field(3, ge=1, description="cap on extra generation rounds per step")
-
-    # --- generation backend ---
-    use_vllm: bool | None = Field(None, description="None: vLLM when importable, else transformers generate")
-    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
-    vllm_tensor_parallel_size: int = Field(1, ge=1)
-    vllm_kv_cache_memory_bytes: int | None = Field(None, gt=0, description="fixed KV cache size (needed on CPU)")
-    vllm_enable_sleep_mode: bool = Field(
-        False, description="GPU only: the engine releases its weights and KV cache (sleep level 1) while the trainer "
-        "runs and takes them back before generating (TRL's name); the memory planner then counts no vLLM share there",
-    )
 
     # --- asynchronous rollouts (grpo_core/trainer/async_rollouts.py) ---
     async_rollouts: bool = Field(False, description="generate the next steps' rollouts in a sampler process while step "
@@ -317,7 +413,9 @@ class GRPOConfig(OptimConfig):
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
-        """TRL < 1.6's ``vllm_importance_sampling_cap`` is ``vllm_importance_sampling_clip_max`` (as TRL maps it)."""
+        """TRL < 1.6's ``vllm_importance_sampling_cap`` is ``vllm_importance_sampling_clip_max`` (as TRL maps it);
+        sampling fields given flat (older configs, TRL's layout) go into ``sampling``."""
+        data = GRPOSampling.nest_flat_fields(data)
         if isinstance(data, dict) and "vllm_importance_sampling_cap" in data:
             data = dict(data)
             cap = data.pop("vllm_importance_sampling_cap")
@@ -359,20 +457,17 @@ class GRPOConfig(OptimConfig):
             raise ValueError(
                 f"vllm_importance_sampling_clip_min ({low}) must be below vllm_importance_sampling_clip_max ({high})"
             )
-        if self.generation_batch_size % self.num_generations:
+        G = self.sampling.num_generations
+        if self.generation_batch_size % G:
             raise ValueError(
-                f"generation_batch_size ({self.generation_batch_size}) must be a multiple of num_generations "
-                f"({self.num_generations}); e.g. set generation_batch_size to "
-                f"{max(1, self.generation_batch_size // self.num_generations) * self.num_generations}"
+                f"generation_batch_size ({self.generation_batch_size}) must be a multiple of sampling.num_generations "
+                f"({G}); e.g. set generation_batch_size to {max(1, self.generation_batch_size // G) * G}"
             )
         if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
             raise ValueError(
                 f"reward_weights has {len(self.reward_weights)} entries but reward_funcs has "
                 f"{len(self.reward_funcs)} ({self.reward_funcs}); give one weight per reward function"
             )
-        if self.vllm_enable_sleep_mode and self.use_vllm is False:
-            raise ValueError("vllm_enable_sleep_mode puts the vLLM engine to sleep but use_vllm is false; "
-                             "set use_vllm: true or drop vllm_enable_sleep_mode")
         if self.sources:
             names = [s.name for s in self.sources]
             if len(set(names)) != len(names):
@@ -385,7 +480,7 @@ class GRPOConfig(OptimConfig):
 
     @property
     def prompts_per_step(self) -> int:
-        return self.generation_batch_size // self.num_generations
+        return self.generation_batch_size // self.sampling.num_generations
 
 
 class RewardConfig(OptimConfig):
@@ -491,21 +586,18 @@ class TeacherSource(_Strict):
     max_prompts: int | None = Field(None, gt=0, description="sample on the first N prompts")
     few_shot: list[FewShotExample] = Field(default_factory=list, description="worked examples put before each "
                                            "prompt as user/assistant turns (not kept in the written rows)")
-    num_samples: int = Field(4, ge=1, description="n completions sampled per prompt")
+    sampling: TeacherSampling = Field(default_factory=TeacherSampling, description="n, temperature, lengths, "
+                                      "backend (flat names accepted, SamplingConfig.nest_flat_fields)")
     keep_per_prompt: int = Field(1, ge=1, description="k: at most this many kept per prompt")
     reward_func: str = Field("math_accuracy", description="registered reward that verifies a sample")
     reward_threshold: float = 1.0
-    temperature: float = Field(0.7, gt=0)
-    top_p: float = Field(0.95, gt=0, le=1)
-    max_new_tokens: int = Field(1024, gt=0)
-    max_prompt_length: int = Field(2048, gt=0, description="prompt tokens (few-shot included); longer ones are dropped")
-    use_vllm: bool | None = Field(False, description="sample with vLLM; None: vLLM when importable")
-    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    vllm_tensor_parallel_size: int = Field(1, ge=1)
-    vllm_kv_cache_memory_bytes: int | None = Field(None, gt=0, description="fixed KV cache size (needed on CPU)")
-    batch_size: int = Field(16, gt=0)
     readability: ReadabilityConfig = Field(default_factory=ReadabilityConfig)
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_sampling(cls, data: Any) -> Any:
+        return TeacherSampling.nest_flat_fields(data)
 
 
 def _cold_start_kind(value: object) -> str:
@@ -610,15 +702,13 @@ REFERENCE_METRIC = r"^(pass@[1-9][0-9]*|maj@[1-9][0-9]*|greedy)$"
 
 
 class EvalConfig(_Strict):
-    """evaluate: the held-out set (greedy accuracy, pass@1 over ``num_samples``, length, format and
+    """evaluate: the held-out set (greedy accuracy, pass@1 over ``sampling.num_generations``, length, format and
     direct-answer rates) and the named ``benchmarks`` under the R1 paper's protocol (``grpo_core.evaluation.benchmarks``):
-    ``num_samples`` samples per problem at temperature 0.6 / top-p 0.95, pass@1, pass@k and maj@k for each
+    ``sampling.num_generations`` samples per problem at temperature 0.6 / top-p 0.95, pass@1, pass@k and maj@k for each
     ``k``, greedy accuracy beside them."""
 
-    num_samples: int = Field(4, ge=0, description="n sampled completions per prompt for pass@1; 0 = greedy only")
-    temperature: float = Field(0.6, gt=0, description="sampling temperature (R1 protocol: 0.6)")
-    top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling (R1 protocol: 0.95)")
-    max_new_tokens: int = Field(64, gt=0)
+    sampling: EvalSampling = Field(default_factory=EvalSampling, description="n, temperature 0.6 / top-p 0.95, "
+                                   "lengths, backend (flat names accepted, SamplingConfig.nest_flat_fields)")
     max_rows: int | None = Field(None, gt=0, description="evaluate on the first N held-out rows of each source")
     reward_func: str = Field("chain_accuracy", description="registered reward that scores 1.0 for a correct completion")
     general_sources: list[str] = Field(
@@ -630,13 +720,16 @@ class EvalConfig(_Strict):
                                     "preference rule (e.g. preference_rule): eval/preferred_rate")
     forced_reasoning: bool = Field(True, description="also measure greedy accuracy with an empty <think> banned")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_sampling(cls, data: Any) -> Any:
+        return EvalSampling.nest_flat_fields(data)
+
     @field_validator("rm_reward", mode="before")
     @classmethod
     def _reward_entry(cls, value: Any) -> Any:
         return normalize_reward_entry(value)
-    batch_size: int = Field(64, gt=0)
-    max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")
-    long_prompts: Literal["truncate", "drop"] = Field("truncate", description=LONG_PROMPTS_HELP)
+
     emergence: EmergenceConfig = Field(
         default_factory=EmergenceConfig, description="phrase lists of eval/reflection_rate and the rest")
     seed: int = 0
@@ -645,19 +738,13 @@ class EvalConfig(_Strict):
         default_factory=list, description="built-in names (math500, gsm8k, aime24, aime25) or sources with a "
         "benchmark name and field_map; each is scored besides the held-out set",
     )
-    k: list[int] | None = Field(None, description="pass@k and maj@k for each k (1 <= k <= num_samples); None = [num_samples]")
+    k: list[int] | None = Field(None, description="pass@k and maj@k for each k (1 <= k <= sampling.num_generations); "
+                                "None = [sampling.num_generations]")
     limit: int | None = Field(None, gt=0, description="first N problems of each benchmark")
     reference: dict[str, dict[str, float | str]] = Field(
         default_factory=dict, description="published numbers in percent per benchmark for the report, e.g. "
         "{math500: {label: DeepSeek-R1, pass@1: 97.3}}",
     )
-    use_vllm: bool | None = Field(
-        None, description="sample with vLLM (true) or transformers (false); None = as the evaluated stage samples: "
-        "an RL stage's own use_vllm, grpo_train's for the SFT stages (tasks/evaluate.py: eval_use_vllm); transformers "
-        "for a model folder (r1 eval DIR)")
-    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    vllm_tensor_parallel_size: int = Field(1, ge=1)
-    vllm_kv_cache_memory_bytes: int | None = Field(None, gt=0, description="fixed KV cache size (needed on CPU)")
     bf16: bool = Field(False, description="bf16 on GPU (vLLM dtype is bf16 on GPU either way)")
 
     @field_validator("benchmarks", mode="before")
@@ -680,12 +767,14 @@ class EvalConfig(_Strict):
     def _check(self) -> "EvalConfig":
         import re
 
-        if self.benchmarks and self.num_samples < 1:
-            raise ValueError("benchmarks need num_samples >= 1 (pass@k and maj@k are over sampled answers)")
+        n = self.sampling.num_generations
+        if self.benchmarks and n < 1:
+            raise ValueError("benchmarks need sampling.num_generations >= 1 (pass@k and maj@k are over sampled "
+                             "answers)")
         for k in self.k or []:
-            if not 1 <= k <= max(self.num_samples, 1):
-                raise ValueError(f"k={k} is outside 1..num_samples ({self.num_samples}); pass@k needs k <= n "
-                                 f"samples: lower k or raise num_samples")
+            if not 1 <= k <= max(n, 1):
+                raise ValueError(f"k={k} is outside 1..sampling.num_generations ({n}); pass@k needs k <= n "
+                                 f"samples: lower k or raise sampling.num_generations")
         names = [b if isinstance(b, str) else b.benchmark for b in self.benchmarks]
         if len(set(names)) != len(names):
             raise ValueError(f"benchmarks names one benchmark twice: {names}")
@@ -706,7 +795,7 @@ class EvalConfig(_Strict):
     @property
     def ks(self) -> list[int]:
         """The k values of pass@k / maj@k."""
-        return sorted(set(self.k)) if self.k else [max(self.num_samples, 1)]
+        return sorted(set(self.k)) if self.k else [max(self.sampling.num_generations, 1)]
 
 
 class RejectionSource(_Strict):
@@ -744,11 +833,9 @@ class RejectionSource(_Strict):
 class RejectionSamplingConfig(_Strict):
     """rejection_sample: n samples per prompt, keep correct ones that pass the filters, at most k per prompt."""
 
-    num_samples: int = Field(4, ge=1, description="n completions sampled per prompt")
+    sampling: RejectionSampling = Field(default_factory=RejectionSampling, description="n, temperature, lengths "
+                                        "and its own backend (flat names accepted, SamplingConfig.nest_flat_fields)")
     keep_per_prompt: int = Field(1, ge=1, description="k: at most this many kept per prompt")
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(64, gt=0)
     max_prompts: int | None = Field(None, gt=0, description="sample from the first N training prompts (with "
                                     "sources: the first N of each source)")
     reward_func: str = Field("chain_accuracy", description="registered reward; a sample is correct when it scores >= reward_threshold")
@@ -763,12 +850,17 @@ class RejectionSamplingConfig(_Strict):
     readability: ReadabilityConfig | None = Field(
         None, description="R1's readability filters (mixed language, long paragraphs, code blocks, truncated, "
         "overlong); None = off; each drop is counted as rs/rejected/{filter}")
-    max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")
-    long_prompts: Literal["truncate", "drop"] = Field("truncate", description=LONG_PROMPTS_HELP)
+    bf16: bool = Field(False, description="transformers sampler on GPU: bf16 autocast (vLLM's dtype is bf16 on GPU "
+                       "either way)")
     seed: int = 0
     sources: list[RejectionSource] = Field(
         default_factory=list, description="per-source rules (verifiable: reward_func passes; scored: min_score, best "
         "k); only the listed sources' rows are sampled; empty = every row by reward_func")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_sampling(cls, data: Any) -> Any:
+        return RejectionSampling.nest_flat_fields(data)
 
     @model_validator(mode="after")
     def _check_sources(self) -> "RejectionSamplingConfig":

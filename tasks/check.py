@@ -39,10 +39,12 @@ def _shrink_training(name: str, section: dict[str, Any], steps: int) -> None:
     section.update(max_steps=steps, save_steps=1, warmup_steps=0)
     _cap(section, "per_device_train_batch_size", 2)
     if name in RL:
-        g = min(int(section.get("num_generations", 8)), 4)
+        sampling = section.setdefault("sampling", {})
+        g = min(int(sampling.get("num_generations", 8)), 4)
         prompts = 2 * max(1, len(section.get("sources") or []))  # every source gets a prompt at any weight
-        section.update(num_generations=g, generation_batch_size=g * prompts)
-        _cap(section, "max_completion_length", COMPLETION_TOKENS)
+        sampling["num_generations"] = g
+        section["generation_batch_size"] = g * prompts
+        _cap(sampling, "max_completion_length", COMPLETION_TOKENS)
         if section.get("dynamic_sampling"):
             section["max_dynamic_sampling_rounds"] = 1
     else:
@@ -60,8 +62,8 @@ def _shrink_data(data: dict[str, Any], rows: int) -> None:
             _cap(src, "limit", rows)
         elif kind == "teacher":
             _cap(src, "max_prompts", rows)
-            _cap(src, "num_samples", 2)
-            _cap(src, "max_new_tokens", COMPLETION_TOKENS)
+            _cap(src.setdefault("sampling", {}), "num_generations", 2)
+            _cap(src["sampling"], "max_completion_length", COMPLETION_TOKENS)
         else:
             _cap(src, "max_rows", rows)
     if data.get("builtin_task", "chain") or data.get("builtin_general"):
@@ -112,14 +114,16 @@ def miniature_pipeline(config: PipelineConfig, build_model: Callable[[str], str]
     rs = data.setdefault("rejection_sample", {})
     _keep_every_sample(rs)
     _cap(rs, "max_prompts", rows)
-    _cap(rs, "num_samples", 2)
-    _cap(rs, "max_new_tokens", COMPLETION_TOKENS)
+    _cap(rs.setdefault("sampling", {}), "num_generations", 2)
+    _cap(rs["sampling"], "max_completion_length", COMPLETION_TOKENS)
     ev = data.setdefault("evaluate", {})
-    for key, value in (("max_rows", max(2, rows // 2)), ("num_samples", 2), ("max_new_tokens", COMPLETION_TOKENS),
-                       ("limit", max(2, rows // 2))):
+    for key, value in (("max_rows", max(2, rows // 2)), ("limit", max(2, rows // 2))):
         _cap(ev, key, value)
+    ev_sampling = ev.setdefault("sampling", {})
+    _cap(ev_sampling, "num_generations", 2)
+    _cap(ev_sampling, "max_completion_length", COMPLETION_TOKENS)
     if ev.get("k"):
-        ev["k"] = sorted({min(k, ev["num_samples"]) for k in ev["k"]})
+        ev["k"] = sorted({min(k, ev_sampling["num_generations"]) for k in ev["k"]})
     for src in (data.get("sft_consolidate") or {}).get("general_sources") or []:
         _cap(src, "max_rows", rows)
     return parse_config(data, "<r1 check miniature>")
@@ -169,14 +173,15 @@ def consumption(config: PipelineConfig, gpus: int = 1) -> list[dict[str, Any]]:
             elif stage.name in RL:
                 rounds = section.max_dynamic_sampling_rounds + 1 if section.dynamic_sampling else 1
                 row["completions"] = section.max_steps * section.generation_batch_size * rounds
-                row["max_tokens"] = row["completions"] * section.max_completion_length
+                row["max_tokens"] = row["completions"] * section.sampling.max_completion_length
             else:
                 row["sequences"] = (section.max_steps * section.per_device_train_batch_size
                                     * section.gradient_accumulation_steps * gpus)
         elif stage.name == "rejection_sample":
             prompts = section.max_prompts
-            row["completions"] = prompts * section.num_samples * max(1, len(section.sources)) if prompts else None
-            row["max_tokens"] = row["completions"] * section.max_new_tokens if prompts else None
+            n = section.sampling.num_generations
+            row["completions"] = prompts * n * max(1, len(section.sources)) if prompts else None
+            row["max_tokens"] = row["completions"] * section.sampling.max_completion_length if prompts else None
         out.append(row)
     return out
 

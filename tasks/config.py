@@ -29,6 +29,7 @@ from grpo_core.config import (
     RejectionSamplingConfig,
     RewardConfig,
     RewardModelSpec,
+    SAMPLING_RENAMES,
     SFTConfig,
     TeacherSource,
 )
@@ -381,6 +382,13 @@ def _at(lines: dict[tuple, int] | None, loc: tuple) -> str:
 
 
 def _nearest_line(lines: dict[tuple, int], loc: tuple) -> int | None:
+    if "sampling" in loc and loc not in lines:  # a sampling field written flat (SamplingConfig.nest_flat_fields)
+        i = loc.index("sampling")
+        rest = loc[i + 1:]
+        older = {new: old for old, new in SAMPLING_RENAMES.items()}
+        for flat in (loc[:i] + rest, loc[:i] + (older.get(rest[0], rest[0]),) + rest[1:]) if rest else ():
+            if flat in lines:
+                return lines[flat]
     for n in range(len(loc), 0, -1):
         if loc[:n] in lines:
             return lines[loc[:n]]

@@ -14,9 +14,9 @@ of the same model a cache hit.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
+from grpo_core.config import EvalConfig
 from grpo_core.data.rows import read_parquet
 from tasks.common import StageContext, cached, commit_stage, fingerprint, logger, stage_task_options, write_jsonl
 from tasks.manifest import StageRef
@@ -41,7 +41,8 @@ def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRe
     ctx = StageContext.open(config, run, store, output_name(model.stage))
     try:
         use_vllm, why = eval_use_vllm(ctx.config, model.stage)
-        cfg = ctx.config.evaluate.model_copy(update={"use_vllm": use_vllm})  # the manifest records what was followed
+        ev = ctx.config.evaluate  # the manifest records the sampler that was followed
+        cfg = ev.model_copy(update={"sampling": ev.sampling.model_copy(update={"use_vllm": use_vllm})})
         parents = {"model": model, "prepare_data": data}
         if uses_reward_model_stage(cfg):
             if reward_model is None:
@@ -55,14 +56,14 @@ def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRe
         if (ref := ctx.reuse(fp, force)) is not None:
             return cached(ref, "this model was already evaluated with this config")
         from grpo_core.evaluation.benchmarks import evaluate_benchmarks
-        from grpo_core.evaluation.heldout import evaluate_with_config
+        from grpo_core.evaluation.heldout import evaluate as evaluate_held_out
 
         rows = read_parquet(ctx.fetch(data, "eval.parquet"))
         model_path = str(ctx.fetch(model, "model"))
         scoring = resolve_reward_models(ctx, cfg, parents)  # `model: reward_model` -> the fetched folder
         module, tokenizer, backend = make_eval_backend(scoring, model_path, why=why)
-        result = evaluate_with_config(scoring, module if module is not None else model_path, rows, tokenizer=tokenizer,
-                                      backend=backend, return_rows=True)
+        result = evaluate_held_out(scoring, module if module is not None else model_path, rows, tokenizer=tokenizer,
+                                   backend=backend, return_rows=True)
         held_out = result.pop("rows")  # per row, with its source (grpo_core.evaluation.heldout)
         metrics = {k: float(v) for k, v in result.items() if isinstance(v, (int, float))}
         out = ctx.work / "out"
@@ -99,20 +100,21 @@ def _digest(rows: list[dict[str, Any]]) -> str:
 def eval_use_vllm(config: Any, stage: str) -> tuple[bool | None, str]:
     """``(use_vllm, where it comes from)`` for evaluating ``stage``'s model under the pipeline ``config``.
 
-    ``evaluate.use_vllm`` when set; unset (None), evaluation samples as the stage does: an RL stage (grpo_train,
-    final_rl) by its own section's ``use_vllm``, any other model stage (the SFT stages) by ``grpo_train``'s, the
-    sampler the run's RL and rejection sampling use on the same machines. None from there: vLLM where installed."""
+    ``evaluate.sampling.use_vllm`` when set; unset (None), evaluation samples as the stage does: an RL stage
+    (grpo_train, final_rl) by its own section's ``sampling.use_vllm``, any other model stage (the SFT stages) by
+    ``grpo_train``'s, the sampler the run's RL uses on the same machines. None from there: vLLM where installed."""
     from tasks.stages import get_stage
 
-    if config.evaluate.use_vllm is not None:
-        return config.evaluate.use_vllm, "evaluate.use_vllm"
+    if config.evaluate.sampling.use_vllm is not None:
+        return config.evaluate.sampling.use_vllm, "evaluate.sampling.use_vllm"
     section = stage if get_stage(stage).kind == "rl" else "grpo_train"
-    return getattr(config, section).use_vllm, f"evaluate.use_vllm unset, so {section}.use_vllm"
+    return (getattr(config, section).sampling.use_vllm,
+            f"evaluate.sampling.use_vllm unset, so {section}.sampling.use_vllm")
 
 
 def eval_backend_kind(use_vllm: bool | None, why: str) -> tuple[str, str]:
     """``("vllm" | "hf", a line saying which sampler evaluation uses and why)``; ``why`` names the setting, e.g.
-    ``evaluate.use_vllm unset, so grpo_train.use_vllm`` (``eval_use_vllm``)."""
+    ``evaluate.sampling.use_vllm unset, so grpo_train.sampling.use_vllm`` (``eval_use_vllm``)."""
     from grpo_core.generation import backend_kind
 
     kind = backend_kind(use_vllm)
@@ -120,25 +122,23 @@ def eval_backend_kind(use_vllm: bool | None, why: str) -> tuple[str, str]:
     return kind, f"evaluation samples with {'vLLM' if kind == 'vllm' else 'transformers'} ({why}: {setting})"
 
 
-def make_eval_backend(cfg: Any, model_path: str, why: str = "evaluate.use_vllm") -> tuple[Any, Any, Any]:
-    """``(module or None, tokenizer, backend)``: vLLM where ``cfg.use_vllm`` selects it (None: where installed),
-    then the held-out set's forced-reasoning pass loads its own module; else transformers sampling with the model
-    loaded once (on the GPU when there is one). Logs the choice; ``why`` names the setting ``cfg.use_vllm`` came
-    from (the evaluate task resolves an unset one with ``eval_use_vllm`` first)."""
+def make_eval_backend(cfg: EvalConfig, model_path: str, why: str = "evaluate.sampling.use_vllm"
+                      ) -> tuple[Any, Any, Any]:
+    """``(module or None, tokenizer, backend)``: vLLM where ``cfg.sampling.use_vllm`` selects it (None: where
+    installed), then the held-out set's forced-reasoning pass loads its own module; else transformers sampling with
+    the model loaded once (on the GPU when there is one). Logs the choice; ``why`` names the setting
+    ``cfg.sampling.use_vllm`` came from (the evaluate task resolves an unset one with ``eval_use_vllm`` first)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from grpo_core.generation import backend_options, make_backend
 
-    kind, line = eval_backend_kind(cfg.use_vllm, why)
+    kind, line = eval_backend_kind(cfg.sampling.use_vllm, why)
     logger().info(line)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    sizes = SimpleNamespace(max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_new_tokens,
-                            vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-                            vllm_tensor_parallel_size=cfg.vllm_tensor_parallel_size,
-                            vllm_kv_cache_memory_bytes=cfg.vllm_kv_cache_memory_bytes, seed=cfg.seed, bf16=cfg.bf16)
-    opts = backend_options(sizes, kind, device, AutoConfig.from_pretrained(model_path))
+    opts = backend_options(cfg.sampling, kind, device, seed=cfg.seed, bf16=cfg.bf16,
+                           model_config=AutoConfig.from_pretrained(model_path))
     if kind == "vllm":
         return None, tokenizer, make_backend("vllm", model_path, tokenizer=tokenizer, **opts)
     module = AutoModelForCausalLM.from_pretrained(model_path).to(device)

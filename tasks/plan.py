@@ -49,20 +49,9 @@ def model_shape(config: PipelineConfig) -> ModelShape:
 
 
 def stage_section(config: PipelineConfig, stage: str, kind: str) -> Any:
-    """The config section that sizes ``stage``: its own, or for sampling the RL section whose backend it uses
-    with the sampling stage's own prompt and completion lengths (as ``tasks.rejection_sample`` builds it)."""
-    if stage == EVALUATE:  # its own backend settings (tasks.evaluate.make_eval_backend), in the RL section's names
-        ev = config.evaluate
-        return config.grpo_train.model_copy(update={
-            "use_vllm": ev.use_vllm, "vllm_gpu_memory_utilization": ev.vllm_gpu_memory_utilization,
-            "vllm_tensor_parallel_size": ev.vllm_tensor_parallel_size, "bf16": ev.bf16,
-            "vllm_kv_cache_memory_bytes": ev.vllm_kv_cache_memory_bytes, "generation_batch_size": ev.batch_size,
-            "max_prompt_length": ev.max_prompt_length, "max_completion_length": ev.max_new_tokens})
-    if kind != "sampling":
-        return getattr(config, stage)
-    rs = getattr(config, stage)
-    return config.grpo_train.model_copy(update={"max_prompt_length": rs.max_prompt_length,
-                                                "max_completion_length": rs.max_new_tokens})
+    """The config section that sizes ``stage``: its own; a sampling stage's (rejection sampling, evaluation) holds
+    its backend settings in its ``sampling``."""
+    return config.evaluate if stage == EVALUATE else getattr(config, stage)
 
 
 def section_scorers(section: BaseModel, kind: str, shape_of: Any) -> list[Scorer]:

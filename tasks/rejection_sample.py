@@ -29,22 +29,22 @@ def rejection_sample(ctx: StageContext, parents: dict[str, StageRef], fp: str) -
 
 def _sample(ctx: StageContext, model_path: str, rows: list[dict[str, Any]], parents: dict[str, StageRef]
             ) -> tuple[list[dict[str, Any]], dict]:
-    """Sample with the same backend kind the GRPO stage used (vLLM for real runs, transformers for tiny)."""
+    """Sample with this stage's own backend settings (``rejection_sample.sampling``: vLLM for real runs,
+    transformers for tiny ones)."""
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
     from grpo_core.generation import backend_kind, backend_options, make_backend
-    from grpo_core.generation.rejection import rejection_sample_with_config
+    from grpo_core.generation.rejection import rejection_sample
     from tasks.plan import check_stage_memory
     from tasks.reward_model import resolve_reward_models
 
-    grpo, rs = ctx.config.grpo_train, resolve_reward_models(ctx, ctx.config.rejection_sample, parents)
-    kind = backend_kind(grpo.use_vllm)
+    rs = resolve_reward_models(ctx, ctx.config.rejection_sample, parents)
+    kind = backend_kind(rs.sampling.use_vllm)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    # vLLM's context fits this stage's prompts (cut or dropped at rs.max_prompt_length) and samples
-    sizes = grpo.model_copy(update={"max_prompt_length": rs.max_prompt_length, "max_completion_length": rs.max_new_tokens})
-    check_stage_memory(ctx.stage, "sampling", sizes, model_path, scorers_of=rs)  # CUDA only: fail fast when it cannot fit
-    opts = backend_options(sizes, kind, device, AutoConfig.from_pretrained(model_path))
+    check_stage_memory(ctx.stage, "sampling", rs, model_path)  # CUDA only: fail fast when it cannot fit
+    opts = backend_options(rs.sampling, kind, device, seed=rs.seed, bf16=rs.bf16,
+                           model_config=AutoConfig.from_pretrained(model_path))
     backend = make_backend(kind, model_path, tokenizer=tokenizer, **opts)
-    return rejection_sample_with_config(rs, backend, tokenizer, rows)
+    return rejection_sample(rs, backend, tokenizer, rows)

@@ -36,7 +36,7 @@ def sft_consolidate(ctx: StageContext, parents: dict[str, StageRef], fp: str) ->
     rows = read_parquet(ctx.fetch(parents["rejection_sample"], "samples.parquet"))
     if not rows:
         raise StageFailed("rejection_sample kept no samples, so there is nothing to fine-tune on; sample more "
-                          "(rejection_sample.num_samples / max_prompts) or relax its filters")
+                          "(rejection_sample.sampling.num_generations / max_prompts) or relax its filters")
     n_mix = 0
     if section.cold_start_mix > 0:
         cold = read_parquet(ctx.fetch(data, "cold_start.parquet"))

@@ -13,7 +13,7 @@ duplicate + over_limit + sum(rejected/{filter})``.
 - ``kind: traces`` (``load_trace_rows``): a data set whose rows hold a problem, a list of generations and a
   list of verdicts, e.g. ``open-r1/OpenR1-Math-220k`` (problem, generations, correctness_math_verify, ...),
   from the hub by name or from a local file in that schema. The set's own verdicts verify.
-- ``kind: teacher`` (``sample_teacher_traces``): the teacher samples ``num_samples`` completions per prompt
+- ``kind: teacher`` (``sample_teacher_traces``): the teacher samples ``sampling.num_generations`` per prompt
   after a few-shot long-CoT prompt (the examples as earlier user/assistant turns, left out of the written
   rows); ``reward_func`` verifies them through ``score_completions``, the call training makes. They are written
   as sampled (the text the reward passed, in the layout the teacher was taught), not re-spaced.
@@ -142,12 +142,13 @@ def few_shot_prompt(few_shot: Sequence[Any], prompt: list[dict[str, str]]) -> li
 def sample_teacher_traces(src: TeacherSource, rows: list[dict[str, Any]], *, backend: Any = None,
                           tokenizer: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Cold-start rows sampled from ``src.model`` on ``rows`` (prompt rows with the reward's columns, e.g.
-    ``answer``); ``backend``/``tokenizer`` default to one loaded from ``src.model``."""
-    from grpo_core.evaluation.heldout import _generate, sample_seed
-    from grpo_core.generation import backend_kind, make_backend
+    ``answer``) as ``src.sampling`` says; ``backend``/``tokenizer`` default to one loaded from ``src.model``."""
+    from grpo_core.evaluation.heldout import sample, sample_seed
+    from grpo_core.generation import backend_kind, backend_options, make_backend
     from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
     from grpo_core.trainer.prompts import all_dropped_error, encode_prompts
 
+    s = src.sampling
     rows = rows[: src.max_prompts] if src.max_prompts else rows
     if not rows:
         raise ValueError(f"teacher cold start ({src.model}) got no prompt rows")
@@ -157,29 +158,26 @@ def sample_teacher_traces(src: TeacherSource, rows: list[dict[str, Any]], *, bac
         tokenizer = AutoTokenizer.from_pretrained(src.model)
     own_backend = backend is None
     if backend is None:
-        kind = backend_kind(src.use_vllm)
-        opts = {} if kind == "hf" else {
-            "max_model_len": src.max_prompt_length + src.max_new_tokens, "seed": src.seed,
-            "gpu_memory_utilization": src.vllm_gpu_memory_utilization,
-            "tensor_parallel_size": src.vllm_tensor_parallel_size, "kv_cache_memory_bytes": src.vllm_kv_cache_memory_bytes}
+        import torch
+
+        kind = backend_kind(s.use_vllm)
+        opts = {} if kind == "hf" else backend_options(s, kind, torch.device("cpu"), seed=src.seed)
         backend = make_backend(kind, src.model, tokenizer=tokenizer, **opts)
-    n = src.num_samples
+    n = s.num_generations
     prompts = [to_messages(r["prompt"]) for r in rows]
     encoded = encode_prompts(tokenizer, [few_shot_prompt(src.few_shot, p) for p in prompts],
-                             src.max_prompt_length, "drop")
+                             s.max_prompt_length, s.long_prompts)
     if not encoded.kept:
-        raise all_dropped_error("teacher cold start", len(rows), src.max_prompt_length)
+        raise all_dropped_error("teacher cold start", len(rows), s.max_prompt_length)
     kept_rows = [rows[i] for i in encoded.kept]
     seeds = [sample_seed(src.seed, str(rows[i].get("id", i)), j) for i in encoded.kept for j in range(n)]
     try:
-        rollouts = _generate(backend, encoded.ids, n=n, max_tokens=src.max_new_tokens, greedy=False,
-                             batch=max(1, src.batch_size // n), temperature=src.temperature, top_p=src.top_p,
-                             seeds=seeds)
+        rollouts = sample(backend, encoded.ids, s, seeds)
     finally:
         if own_backend and hasattr(backend, "close"):  # a vLLM engine holds its memory until closed
             backend.close()
     func, name = resolve_reward(src.reward_func)
-    scores = score_completions([func], [name], kept_rows, rollouts, n, src.max_new_tokens)  # [N*n, 1]
+    scores = score_completions([func], [name], kept_rows, rollouts, n, s.max_completion_length)  # [N*n, 1]
     verified = passes(scores[:, 0], src.reward_threshold)
     keeper = _Keeper(src.readability, src.keep_per_prompt, tokenizer, convert=False)  # written as verified
     for p, i in enumerate(encoded.kept):

@@ -2,7 +2,8 @@
 (cons@k) and greedy accuracy, per benchmark.
 
     from grpo_core.evaluation.benchmarks import evaluate_benchmarks
-    evaluate_benchmarks(EvalConfig(benchmarks=["math500"], num_samples=16, k=[1, 16]), "/models/r1-distill")
+    evaluate_benchmarks(EvalConfig(benchmarks=["math500"], sampling={"num_generations": 16}, k=[1, 16]),
+                        "/models/r1-distill")
 
 Built-in benchmarks (hub dataset, split, fields; a local copy in the same schema is read by giving
 ``{benchmark: NAME, path: FILE}``):
@@ -15,7 +16,7 @@ Built-in benchmarks (hub dataset, split, fields; a local copy in the same schema
 Any other jsonl/json/parquet/csv file or hub dataset is a ``BenchmarkSource`` with a ``field_map``.
 
 Protocol (DeepSeek-R1, section 3.1 "Evaluation Setup"): sampling at temperature 0.6 and top-p 0.95
-(``EvalConfig`` defaults), n samples per problem, the prompt asking for a boxed answer
+(``EvalSampling`` defaults), n samples per problem, the prompt asking for a boxed answer
 ("Please reason step by step, and put your final answer within \\boxed{}.", DeepSeek's usage
 recommendation). pass@1 is the mean correctness of the n samples; pass@k and maj@k (``grpo_core.evaluation.passk``)
 for each configured k. maj@k votes over the answers ``extract_answer`` finds, grouped by math-verify
@@ -87,24 +88,23 @@ def evaluate_benchmark(
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """``(metrics, per-problem results)`` of one benchmark: ``pass@1``, ``pass@{k}``, ``maj@{k}`` for each
     ``config.ks``, ``greedy``, ``mean_length``, ``num_rows`` (keys without the ``eval/{benchmark}/`` prefix)."""
-    from grpo_core.evaluation.heldout import _generate, _mean, completion_length, sample_seed
+    from grpo_core.evaluation.heldout import _generate, _mean, completion_length, sample, sample_seed
     from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
     from grpo_core.trainer.prompts import all_dropped_error, encode_prompts
 
     if not rows:
         raise ValueError("the benchmark has no problems")
-    n, ks = config.num_samples, config.ks
+    s = config.sampling
+    n, ks = s.num_generations, config.ks
     fn, name = resolve_reward(reward_func)
-    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], config.max_prompt_length, config.long_prompts)
+    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], s.max_prompt_length, s.long_prompts)
     if not encoded.kept:
-        raise all_dropped_error("benchmark evaluation", len(rows), config.max_prompt_length)
+        raise all_dropped_error("benchmark evaluation", len(rows), s.max_prompt_length)
     row_ids = [str(rows[i].get("id", i)) for i in encoded.kept]
     rows, prompt_ids = [rows[i] for i in encoded.kept], encoded.ids
     seeds = [sample_seed(config.seed, row_id, j) for row_id in row_ids for j in range(n)]
-    sampled = _generate(backend, prompt_ids, n=n, max_tokens=config.max_new_tokens, greedy=False,
-                        batch=max(1, config.batch_size // n), temperature=config.temperature, top_p=config.top_p,
-                        seeds=seeds)
-    correct = passes(score_completions([fn], [name], rows, sampled, n, config.max_new_tokens)[:, 0])
+    sampled = sample(backend, prompt_ids, s, seeds)
+    correct = passes(score_completions([fn], [name], rows, sampled, n, s.max_completion_length)[:, 0])
     answers = [extract_answer(s.text) for s in sampled]
     results: list[dict[str, Any]] = []
     for i, row in enumerate(rows):
@@ -123,9 +123,9 @@ def evaluate_benchmark(
         metrics[f"pass@{k}"] = _mean([r[f"pass@{k}"] for r in results])
         metrics[f"maj@{k}"] = _mean([r[f"maj@{k}"] for r in results])
     if greedy:
-        greedy_out = _generate(backend, prompt_ids, n=1, max_tokens=config.max_new_tokens, greedy=True,
-                               batch=config.batch_size)
-        greedy_ok = passes(score_completions([fn], [name], rows, greedy_out, 1, config.max_new_tokens)[:, 0])
+        greedy_out = _generate(backend, prompt_ids, n=1, max_tokens=s.max_completion_length, greedy=True,
+                               batch=s.batch_size)
+        greedy_ok = passes(score_completions([fn], [name], rows, greedy_out, 1, s.max_completion_length)[:, 0])
         for result, g, ok in zip(results, greedy_out, greedy_ok):
             result.update(greedy=g.text, greedy_correct=ok)
         metrics["greedy"] = _mean(greedy_ok)

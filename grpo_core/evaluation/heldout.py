@@ -44,17 +44,17 @@ from __future__ import annotations
 import hashlib
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
-from grpo_core.config import EvalConfig
-from grpo_core.evaluation.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES, emergence_metrics, is_direct
+from grpo_core.config import BatchedSampling, EvalConfig
+from grpo_core.evaluation.emergence import emergence_metrics, is_direct
 from grpo_core.generation import GenerationBackend, Rollout, make_backend
 from grpo_core.rewards import get_reward_funcs
 from grpo_core.rewards.base import RewardFunc
 from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
-from grpo_core.trainer.prompts import LongPrompts, all_dropped_error, encode_prompts
+from grpo_core.trainer.prompts import all_dropped_error, encode_prompts
 
 def sample_seed(seed: int, row_id: str, j: int) -> int:
     """Seed of sample ``j`` of a row: independent of batch composition and row order."""
@@ -65,69 +65,83 @@ def completion_length(rollout: Rollout) -> int:
     return len(rollout.completion_ids) - (0 if rollout.truncated else 1)
 
 
-def evaluate(
-    model: str | Path | torch.nn.Module,
-    tokenizer: Any,
-    rows: list[dict[str, Any]],
-    *,
-    reward_func: str | RewardFunc = "chain_accuracy",
-    num_samples: int = 4,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_new_tokens: int = 64,
-    backend: GenerationBackend | None = None,
-    seed: int = 0,
-    forced_reasoning: bool = True,
-    batch_size: int = 64,
-    max_prompt_length: int | None = 512,
-    long_prompts: LongPrompts = "truncate",
-    reflection_phrases: list[str] | tuple[str, ...] = REFLECTION_PHRASES,
-    backtrack_phrases: list[str] | tuple[str, ...] = BACKTRACK_PHRASES,
-    return_rows: bool = False,
-    general_sources: Sequence[str] = (),
-    rm_reward: str | RewardFunc | None = None,
-    rule_reward: str | RewardFunc | None = None,
-) -> dict[str, Any]:
-    """Evaluate ``model`` on prompt rows ``{id, prompt, answer, ...}``; see the module docstring.
+def evaluate(config: EvalConfig, model: str | Path | torch.nn.Module, rows: list[dict[str, Any]], *,
+             tokenizer: Any = None, backend: GenerationBackend | None = None, return_rows: bool = False,
+             reward_func: RewardFunc | None = None) -> dict[str, Any]:
+    """Evaluate ``model`` on prompt rows ``{id, prompt, answer, ...}`` (the first ``config.max_rows`` of each
+    source) as ``config`` says; see the module docstring.
 
-    ``model`` is a path or a loaded causal LM; ``backend`` defaults to transformers sampling with it.
-    With ``return_rows`` the result has ``rows``: per-row completions and verdicts. Rows of ``general_sources``
-    are measured apart (``evaluate_general``); every metric is also given per source, ``eval/{source}/...``.
+    ``model`` is a path or a loaded causal LM; ``backend`` defaults to transformers sampling with it;
+    ``reward_func``, a callable, replaces ``config.reward_func`` (a notebook's own reward). With ``return_rows``
+    the result has ``rows``: per-row completions and verdicts. Rows of ``config.general_sources`` are measured
+    apart (``evaluate_general``); every metric is then also given per source, ``eval/{source}/...``.
     """
     if not rows:
         raise ValueError("evaluate got no rows; the held-out set is empty")
-    if general_sources:
-        return _evaluate_mixture(model, tokenizer, rows, backend=backend, general_sources=general_sources,
-                                 rm_reward=rm_reward, rule_reward=rule_reward, return_rows=return_rows,
-                                 reward_func=reward_func, num_samples=num_samples, temperature=temperature,
-                                 top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
-                                 forced_reasoning=forced_reasoning, batch_size=batch_size,
-                                 max_prompt_length=max_prompt_length, long_prompts=long_prompts)
+    if config.max_rows:
+        rows = first_rows_per_source(rows, config.max_rows)
+    general = set(config.general_sources)
+    if general and config.rm_reward is None and config.rule_reward is None:
+        raise ValueError("general_sources are set but neither rm_reward nor rule_reward: give at least one to "
+                         "measure the general rows by")
+    module, tokenizer, backend = _open(model, tokenizer, backend, need_module=bool(general) or config.forced_reasoning)
+    reward = reward_func or config.reward_func
+    if not general:
+        return evaluate_verifiable(config, module, tokenizer, backend, rows, reward, return_rows)
+    metrics: dict[str, Any] = {}
+    out_rows: list[dict[str, Any]] = []
+    if verifiable := [r for r in rows if r.get("source") not in general]:
+        metrics = evaluate_verifiable(config, module, tokenizer, backend, verifiable, reward, True)
+        out_rows = metrics.pop("rows")
+        for source in sorted({str(r["source"]) for r in out_rows}):
+            mine = [r for r in out_rows if str(r["source"]) == source]
+            metrics[f"eval/{source}/accuracy"] = _mean([r["correct"] for r in mine])
+            metrics[f"eval/{source}/format_rate"] = _mean([r["format"] for r in mine])
+    if general_rows := [r for r in rows if r.get("source") in general]:
+        g_metrics, g_rows = evaluate_general(backend, tokenizer, general_rows, config)
+        metrics.update(g_metrics)
+        out_rows += g_rows
+    if return_rows:
+        metrics["rows"] = out_rows
+    return metrics
+
+
+def _open(model: str | Path | torch.nn.Module, tokenizer: Any, backend: GenerationBackend | None, *,
+          need_module: bool) -> tuple[torch.nn.Module | None, Any, GenerationBackend]:
+    """``(module, tokenizer, backend)``: the model loaded where it is needed (the transformers sampler, the
+    forced-reasoning pass), the tokenizer from ``model``'s folder when not given, transformers sampling by default."""
     path = None if isinstance(model, torch.nn.Module) else Path(model)
     if tokenizer is None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
-    if isinstance(model, torch.nn.Module):
-        module = model
-    elif backend is None or forced_reasoning:
+    module = model if isinstance(model, torch.nn.Module) else None
+    if module is None and (backend is None or need_module):
         from transformers import AutoModelForCausalLM
 
         module = AutoModelForCausalLM.from_pretrained(path)
-    else:
-        module = None
     if backend is None:
         backend = make_backend("hf", str(path) if path else "", model=module, tokenizer=tokenizer)
-    fn, name = resolve_reward(reward_func)
+    return module, tokenizer, backend
+
+
+def evaluate_verifiable(config: EvalConfig, module: torch.nn.Module | None, tokenizer: Any,
+                        backend: GenerationBackend, rows: list[dict[str, Any]], reward: str | RewardFunc,
+                        return_rows: bool) -> dict[str, Any]:
+    """The metrics of rows with a verifiable answer: greedy, sampled (pass@1, emergence features), forced
+    reasoning; ``rows`` (per-row verdicts) with ``return_rows``."""
+    s = config.sampling
+    fn, name = resolve_reward(reward)
     format_fn = get_reward_funcs(["format"])[0]
-    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], max_prompt_length, long_prompts)
+    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], s.max_prompt_length, s.long_prompts)
     if not encoded.kept:
-        raise all_dropped_error("evaluate", len(rows), max_prompt_length)
+        raise all_dropped_error("evaluate", len(rows), s.max_prompt_length)
     row_ids = [str(rows[i].get("id", i)) for i in encoded.kept]  # seeds keep the row's original index
     rows, prompt_ids = [rows[i] for i in encoded.kept], encoded.ids
 
-    greedy = _generate(backend, prompt_ids, n=1, max_tokens=max_new_tokens, greedy=True, batch=batch_size)
-    greedy_scores = score_completions([fn, format_fn], [name, "format"], rows, greedy, 1, max_new_tokens)  # [N, 2]
+    greedy = _generate(backend, prompt_ids, n=1, max_tokens=s.max_completion_length, greedy=True, batch=s.batch_size)
+    greedy_scores = score_completions([fn, format_fn], [name, "format"], rows, greedy, 1,
+                                      s.max_completion_length)  # [N, 2]
     greedy_ok, formatted = passes(greedy_scores[:, 0]), passes(greedy_scores[:, 1])
     texts = [g.text for g in greedy]
     metrics: dict[str, Any] = {
@@ -140,28 +154,29 @@ def evaluate(
     }
     sampled_ok: list[bool] = []
     population, population_ok = greedy, greedy_ok  # what the emergence features describe
-    if num_samples > 0:
-        seeds = [sample_seed(seed, row_id, j) for row_id in row_ids for j in range(num_samples)]
-        sampled = _generate(backend, prompt_ids, n=num_samples, max_tokens=max_new_tokens, greedy=False,
-                            batch=max(1, batch_size // num_samples), temperature=temperature, top_p=top_p, seeds=seeds)
-        sampled_ok = passes(score_completions([fn], [name], rows, sampled, num_samples, max_new_tokens)[:, 0])
+    if s.num_generations > 0:
+        seeds = [sample_seed(config.seed, row_id, j) for row_id in row_ids for j in range(s.num_generations)]
+        sampled = sample(backend, prompt_ids, s, seeds)
+        sampled_ok = passes(score_completions([fn], [name], rows, sampled, s.num_generations,
+                                              s.max_completion_length)[:, 0])
         metrics["eval/pass@1"] = _mean(sampled_ok)
-        metrics["eval/mean_length_sampled"] = _mean([completion_length(s) for s in sampled])
+        metrics["eval/mean_length_sampled"] = _mean([completion_length(r) for r in sampled])
         population, population_ok = sampled, sampled_ok
     features = emergence_metrics([r.text for r in population], correct=population_ok,
-                                 reflection_phrases=reflection_phrases, backtrack_phrases=backtrack_phrases)
+                                 reflection_phrases=config.emergence.reflection_phrases,
+                                 backtrack_phrases=config.emergence.backtrack_phrases)
     metrics.update({f"eval/{k}": v for k, v in features.items() if k != "mean_length"})  # length: above
     forced_texts, forced_ok = texts, greedy_ok
-    if forced_reasoning:
-        forced = force_reasoning(module, tokenizer, backend, prompt_ids, greedy, max_new_tokens, batch_size)
+    if config.forced_reasoning:
+        forced = force_reasoning(module, tokenizer, backend, prompt_ids, greedy, s.max_completion_length, s.batch_size)
         if forced is None:
             metrics["eval/accuracy_forced_reasoning"] = math.nan
         else:
             forced_texts = [f.text for f in forced]
-            forced_ok = passes(score_completions([fn], [name], rows, forced, 1, max_new_tokens)[:, 0])
+            forced_ok = passes(score_completions([fn], [name], rows, forced, 1, s.max_completion_length)[:, 0])
             metrics["eval/accuracy_forced_reasoning"] = _mean(forced_ok)
     if return_rows:
-        k = max(num_samples, 1)
+        k = max(s.num_generations, 1)
         metrics["rows"] = [
             {"id": r.get("id"), "source": r.get("source"), "answer": r.get("answer"), "greedy": texts[i],
              "correct": greedy_ok[i],
@@ -172,70 +187,27 @@ def evaluate(
     return metrics
 
 
-def _evaluate_mixture(model: str | Path | torch.nn.Module, tokenizer: Any, rows: list[dict[str, Any]], *,
-                      backend: GenerationBackend | None, general_sources: Sequence[str],
-                      rm_reward: str | RewardFunc | None, rule_reward: str | RewardFunc | None, return_rows: bool,
-                      **kwargs: Any) -> dict[str, Any]:
-    """Verifiable rows through ``evaluate``, general rows through ``evaluate_general``, one model and backend;
-    the verifiable metrics keep their names (``eval/accuracy``) and every metric is also given per source."""
-    if rm_reward is None and rule_reward is None:
-        raise ValueError("general_sources are set but neither rm_reward nor rule_reward: give at least one to "
-                         "measure the general rows by")
-    if tokenizer is None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(Path(model))
-    if not isinstance(model, torch.nn.Module):
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(Path(model))
-    if backend is None:
-        backend = make_backend("hf", "", model=model, tokenizer=tokenizer)
-    general = [r for r in rows if r.get("source") in general_sources]
-    verifiable = [r for r in rows if r.get("source") not in general_sources]
-    metrics: dict[str, Any] = {}
-    out_rows: list[dict[str, Any]] = []
-    if verifiable:
-        metrics = evaluate(model, tokenizer, verifiable, backend=backend, return_rows=True, **kwargs)
-        out_rows = metrics.pop("rows")
-        for source in sorted({str(r["source"]) for r in out_rows}):
-            mine = [r for r in out_rows if str(r["source"]) == source]
-            metrics[f"eval/{source}/accuracy"] = _mean([r["correct"] for r in mine])
-            metrics[f"eval/{source}/format_rate"] = _mean([r["format"] for r in mine])
-    if general:
-        g_metrics, g_rows = evaluate_general(
-            backend, tokenizer, general, rm_reward=rm_reward, rule_reward=rule_reward,
-            max_new_tokens=kwargs["max_new_tokens"], batch_size=kwargs["batch_size"],
-            max_prompt_length=kwargs["max_prompt_length"], long_prompts=kwargs["long_prompts"])
-        metrics.update(g_metrics)
-        out_rows += g_rows
-    if return_rows:
-        metrics["rows"] = out_rows
-    return metrics
-
-
-def evaluate_general(backend: GenerationBackend, tokenizer: Any, rows: list[dict[str, Any]], *,
-                     rm_reward: str | RewardFunc | None, rule_reward: str | RewardFunc | None, max_new_tokens: int,
-                     batch_size: int, max_prompt_length: int | None, long_prompts: LongPrompts = "truncate"
+def evaluate_general(backend: GenerationBackend, tokenizer: Any, rows: list[dict[str, Any]], config: EvalConfig
                      ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Greedy completions of general rows measured two ways: ``eval/rm_score``, the reward model's mean score,
     and ``eval/preferred_rate``, the share the preference rule passes (a reward model that is hacked shows as a
     gap between the two); both also per source. NaN scores (the reward failed or does not apply) are left out
     of the mean and counted in ``eval/rm_unscored``."""
-    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], max_prompt_length, long_prompts)
+    s = config.sampling
+    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], s.max_prompt_length, s.long_prompts)
     if not encoded.kept:
-        raise all_dropped_error("evaluate", len(rows), max_prompt_length)
+        raise all_dropped_error("evaluate", len(rows), s.max_prompt_length)
     rows = [rows[i] for i in encoded.kept]
-    greedy = _generate(backend, encoded.ids, n=1, max_tokens=max_new_tokens, greedy=True, batch=batch_size)
+    greedy = _generate(backend, encoded.ids, n=1, max_tokens=s.max_completion_length, greedy=True, batch=s.batch_size)
     sources = [str(r.get("source")) for r in rows]
     metrics: dict[str, Any] = {"eval/general_num_rows": len(rows), "eval/general_mean_length":
                                _mean([completion_length(g) for g in greedy])}
     out = [{"id": r.get("id"), "source": s, "greedy": g.text} for r, s, g in zip(rows, sources, greedy)]
-    for key, reward, verdict in (("rm_score", rm_reward, False), ("preferred_rate", rule_reward, True)):
+    for key, reward, verdict in (("rm_score", config.rm_reward, False), ("preferred_rate", config.rule_reward, True)):
         if reward is None:
             continue
         fn, name = resolve_reward(reward)
-        scores = score_completions([fn], [name], rows, greedy, 1, max_new_tokens)[:, 0]  # [N]
+        scores = score_completions([fn], [name], rows, greedy, 1, s.max_completion_length)[:, 0]  # [N]
         values = passes(scores) if verdict else scores.tolist()
         scored = [(s, v) for s, v, x in zip(sources, values, scores.tolist()) if not math.isnan(x)]
         if not verdict:
@@ -258,22 +230,6 @@ def first_rows_per_source(rows: list[dict[str, Any]], max_rows: int) -> list[dic
             counts[source] = counts.get(source, 0) + 1
             out.append(row)
     return out
-
-
-def evaluate_with_config(config: EvalConfig, model: str | Path | torch.nn.Module, rows: list[dict[str, Any]], *,
-                         tokenizer: Any = None, backend: GenerationBackend | None = None,
-                         return_rows: bool = False) -> dict[str, Any]:
-    """``evaluate`` with the fields of an EvalConfig (the evaluate stage's entry point)."""
-    if config.max_rows:
-        rows = first_rows_per_source(rows, config.max_rows)
-    return evaluate(model, tokenizer, rows, reward_func=config.reward_func, num_samples=config.num_samples,
-                    temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
-                    backend=backend, seed=config.seed, forced_reasoning=config.forced_reasoning,
-                    batch_size=config.batch_size, max_prompt_length=config.max_prompt_length,
-                    long_prompts=config.long_prompts, reflection_phrases=config.emergence.reflection_phrases,
-                    backtrack_phrases=config.emergence.backtrack_phrases, return_rows=return_rows,
-                    general_sources=config.general_sources, rm_reward=config.rm_reward,
-                    rule_reward=config.rule_reward)
 
 
 def force_reasoning(model: torch.nn.Module | None, tokenizer: Any, backend: GenerationBackend,
@@ -323,9 +279,19 @@ def _single_token_id(tokenizer: Any, text: str) -> int | None:
     return ids[0] if len(ids) == 1 else None
 
 
+def sample(backend: GenerationBackend, prompt_ids: list[list[int]], sampling: BatchedSampling, seeds: list[int]
+           ) -> list[Rollout]:
+    """``sampling.num_generations`` seeded samples per prompt with ``sampling``'s temperature, top-p/k and
+    length, ``sampling.batch_size`` sequences per transformers call (evaluation, rejection sampling, a teacher)."""
+    n = sampling.num_generations
+    return _generate(backend, prompt_ids, n=n, max_tokens=sampling.max_completion_length, greedy=False,
+                     batch=max(1, sampling.batch_size // n),
+                     temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, seeds=seeds)
+
+
 def _generate(backend: GenerationBackend, prompt_ids: list[list[int]], *, n: int, max_tokens: int, greedy: bool,
-              batch: int, temperature: float = 1.0, top_p: float = 1.0, seeds: list[int] | None = None
-              ) -> list[Rollout]:
+              batch: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+              seeds: list[int] | None = None) -> list[Rollout]:
     """``n`` rollouts per prompt, ``batch`` prompts per ``generate`` call, or all of them in one call when the
     backend schedules its own batches (vLLM's continuous batching: ``batches_itself``); the transformers
     sampler's memory grows with its batch, so it keeps ``batch``. Seeds are per completion, so the results
@@ -336,7 +302,7 @@ def _generate(backend: GenerationBackend, prompt_ids: list[list[int]], *, n: int
     for start in range(0, len(prompt_ids), batch):
         chunk = prompt_ids[start: start + batch]
         chunk_seeds = seeds[start * n: (start + len(chunk)) * n] if seeds is not None else [0] * (len(chunk) * n)
-        out += backend.generate(chunk, n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=0,
+        out += backend.generate(chunk, n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                 seeds=chunk_seeds, greedy=greedy, logprobs=False)
     return out
 

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import torch
 
+from grpo_core.config import GRPOSampling, SamplingConfig
 from grpo_core.generation.base import GenerationBackend, Rollout, merge_eos_ids, release_memory, resolve_seeds
 
 logger = logging.getLogger(__name__)
@@ -35,24 +36,26 @@ def backend_kind(use_vllm: bool | None) -> Literal["hf", "vllm"]:
     return "vllm" if use_vllm else "hf"
 
 
-def backend_options(config: Any, kind: str, device: torch.device, model_config: Any = None) -> dict[str, Any]:
-    """``make_backend`` keyword arguments for ``kind`` ("hf" or "vllm", see ``backend_kind``) from a
-    ``GRPOConfig`` (``model_config``: the policy's transformers config, whose ``max_position_embeddings``
-    caps vLLM's context). The trainer and rejection sampling both build their backend with this."""
+def backend_options(sampling: SamplingConfig, kind: str, device: torch.device, *, seed: int, bf16: bool = False,
+                    model_config: Any = None) -> dict[str, Any]:
+    """``make_backend`` keyword arguments for ``kind`` ("hf" or "vllm", see ``backend_kind``) from a section's
+    ``sampling`` and its ``seed`` / ``bf16`` (``model_config``: the policy's transformers config, whose
+    ``max_position_embeddings`` caps vLLM's context). Every sampler (trainer, evaluation, rejection sampling,
+    teacher) builds its backend with this."""
     if kind == "hf":
-        return {"autocast_dtype": torch.bfloat16 if config.bf16 and device.type == "cuda" else None}
-    max_model_len = config.max_prompt_length + config.max_completion_length
+        return {"autocast_dtype": torch.bfloat16 if bf16 and device.type == "cuda" else None}
+    max_model_len = sampling.max_prompt_length + sampling.max_completion_length
     positions = getattr(model_config, "max_position_embeddings", None)
     if positions and max_model_len > positions:  # vLLM refuses a longer context than the model has positions for
         logger.info("vLLM max_model_len %d capped at the model's max_position_embeddings %d", max_model_len, positions)
         max_model_len = positions
     return {
         "max_model_len": max_model_len,
-        "gpu_memory_utilization": config.vllm_gpu_memory_utilization,
-        "tensor_parallel_size": config.vllm_tensor_parallel_size,
-        "kv_cache_memory_bytes": config.vllm_kv_cache_memory_bytes,
-        "seed": config.seed,
-        "enable_sleep_mode": getattr(config, "vllm_enable_sleep_mode", False),
+        "gpu_memory_utilization": sampling.vllm_gpu_memory_utilization,
+        "tensor_parallel_size": sampling.vllm_tensor_parallel_size,
+        "kv_cache_memory_bytes": sampling.vllm_kv_cache_memory_bytes,
+        "seed": seed,
+        "enable_sleep_mode": isinstance(sampling, GRPOSampling) and sampling.vllm_enable_sleep_mode,
     }
 
 

@@ -39,7 +39,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
-from grpo_core.config import needs_reference
+from pydantic import BaseModel
+
+from grpo_core.config import EvalConfig, GRPOSampling, RejectionSamplingConfig, SamplingConfig, needs_reference
 from grpo_core.plan.scorers import Scorer, ScorerLoad, place_scorers
 from grpo_core.plan.shapes import KNOWN_SHAPES, ModelShape, resolve_model_shape  # noqa: F401 (re-exported)
 
@@ -193,8 +195,8 @@ def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Har
     rl = kind == "rl"
     state = model_state_bytes(shape, strategy, hw.gpus, device=hw.device, bf16=config.bf16,
                               reference=rl and needs_reference(config), offload=config.fsdp_cpu_offload)
-    seq = config.max_prompt_length + config.max_completion_length if rl else config.max_length
-    rows = config.per_device_train_batch_size * (config.max_completion_length if rl else config.max_length)
+    seq = config.sampling.max_prompt_length + config.sampling.max_completion_length if rl else config.max_length
+    rows = config.per_device_train_batch_size * (config.sampling.max_completion_length if rl else config.max_length)
     components = {
         **state,
         "activations": activation_bytes(shape, config.per_device_train_batch_size, seq, bf16=config.bf16,
@@ -204,7 +206,8 @@ def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Har
     problems: list[str] = []
     generation, asleep = 0, False
     if rl:
-        generation, problems, asleep = _generation_bytes(config, shape, hw, strategy)
+        generation, problems, asleep = _generation_bytes(config.sampling, config.generation_batch_size, config.bf16,
+                                                         shape, hw, strategy)
         components["generation" + (" (asleep)" if asleep else "")] = 0 if asleep else generation
     overhead = CUDA_CONTEXT_BYTES if hw.device == "cuda" else 0
     components["cuda context"] = overhead
@@ -247,43 +250,47 @@ def _elsewhere(loads: dict[int, ScorerLoad], other: Any) -> dict[str, int]:
             for i, load in sorted(loads.items()) if other(i)}
 
 
-def _generation_bytes(config: Any, shape: ModelShape, hw: Hardware, strategy: str) -> tuple[int, list[str], bool]:
-    """(bytes of the generation backend, problems, whether the engine sleeps while the trainer runs)."""
+def _generation_bytes(sampling: SamplingConfig, batch: int, bf16: bool, shape: ModelShape, hw: Hardware,
+                      strategy: str) -> tuple[int, list[str], bool]:
+    """(bytes of the generation backend, problems, whether the engine sleeps while the trainer runs); ``batch``:
+    the sequences the transformers sampler decodes at once."""
     from grpo_core.generation import backend_kind
 
-    max_model_len = min(config.max_prompt_length + config.max_completion_length, shape.max_position_embeddings)
-    if backend_kind(config.use_vllm) == "vllm":
-        tp = config.vllm_tensor_parallel_size
+    max_model_len = min(sampling.max_prompt_length + sampling.max_completion_length, shape.max_position_embeddings)
+    if backend_kind(sampling.use_vllm) == "vllm":
+        tp = sampling.vllm_tensor_parallel_size
         share, cache = vllm_bytes(shape, device=hw.device, gpu_memory=hw.gpu_memory,
-                                  utilization=config.vllm_gpu_memory_utilization,
-                                  kv_cache_bytes=config.vllm_kv_cache_memory_bytes, tensor_parallel_size=tp,
+                                  utilization=sampling.vllm_gpu_memory_utilization,
+                                  kv_cache_bytes=sampling.vllm_kv_cache_memory_bytes, tensor_parallel_size=tp,
                                   max_model_len=max_model_len)
         per_seq = max_model_len * shape.kv_bytes_per_token * (1 if hw.device == "cuda" else 2) // tp
         problems = []
         if cache < per_seq:
             problems.append(f"vLLM's KV cache ({max(cache, 0) / GiB:.2f} GiB) cannot hold one {max_model_len}-token "
-                            f"sequence ({per_seq / GiB:.2f} GiB): raise vllm_gpu_memory_utilization or "
-                            "vllm_tensor_parallel_size")
-        asleep = hw.device == "cuda" and getattr(config, "vllm_enable_sleep_mode", False)
+                            f"sequence ({per_seq / GiB:.2f} GiB): raise sampling.vllm_gpu_memory_utilization or "
+                            "sampling.vllm_tensor_parallel_size")
+        asleep = hw.device == "cuda" and isinstance(sampling, GRPOSampling) and sampling.vllm_enable_sleep_mode
         return share, problems, asleep
     # transformers: the KV cache of this rank's share of the step's completions (fp32 on CPU)
-    per_rank = -(-config.generation_batch_size // hw.gpus)
-    elem = 2 if config.bf16 and hw.device == "cuda" else 4
+    per_rank = -(-batch // hw.gpus)
+    elem = 2 if bf16 and hw.device == "cuda" else 4
     cache = per_rank * max_model_len * shape.kv_bytes_per_token // 2 * elem
     replica = 4 * shape.num_params if strategy == "fsdp" else 0  # ReplicaBackend: a full copy decodes alone
     return cache + replica, [], False
 
 
-def plan_sampling(stage: str, grpo: Any, shape: ModelShape, hw: Hardware, scorers: Sequence[Scorer] = ()) -> StagePlan:
+def plan_sampling(stage: str, section: EvalConfig | RejectionSamplingConfig, shape: ModelShape, hw: Hardware,
+                  scorers: Sequence[Scorer] = ()) -> StagePlan:
     """A sampling stage (rejection sampling, evaluation) in one process on GPU 0: the generation backend, sized
-    by ``grpo`` (the RL section whose backend settings it uses, with this stage's prompt and completion lengths),
-    and its ``scorers`` one at a time, on GPU 0 or on the GPU they load onto (the last of ``hw.gpus``)."""
+    by ``section.sampling`` (its own backend settings, lengths and batch), and its ``scorers`` one at a time, on
+    GPU 0 or on the GPU they load onto (the last of ``hw.gpus``)."""
     from grpo_core.generation import backend_kind
 
     one = dataclasses.replace(hw, gpus=1)
-    generation, problems, _ = _generation_bytes(grpo, shape, one, "single")
+    s = section.sampling
+    generation, problems, _ = _generation_bytes(s, s.batch_size, section.bf16, shape, one, "single")
     components = {"generation": generation}
-    if backend_kind(grpo.use_vllm) == "hf":
+    if backend_kind(s.use_vllm) == "hf":
         components["weights"] = 4 * shape.num_params
     components["cuda context"] = CUDA_CONTEXT_BYTES if hw.device == "cuda" else 0
     loads = place_scorers(scorers, 1, hw.gpus, resident=False, on_cpu=hw.device == "cpu")
@@ -312,9 +319,9 @@ def plan_stage(stage: str, kind: str, config: Any, shape: ModelShape, hw: Hardwa
         return result
     found, tried = [], {}
     for options in _candidate_updates(kind, config, hw):  # per setting: its first value that fits
-        if "vllm_gpu_memory_utilization" not in options[-1]:  # no best extreme to combine
+        if "sampling.vllm_gpu_memory_utilization" not in options[-1]:  # no best extreme to combine
             tried.update(options[-1])
-        fitting = next((u for u in options if plan(config.model_copy(update=u), hw).fits), None)
+        fitting = next((u for u in options if plan(_updated(config, u), hw).fits), None)
         if fitting is not None:
             found.append(_label(fitting))
     if kind != "sampling" and "distributed_strategy: fsdp" not in found:  # more GPUs, sharded over them
@@ -323,7 +330,7 @@ def plan_stage(stage: str, kind: str, config: Any, shape: ModelShape, hw: Hardwa
             if plan(config.model_copy(update=fsdp), dataclasses.replace(hw, gpus=n)).fits:
                 found.append(f"{n} GPUs" + (" with distributed_strategy: fsdp" if fsdp else ""))
                 break
-    if not found and tried and plan(config.model_copy(update=tried), hw).fits:  # all of them together
+    if not found and tried and plan(_updated(config, tried), hw).fits:  # all of them together
         found.append("together: " + _label(tried))
     if kind == "rl" and hw.gpus > 1 and any(sc.device is None for sc in scorers):  # every rank's copies on one GPU
         own = [dataclasses.replace(sc, device="cuda" if sc.device is None else sc.device) for sc in scorers]
@@ -352,16 +359,26 @@ def _candidate_updates(kind: str, config: Any, hw: Hardware) -> list[list[dict[s
             bs //= 2
         if sizes:
             out.append(sizes)
-    if kind != "sft" and getattr(config, "use_vllm", None) is not False:
-        if hw.device == "cuda" and kind == "rl" and not getattr(config, "vllm_enable_sleep_mode", False):
-            out.append([{"vllm_enable_sleep_mode": True}])
-        if config.vllm_kv_cache_memory_bytes is None:
-            util = config.vllm_gpu_memory_utilization
+    s = config.sampling if kind != "sft" else None
+    if s is not None and s.use_vllm is not False:
+        if hw.device == "cuda" and isinstance(s, GRPOSampling) and not s.vllm_enable_sleep_mode:
+            out.append([{"sampling.vllm_enable_sleep_mode": True}])
+        if s.vllm_kv_cache_memory_bytes is None:
+            util = s.vllm_gpu_memory_utilization
             values = sorted((round(x * 0.05, 2) for x in range(1, 20)), key=lambda u: (abs(u - util), u))
-            out.append([{"vllm_gpu_memory_utilization": u} for u in values if abs(u - util) > 1e-9])
-        if config.vllm_tensor_parallel_size < hw.gpus:
-            out.append([{"vllm_tensor_parallel_size": hw.gpus}])
+            out.append([{"sampling.vllm_gpu_memory_utilization": u} for u in values if abs(u - util) > 1e-9])
+        if s.vllm_tensor_parallel_size < hw.gpus:
+            out.append([{"sampling.vllm_tensor_parallel_size": hw.gpus}])
     return out
+
+
+def _updated(config: BaseModel, update: dict[str, Any]) -> Any:
+    """``config`` with ``update`` applied; a ``sampling.X`` key sets ``X`` of its ``sampling`` section."""
+    nested = {k.split(".", 1)[1]: v for k, v in update.items() if k.startswith("sampling.")}
+    top = {k: v for k, v in update.items() if not k.startswith("sampling.")}
+    if nested:
+        top["sampling"] = config.sampling.model_copy(update=nested)  # type: ignore[attr-defined]
+    return config.model_copy(update=top)
 
 
 def _label(update: dict[str, Any]) -> str:

@@ -77,14 +77,14 @@ def drop_long_prompts(tokenizer: Any, rows: list[dict[str, Any]], config: GRPOCo
                       ) -> tuple[list[dict[str, Any]], int]:
     """``(rows, num_dropped)``: under ``long_prompts: drop`` the rows whose prompt is longer than
     ``max_prompt_length`` removed (the same for every rank and every restart); else ``rows`` as given."""
-    if config.long_prompts != "drop":
+    if config.sampling.long_prompts != "drop":
         return rows, 0
-    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], config.max_prompt_length, "drop")
+    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], config.sampling.max_prompt_length, "drop")
     if not encoded.kept:
-        raise all_dropped_error("train_grpo", len(rows), config.max_prompt_length)
+        raise all_dropped_error("train_grpo", len(rows), config.sampling.max_prompt_length)
     if encoded.num_dropped:
         logger.warning("dropped %d of %d training prompts longer than max_prompt_length (%d tokens)",
-                       encoded.num_dropped, len(rows), config.max_prompt_length)
+                       encoded.num_dropped, len(rows), config.sampling.max_prompt_length)
     return [rows[i] for i in encoded.kept], encoded.num_dropped
 
 
@@ -123,8 +123,9 @@ def make_sampler(config: GRPOConfig, ctx: DistContext, model: torch.nn.Module, t
                  model_path: str | Path, start_path: str | Path) -> tuple[GenerationBackend, bool]:
     """``(backend, sampling_correction)``: the generation backend on the policy's weights (``start_path``: where
     they were loaded from) and whether its log-probs differ from the trainer's (then the loss is corrected)."""
-    kind = backend_kind(config.use_vllm)
-    opts = backend_options(config, kind, ctx.device, model.config)
+    kind = backend_kind(config.sampling.use_vllm)
+    opts = backend_options(config.sampling, kind, ctx.device, seed=config.seed, bf16=config.bf16,
+                           model_config=model.config)
     if config.async_rollouts:  # the sampler in its own process (trainer/async_rollouts.py)
         from grpo_core.generation.process import ProcessBackend
 

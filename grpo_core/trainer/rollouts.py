@@ -84,16 +84,16 @@ def generate_groups(
 def group_request(tokenizer: Any, mixture: Mixture, position: int, num_prompts: int, step: int, config: GRPOConfig,
                   ctx: DistContext) -> tuple[list[list[int]], dict[str, Any], list[bool]]:
     """``(prompt_ids, generate keywords, truncated)`` of this rank's share of the groups at ``position``."""
-    G = config.num_generations
+    G = config.sampling.num_generations
     positions = list(range(position, position + num_prompts))
     rows = [mixture.rows[i] for i in mixture.rows_at(position, num_prompts)]
     local_positions, local_rows = shard(positions, ctx), shard(rows, ctx)
     # under long_prompts "drop" train_grpo removed the over-long rows before the stream was built (a prompt
     # skipped here would leave the step a group short), so here the policy can only truncate
-    encoded = encode_prompts(tokenizer, [row["prompt"] for row in local_rows], config.max_prompt_length, "truncate")
+    encoded = encode_prompts(tokenizer, [row["prompt"] for row in local_rows], config.sampling.max_prompt_length, "truncate")
     seeds = [derive_seed(config.seed, step, p, j) for p in local_positions for j in range(G)]
-    kwargs = dict(n=G, max_tokens=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
-                  top_k=config.top_k, seeds=seeds)
+    kwargs = dict(n=G, max_tokens=config.sampling.max_completion_length, temperature=config.sampling.temperature, top_p=config.sampling.top_p,
+                  top_k=config.sampling.top_k, seeds=seeds)
     return encoded.ids, kwargs, encoded.truncated
 
 
@@ -101,13 +101,13 @@ def score_groups(rollouts: list[Rollout], truncated: list[bool], mixture: Mixtur
                  config: GRPOConfig, ctx: DistContext, timings: dict[str, float]) -> ScoredGroups:
     """Score this rank's rollouts of the groups at ``position`` (each row by its source's reward functions) and
     gather every rank's groups."""
-    G = config.num_generations
+    G = config.sampling.num_generations
     positions = list(range(position, position + num_prompts))
     rows = [mixture.rows[i] for i in mixture.rows_at(position, num_prompts)]
     local_rows = shard(rows, ctx)
     start = time.perf_counter()
     rewards = score_completions(mixture.funcs, mixture.reward_names, local_rows, rollouts, G,
-                                config.max_completion_length, mixture.routes(local_rows) if mixture.mixed else None)
+                                config.sampling.max_completion_length, mixture.routes(local_rows) if mixture.mixed else None)
     timings["time/reward"] = timings.get("time/reward", 0.0) + time.perf_counter() - start
     gathered = gather_objects([(rollouts, rewards, truncated)], ctx)
     all_rollouts = [r for part, _, _ in gathered for r in part]
@@ -133,7 +133,7 @@ def collect_step_groups(
     ``combine(groups)`` gives their completions' combined rewards ``[P*G]``; ``first``: the first round's
     groups when already generated (asynchronous rollouts: their stream positions were taken when they were
     submitted, so ``position``, the next free one, is not advanced for them)."""
-    P, G = config.prompts_per_step, config.num_generations
+    P, G = config.prompts_per_step, config.sampling.num_generations
     if first is None:
         first = generate(position, P)
         position += P

@@ -97,7 +97,7 @@ class GRPOSteps:
 
     def _combine(self, groups: ScoredGroups) -> torch.Tensor:
         """``[P*G]`` each completion's rewards combined with its own source's weights."""
-        return combine_rewards(groups.rewards_per_func, self.mixture.row_weights(groups.rows, self.config.num_generations))
+        return combine_rewards(groups.rewards_per_func, self.mixture.row_weights(groups.rows, self.config.sampling.num_generations))
 
     def score(self, rollouts: StepRollouts) -> StepRewards:
         """The combined rewards of every generated completion and of those trained on."""
@@ -106,7 +106,7 @@ class GRPOSteps:
     def advantages(self, rollouts: StepRollouts, rewards: StepRewards) -> tuple[torch.Tensor, dict[str, float]]:
         """``(advantages [N], group metrics)``: group-relative advantages of the trained completions (one std per
         source under ``scale_rewards: batch`` with a mixture); the metrics are over every generated group."""
-        G = self.config.num_generations
+        G = self.config.sampling.num_generations
         _, group_metrics = compute_group_advantages(rewards.generated, G, self.config.scale_rewards)
         if self.mixture.mixed and self.config.scale_rewards == "batch":  # one std per source, not one over the mix
             centred, _ = compute_group_advantages(rewards.train, G, "none")
@@ -137,7 +137,7 @@ class GRPOSteps:
             update_metrics: dict[str, float], timings: dict[str, float], start: float) -> dict[str, Any]:
         """The step's metrics row (``start``: when the step began): rewards, completions, the update, timings."""
         end = time.perf_counter()
-        config, generated, G = self.config, rollouts.generated, self.config.num_generations
+        config, generated, G = self.config, rollouts.generated, self.config.sampling.num_generations
         num_tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in generated.rollouts)
         metrics = {
             **group_metrics,

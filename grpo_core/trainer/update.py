@@ -103,7 +103,7 @@ def _token_logps(
     t = max(1, int(batch.completion_mask[idx].sum(1).max()))
     prompt_ids, prompt_mask = batch.prompt_ids[idx, first:], prompt_mask[:, first:]  # [b, Lp']
     completion_ids, completion_mask = batch.completion_ids[idx, :t], batch.completion_mask[idx, :t]  # [b, T']
-    kwargs = dict(temperature=config.temperature, chunk_size=config.logprob_chunk_size, compute_entropy=compute_entropy)
+    kwargs = dict(temperature=config.sampling.temperature, chunk_size=config.logprob_chunk_size, compute_entropy=compute_entropy)
     shared = None
     if config.share_prompt_forward and prompt_ids.shape[1] and not config.gradient_checkpointing and not is_sharded(model):
         shared = torch.unique(torch.cat([prompt_ids, prompt_mask], 1), dim=0, return_inverse=True)
@@ -211,7 +211,7 @@ def optimise(
                     logps.float(), old, ref, batch.advantages[mb].to(ctx.device), loss_mask,
                     epsilon=config.epsilon, epsilon_high=config.epsilon_high, beta=config.beta,
                     loss_type=config.loss_type, importance_sampling_level=config.importance_sampling_level,
-                    max_completion_length=config.max_completion_length,
+                    max_completion_length=config.sampling.max_completion_length,
                     num_sequences=num_sequences, num_tokens=num_tokens, importance_sampling_ratio=is_weights,
                 )
                 loss.backward()

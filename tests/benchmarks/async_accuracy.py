@@ -5,7 +5,7 @@ For each finished embedded-default run in ``--store`` (``r1 run --seed N --run m
 trained twice from that run's committed cold-start model on its ``prepare_data`` train set, with the run's own
 ``grpo_train`` config (from the stage's manifest): once as committed (synchronous) and once with
 ``async_rollouts: true`` (everything else equal). Each model is then scored on the run's held-out set with the
-run's ``evaluate`` config (``grpo_core.evaluation.heldout.evaluate_with_config``, as the evaluate stage does; without the
+run's ``evaluate`` config (``grpo_core.evaluation.heldout.evaluate``, as the evaluate stage does; without the
 reward model, so ``eval/accuracy`` is the chain task's greedy accuracy). Each training+evaluation runs in a fresh
 child process (``_child.launch``), one after the other.
 
@@ -64,7 +64,7 @@ def run_child(spec: dict[str, Any]) -> None:
     """Train one configuration and evaluate its final model; print ``RESULT {...}``."""
     from grpo_core.config import EvalConfig, GRPOConfig
     from grpo_core.data.rows import read_parquet
-    from grpo_core.evaluation.heldout import evaluate_with_config
+    from grpo_core.evaluation.heldout import evaluate
     from grpo_core.trainer import train_grpo
 
     fields = {**spec["grpo"], "async_rollouts": spec["async"], "report_to": ["jsonl"], "save_steps": 10**6}
@@ -85,8 +85,7 @@ def run_child(spec: dict[str, Any]) -> None:
         train_grpo(config, spec["model_path"], read_parquet(spec["train_path"]), out, resume=False,
                    callbacks=[Recorder()])
         metrics = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-        result = evaluate_with_config(EvalConfig(**spec["evaluate"]), Path(out) / "final",
-                                      read_parquet(spec["eval_path"]))
+        result = evaluate(EvalConfig(**spec["evaluate"]), Path(out) / "final", read_parquet(spec["eval_path"]))
 
     def mean(key: str) -> float | None:
         values = [m[key] for m in metrics if key in m]

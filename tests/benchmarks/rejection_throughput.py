@@ -2,7 +2,7 @@
 """Rejection sampling's throughput against one raw ``LLM.generate`` call on the same engine, prompts and settings.
 
 The embedded default's rejection_sample stage (configs/tiny-cpu.yaml: 1,500 training prompts x 4 samples,
-48 new tokens, temperature 1, chain_accuracy) on vLLM: ``rejection_sample_with_config`` end to end (prompt
+48 new tokens, temperature 1, chain_accuracy) on vLLM: ``rejection_sample`` end to end (prompt
 encoding, generation, scoring, filters) against ``llm.generate(prompts, SamplingParams(n=4, ...))`` on the
 same engine; ``chunked`` is the same stage with the engine marked as not batching itself, so it gets 16
 prompts (64 sequences) per call, as before this benchmark's change. They run interleaved (raw, ours, chunked,
@@ -40,9 +40,9 @@ def main() -> None:
     from transformers import AutoConfig, AutoTokenizer
     from vllm import SamplingParams
 
-    from grpo_core.config import GRPOConfig, RejectionSamplingConfig
+    from grpo_core.config import RejectionSamplingConfig
     from grpo_core.generation import backend_options, make_backend
-    from grpo_core.generation.rejection import rejection_sample_with_config
+    from grpo_core.generation.rejection import rejection_sample
     from grpo_core.data.synthetic import make_chain_splits
     from grpo_core.models.tiny import build_tiny_model
     from grpo_core.trainer.prompts import encode_prompts
@@ -51,15 +51,18 @@ def main() -> None:
     model = Path(args.model) if args.model else build_tiny_model(Path(tempfile.mkdtemp()) / "tiny")  # hidden 128 x 4 x 4
     rows = make_chain_splits(4000, 200, seed=0)[0]  # the embedded default's training prompts
     rs = RejectionSamplingConfig(num_samples=args.samples, max_new_tokens=args.max_new_tokens, max_prompts=args.prompts,
-                                 reward_func="chain_accuracy", max_prompt_length=32)
+                                 reward_func="chain_accuracy", max_prompt_length=32,
+                                 vllm_gpu_memory_utilization=0.3)  # what it measured with (grpo_train's default)
     tokenizer = AutoTokenizer.from_pretrained(model)
-    sizes = GRPOConfig(max_prompt_length=rs.max_prompt_length, max_completion_length=rs.max_new_tokens)
     backend = make_backend("vllm", str(model), tokenizer=tokenizer,
-                           **backend_options(sizes, "vllm", torch.device("cpu"), AutoConfig.from_pretrained(model)))
+                           **backend_options(rs.sampling, "vllm", torch.device("cpu"), seed=rs.seed,
+                                             model_config=AutoConfig.from_pretrained(model)))
 
-    prompt_ids = encode_prompts(tokenizer, [r["prompt"] for r in rows[: args.prompts]], rs.max_prompt_length, "truncate").ids
+    prompt_ids = encode_prompts(tokenizer, [r["prompt"] for r in rows[: args.prompts]], rs.sampling.max_prompt_length,
+                            "truncate").ids
     requests = [{"prompt_token_ids": p} for p in prompt_ids]
-    params = SamplingParams(n=rs.num_samples, temperature=rs.temperature, top_p=rs.top_p, max_tokens=rs.max_new_tokens,
+    s = rs.sampling
+    params = SamplingParams(n=s.num_generations, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_completion_length,
                             stop_token_ids=backend.eos_token_ids, detokenize=False)
 
     def raw() -> tuple[int, int]:
@@ -68,7 +71,7 @@ def main() -> None:
         return len(completions), sum(len(c.token_ids) for c in completions)
 
     def ours() -> tuple[int, int]:
-        kept, stats = rejection_sample_with_config(rs, backend, tokenizer, rows)
+        kept, stats = rejection_sample(rs, backend, tokenizer, rows)
         return stats["rs/num_samples"], -1  # token count is not exposed by the stage; samples are what it reports
 
     def chunked() -> tuple[int, int]:

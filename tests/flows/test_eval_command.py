@@ -93,7 +93,7 @@ def test_r1_eval_refuses_bad_targets_and_options(run_with_model):
         (["eval", str(run_with_model["slice"].parent), "--store", store], "is not a model folder (no config.json there)"),
         (["eval", f"{RUN}/cold_start_sft", "--benchmarks", "math5000", "--store", store], "unknown benchmark 'math5000'"),
         (["eval", f"{RUN}/cold_start_sft", "--benchmarks", "math500", "-n", "2", "--k", "4", "--store", store],
-         "k=4 is outside 1..num_samples"),
+         "k=4 is outside 1..sampling.num_generations"),
     ]
     for args, message in cases:
         result = runner.invoke(app, args)
@@ -115,6 +115,6 @@ def test_r1_eval_on_a_model_folder_writes_results_there(run_with_model, tmp_path
     assert (saved["config"]["temperature"], saved["config"]["top_p"]) == (0.6, 0.95)  # the R1 protocol by default
     assert len((out / "math500.jsonl").read_text().splitlines()) == 2
     assert "eval/math500/pass@1" in result.output
-    assert "evaluation samples with transformers (a model folder with evaluate.use_vllm unset" in result.output
+    assert "evaluation samples with transformers (a model folder with evaluate.sampling.use_vllm unset" in result.output
     nothing = CliRunner().invoke(app, ["eval", str(model)])
     assert nothing.exit_code == 1 and "name benchmarks with --benchmarks" in nothing.output

@@ -36,8 +36,8 @@ def test_stage_with_a_config_records_it_for_the_next_stage(tiny_config, tmp_path
     backends = []
     make = tasks.evaluate.make_eval_backend
 
-    def spy(cfg, model_path, why="evaluate.use_vllm"):
-        backends.append((cfg.use_vllm, why))
+    def spy(cfg, model_path, why="evaluate.sampling.use_vllm"):
+        backends.append((cfg.sampling.use_vllm, why))
         return make(cfg, model_path, why=why)
 
     monkeypatch.setattr(tasks.evaluate, "make_eval_backend", spy)
@@ -50,8 +50,8 @@ def test_stage_with_a_config_records_it_for_the_next_stage(tiny_config, tmp_path
     second = runner.invoke(app, ["stage", "cold_start_sft", "--run", RUN, "--store", str(store)])  # no -c
     assert second.exit_code == 0, second.output
     assert "cold_start_sft: committed" in second.output
-    # evaluate.use_vllm is unset in the config: the SFT model is evaluated with grpo_train's sampler (false)
-    assert backends == [(False, "evaluate.use_vllm unset, so grpo_train.use_vllm")]
+    # evaluate.sampling.use_vllm is unset in the config: the SFT model is evaluated with grpo_train's sampler (false)
+    assert backends == [(False, "evaluate.sampling.use_vllm unset, so grpo_train.sampling.use_vllm")]
 
 
 def test_stage_with_another_config_replaces_the_recorded_one_as_run_does(tiny_config, tmp_path):

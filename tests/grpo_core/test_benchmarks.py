@@ -88,13 +88,13 @@ def test_hub_loading_names_the_dataset_when_offline(monkeypatch):
 def test_config_checks():
     with pytest.raises(ValueError, match="unknown benchmark 'math5000'"):
         EvalConfig(benchmarks=["math5000"])
-    with pytest.raises(ValueError, match="k=8 is outside 1..num_samples"):
+    with pytest.raises(ValueError, match="k=8 is outside 1..sampling.num_generations"):
         EvalConfig(benchmarks=["math500"], num_samples=4, k=[1, 8])
     with pytest.raises(ValueError, match="reference.math500.pass1"):
         EvalConfig(reference={"math500": {"pass1": 97.3}})
     cfg = EvalConfig(benchmarks=["math500", {"benchmark": "x", "path": "x.jsonl"}], num_samples=4,
                      reference={"math500": {"label": "DeepSeek-R1", "pass@1": 97.3}})
-    assert cfg.ks == [4] and (cfg.temperature, cfg.top_p) == (0.6, 0.95)  # R1 protocol defaults
+    assert cfg.ks == [4] and (cfg.sampling.temperature, cfg.sampling.top_p) == (0.6, 0.95)  # R1 protocol defaults
 
 
 class ScriptedBackend:

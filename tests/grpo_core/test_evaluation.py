@@ -9,7 +9,7 @@ import torch
 from transformers import AutoTokenizer
 
 from grpo_core.config import EvalConfig, SFTConfig
-from grpo_core.evaluation.heldout import evaluate, evaluate_with_config, is_direct
+from grpo_core.evaluation.heldout import evaluate, is_direct
 from grpo_core.generation import Rollout
 from grpo_core.rewards import REWARD_FUNCS, format_reward
 from grpo_core.trainer.sft import train_sft
@@ -59,8 +59,8 @@ def test_metrics_by_hand(tiny):
     backend = ScriptedBackend(tok, greedy, sampled)
     from grpo_core.trainer.prompts import encode_prompt
     backend.prompts = [encode_prompt(tok, r["prompt"]) for r in rows]
-    m = evaluate(tiny, tok, rows, num_samples=2, backend=backend, forced_reasoning=False, batch_size=2,
-                 return_rows=True)
+    m = evaluate(EvalConfig(num_samples=2, forced_reasoning=False, batch_size=2), tiny, rows, tokenizer=tok,
+                 backend=backend, return_rows=True)
     assert m["eval/accuracy"] == pytest.approx(1 / 3)
     assert m["eval/pass@1"] == pytest.approx(4 / 6)
     assert m["eval/format_rate"] == pytest.approx(1 / 3)
@@ -76,7 +76,8 @@ def test_metrics_by_hand(tiny):
     assert len(set(seeds)) == 6
     again = ScriptedBackend(tok, greedy, sampled)
     again.prompts = backend.prompts
-    evaluate(tiny, tok, rows[::-1], num_samples=2, backend=again, forced_reasoning=False, batch_size=64)
+    evaluate(EvalConfig(num_samples=2, forced_reasoning=False, batch_size=64), tiny, rows[::-1], tokenizer=tok,
+             backend=again)
     assert sorted(s for c in again.calls if not c[2] for s in c[3]) == sorted(seeds)  # order-independent
 
 
@@ -95,7 +96,7 @@ def test_format_rate_follows_the_registered_format_reward(tiny, monkeypatch):
     def run():
         backend = ScriptedBackend(tok, greedy, [[], []])
         backend.prompts = [encode_prompt(tok, r["prompt"]) for r in rows]
-        return evaluate(tiny, tok, rows, num_samples=0, backend=backend, forced_reasoning=False)
+        return evaluate(EvalConfig(num_samples=0, forced_reasoning=False), tiny, rows, tokenizer=tok, backend=backend)
 
     assert run()["eval/format_rate"] == 1.0  # the format reward allows whitespace around the tags
     seen = []
@@ -118,7 +119,7 @@ def test_memorised_model_end_to_end(tiny, tmp_path):
                     report_to=[], lr_scheduler_type="constant")
     final = train_sft(cfg, tiny, sft_rows, tmp_path)["final_path"]
     ec = EvalConfig(num_samples=2, temperature=0.01, max_new_tokens=40)
-    m = evaluate_with_config(ec, final, prompts, return_rows=True)
+    m = evaluate(ec, final, prompts, return_rows=True)
     assert m["eval/accuracy"] == 1.0
     assert m["eval/format_rate"] == pytest.approx(1 - n_direct / 6)  # direct answers fail the format reward
     assert m["eval/pass@1"] == 1.0  # near-greedy sampling of a memorised model
@@ -133,7 +134,7 @@ def test_memorised_model_end_to_end(tiny, tmp_path):
         if not is_direct(sft["completion"]):
             assert row["forced"] == row["greedy"]
     assert 0.0 <= m["eval/accuracy_forced_reasoning"] <= 1.0
-    m2 = evaluate(final, None, prompts, num_samples=0, forced_reasoning=False)
+    m2 = evaluate(EvalConfig(num_samples=0, forced_reasoning=False), final, prompts)
     assert "eval/pass@1" not in m2 and m2["eval/accuracy"] == 1.0
 
 
@@ -150,7 +151,7 @@ def test_forced_reasoning_needs_single_token_tags(tiny):
             return tok(text, **kw)
 
     rows = make_chain_rows(2, seed=0)
-    m = evaluate(tiny, NoTags(), rows, num_samples=0, max_new_tokens=4)
+    m = evaluate(EvalConfig(num_samples=0, max_new_tokens=4), tiny, rows, tokenizer=NoTags())
     assert math.isnan(m["eval/accuracy_forced_reasoning"])
     assert m["eval/accuracy"] == 0.0  # an untrained model
 
@@ -170,7 +171,8 @@ def test_emergence_features_of_the_sampled_completions(tiny):
     def run(num_samples, **phrases):
         backend = ScriptedBackend(tok, greedy, sampled)
         backend.prompts = [encode_prompt(tok, r["prompt"]) for r in rows]
-        return evaluate(tiny, tok, rows, num_samples=num_samples, backend=backend, forced_reasoning=False, **phrases)
+        config = EvalConfig(num_samples=num_samples, forced_reasoning=False, emergence=phrases)
+        return evaluate(config, tiny, rows, tokenizer=tok, backend=backend)
 
     m = run(2)
     assert m["eval/direct_rate"] == pytest.approx(1 / 4) and m["eval/direct_answer_rate"] == 1.0  # sampled vs greedy

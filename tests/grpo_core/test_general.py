@@ -9,11 +9,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from grpo_core.config import DataConfig
+from grpo_core.config import DataConfig, EvalConfig
 from grpo_core.data.prepare import prepare_datasets
 from grpo_core.evaluation.heldout import evaluate
 from grpo_core.data.general import make_general_cold_start, make_general_rows, make_preference_pairs, preference_rule
 from grpo_core.models.tiny import build_tiny_model
+from grpo_core.rewards import REWARD_FUNCS
 from grpo_core.trainer.prompts import encode_prompt
 from tests.grpo_core.test_evaluation import ScriptedBackend
 
@@ -61,7 +62,7 @@ def test_prepare_data_keeps_sources_and_writes_pairs():
     assert not held_out & {r["prompt"][0]["content"] for r in data.train + data.cold_start + data.preferences}
 
 
-def test_evaluation_measures_general_rows_two_ways(tmp_path):
+def test_evaluation_measures_general_rows_two_ways(tmp_path, monkeypatch):
     tiny = build_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=2, num_heads=2)
     tok = AutoTokenizer.from_pretrained(tiny)
     rows = [{"id": "c0", "prompt": [{"role": "user", "content": "1+2+3="}], "answer": "6", "task": "chain",
@@ -84,8 +85,10 @@ def test_evaluation_measures_general_rows_two_ways(tmp_path):
         return [float(c[0]["content"].count("!")) if "unsafe" not in kwargs["task"][i] else None
                 for i, c in enumerate(completions)]
 
-    m = evaluate(tiny, tok, rows, num_samples=1, backend=backend, forced_reasoning=False, return_rows=True,
-                 general_sources=["helpful", "unsafe"], rm_reward=exclaims, rule_reward="preference_rule")
+    monkeypatch.setitem(REWARD_FUNCS, "exclaims", exclaims)
+    config = EvalConfig(num_samples=1, forced_reasoning=False, general_sources=["helpful", "unsafe"],
+                        rm_reward="exclaims", rule_reward="preference_rule")
+    m = evaluate(config, tiny, rows, tokenizer=tok, backend=backend, return_rows=True)
     assert m["eval/accuracy"] == 0.5 and m["eval/num_rows"] == 2  # the chain rows only
     assert m["eval/chain/accuracy"] == 0.5
     assert m["eval/preferred_rate"] == pytest.approx(1 / 3)  # abc! passes; xyz!!!! and the compliance do not
@@ -94,7 +97,7 @@ def test_evaluation_measures_general_rows_two_ways(tmp_path):
     assert math.isnan(m["eval/unsafe/rm_score"])
     assert [r["source"] for r in m["rows"]] == ["chain", "chain", "helpful", "helpful", "unsafe"]
     with pytest.raises(ValueError, match="neither rm_reward nor rule_reward"):
-        evaluate(tiny, tok, rows, backend=backend, general_sources=["helpful"])
+        evaluate(EvalConfig(general_sources=["helpful"]), tiny, rows, tokenizer=tok, backend=backend)
 
 
 def test_max_rows_caps_each_source():

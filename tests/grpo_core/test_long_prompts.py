@@ -10,10 +10,10 @@ import torch
 from transformers import AutoTokenizer
 
 import grpo_core.trainer.loop as loop
-from grpo_core.config import EvalConfig, GRPOConfig, RejectionSamplingConfig
-from grpo_core.evaluation.heldout import evaluate_with_config
+from grpo_core.config import EvalConfig, GRPOConfig, GRPOSampling, RejectionSamplingConfig
+from grpo_core.evaluation.heldout import evaluate
 from grpo_core.generation import make_backend
-from grpo_core.generation.rejection import rejection_sample_with_config
+from grpo_core.generation.rejection import rejection_sample
 from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer import train_grpo
 from grpo_core.trainer.prompts import encode_prompt, encode_prompts
@@ -75,14 +75,14 @@ def evaluation(tiny, tok, long_prompts, max_prompt_length=LIMIT):
     backend = Recording(make_backend("hf", str(tiny), tokenizer=tok))
     config = EvalConfig(num_samples=1, max_new_tokens=4, forced_reasoning=False, max_prompt_length=max_prompt_length,
                         long_prompts=long_prompts)
-    return backend.prompts, evaluate_with_config(config, tiny, ROWS, tokenizer=tok, backend=backend, return_rows=True)
+    return backend.prompts, evaluate(config, tiny, ROWS, tokenizer=tok, backend=backend, return_rows=True)
 
 
 def rejection(tiny, tok, long_prompts, max_prompt_length=LIMIT):
     backend = Recording(make_backend("hf", str(tiny), tokenizer=tok))
     config = RejectionSamplingConfig(num_samples=2, max_new_tokens=4, max_prompt_length=max_prompt_length,
                                      long_prompts=long_prompts)
-    kept, stats = rejection_sample_with_config(config, backend, tok, ROWS)
+    kept, stats = rejection_sample(config, backend, tok, ROWS)
     return backend.prompts, stats
 
 
@@ -152,8 +152,8 @@ def test_everything_dropped_is_a_clear_error(tiny, tok, tmp_path, monkeypatch):
 
 def test_the_policy_is_a_config_choice():
     for cls in (GRPOConfig, EvalConfig, RejectionSamplingConfig):
-        assert cls().long_prompts == "truncate" and cls().max_prompt_length == 512
-        assert cls(long_prompts="drop").long_prompts == "drop"
+        assert cls().sampling.long_prompts == "truncate" and cls().sampling.max_prompt_length == 512
+        assert cls(long_prompts="drop").sampling.long_prompts == "drop"
         with pytest.raises(ValueError):
             cls(long_prompts="skip")
-    assert "last max_prompt_length tokens" in GRPOConfig.model_fields["long_prompts"].description
+    assert "last max_prompt_length tokens" in GRPOSampling.model_fields["long_prompts"].description

@@ -84,6 +84,10 @@ def test_activations_and_logprob_chunks_by_hand():
     assert logprob_chunk_bytes(SMALL, 1024, 6) == 4 * 6 * 10 * 4  # fewer rows than a chunk
 
 
+def with_sampling(config: GRPOConfig, **update) -> GRPOConfig:
+    return config.model_copy(update={"sampling": config.sampling.model_copy(update=update)})
+
+
 def test_vllm_share_and_sleep_mode():
     shape = KNOWN_SHAPES["Qwen/Qwen2.5-7B"]
     hw = Hardware(gpus=8, gpu_memory=80 * GiB)
@@ -91,12 +95,12 @@ def test_vllm_share_and_sleep_mode():
                         vllm_gpu_memory_utilization=0.25, max_prompt_length=512, max_completion_length=512)
     awake = plan_training("grpo_train", "rl", config, shape, hw)
     assert awake.components["generation"] == int(0.25 * 80 * GiB)
-    asleep = plan_training("grpo_train", "rl", config.model_copy(update={"vllm_enable_sleep_mode": True}), shape, hw)
+    asleep = plan_training("grpo_train", "rl", with_sampling(config, vllm_enable_sleep_mode=True), shape, hw)
     assert asleep.components["generation (asleep)"] == 0
     assert awake.train_peak - asleep.train_peak == int(0.25 * 80 * GiB)
     state = sum(asleep.components[k] for k in ("weights", "optimizer", "reference"))
     assert asleep.generation_peak == state + int(0.25 * 80 * GiB) + CUDA_CONTEXT_BYTES
-    small = plan_training("grpo_train", "rl", config.model_copy(update={"vllm_gpu_memory_utilization": 0.15}), shape, hw)
+    small = plan_training("grpo_train", "rl", with_sampling(config, vllm_gpu_memory_utilization=0.15), shape, hw)
     assert not small.fits and "cannot hold one" in small.problems[0]  # 12 GiB < 14.2 GiB of bf16 weights
 
 
@@ -141,8 +145,9 @@ def test_sleep_mode_reaches_the_engine_options_and_needs_vllm():
     from grpo_core.generation import backend_options
 
     config = GRPOConfig(use_vllm=True, vllm_enable_sleep_mode=True)
-    assert backend_options(config, "vllm", torch.device("cpu"))["enable_sleep_mode"] is True
-    assert backend_options(GRPOConfig(use_vllm=True), "vllm", torch.device("cpu"))["enable_sleep_mode"] is False
+    assert backend_options(config.sampling, "vllm", torch.device("cpu"), seed=0)["enable_sleep_mode"] is True
+    assert backend_options(GRPOConfig(use_vllm=True).sampling, "vllm", torch.device("cpu"), seed=0)[
+        "enable_sleep_mode"] is False
     with pytest.raises(ValidationError, match="vllm_enable_sleep_mode .* use_vllm is false"):
         GRPOConfig(use_vllm=False, vllm_enable_sleep_mode=True)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoModelForSequenceClassification, Qwen3Config
 
-from grpo_core.config import GRPOConfig
+from grpo_core.config import GRPOConfig, RejectionSamplingConfig
 from grpo_core.plan.memory import CUDA_CONTEXT_BYTES, KNOWN_SHAPES, GiB, Hardware, ModelShape, plan_sampling, plan_training
 from grpo_core.plan.scorers import Scorer, place_scorers
 
@@ -53,6 +53,8 @@ def test_sampling_holds_one_at_a_time():
     assert loads[0].label(False) == "rm_helpful|rm_harmless 1 x 2.22 GiB (one at a time)"
 
 
+RS = RejectionSamplingConfig(use_vllm=True, vllm_gpu_memory_utilization=0.3, max_prompt_length=512,
+                              max_new_tokens=768)
 RL = GRPOConfig(use_vllm=True, bf16=True, gradient_checkpointing=True, vllm_gpu_memory_utilization=0.3,
                 max_prompt_length=512, max_completion_length=768, generation_batch_size=64, per_device_train_batch_size=8,
                 beta=0.001)
@@ -83,12 +85,12 @@ def test_eight_ranks_stack_on_the_last_gpu_and_the_plan_names_the_fix():
 
 def test_a_sampling_stage_on_several_gpus_puts_them_on_the_last_alone():
     shape = KNOWN_SHAPES["Qwen/Qwen2.5-7B"]
-    plan = plan_sampling("rejection_sample", RL, shape, Hardware(8, 80 * GiB), two_rms())
+    plan = plan_sampling("rejection_sample", RS, shape, Hardware(8, 80 * GiB), two_rms())
     assert "reward models" not in plan.components  # GPU 0 holds the engine only
     assert plan.elsewhere == {"GPU 7 (reward models)": two_rms()[0].weight_bytes + GiB + CUDA_CONTEXT_BYTES}
-    one = plan_sampling("rejection_sample", RL, shape, Hardware(1, 80 * GiB), two_rms())
+    one = plan_sampling("rejection_sample", RS, shape, Hardware(1, 80 * GiB), two_rms())
     assert one.components["reward models"] == two_rms()[0].weight_bytes and not one.elsewhere
-    tiny = plan_sampling("rejection_sample", RL, shape, Hardware(8, 3 * GiB), two_rms())
+    tiny = plan_sampling("rejection_sample", RS, shape, Hardware(8, 3 * GiB), two_rms())
     assert not tiny.fits and tiny.peak == max(tiny.elsewhere.values())
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from grpo_core.config import RejectionSamplingConfig
+from grpo_core.config import EvalConfig, RejectionSamplingConfig
 from grpo_core.generation import Rollout, make_backend
-from grpo_core.generation.rejection import rejection_sample, rejection_sample_with_config
+from grpo_core.generation.rejection import rejection_sample
 from grpo_core.data.synthetic import make_chain_rows
 from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer.prompts import encode_prompt
@@ -55,7 +55,8 @@ def test_filters_and_pass_rates(tiny):
     ]
     prompts = [encode_prompt(tok, r["prompt"]) for r in rows]
     backend = ScriptedBackend(tok, prompts, samples)
-    kept, stats = rejection_sample(backend, tok, rows, n=4, keep_per_prompt=2, max_completion_tokens=24, batch_size=8)
+    kept, stats = rejection_sample(RejectionSamplingConfig(num_samples=4, keep_per_prompt=2, max_completion_tokens=24, batch_size=8),
+                                   backend, tok, rows)
     assert [(k["id"], k["completion"]) for k in kept] == [
         ("a-rs0", GOOD), ("b-rs0", "<think>1+2=3;3*2=6</think><answer>6</answer>"),
     ]
@@ -71,21 +72,23 @@ def test_filters_and_pass_rates(tiny):
     assert stats["rs/mean_pass_rate"] == pytest.approx(0.5)
     assert len(set(backend.seeds)) == 12
 
-    kept1, stats1 = rejection_sample(ScriptedBackend(tok, prompts, samples), tok, rows, n=4, keep_per_prompt=1)
+    kept1, stats1 = rejection_sample(RejectionSamplingConfig(num_samples=4, keep_per_prompt=1),
+                                     ScriptedBackend(tok, prompts, samples), tok, rows)
     assert [k["id"] for k in kept1] == ["a-rs0", "b-rs0"]  # the step-by-step one: first in sample order
     assert stats1["rs/rejected/over_limit"] == 1 and stats1["rs/rejected/duplicate"] == 1  # b: 1 over
     # without the format filter the direct answer is kept too
-    kept_any, stats_any = rejection_sample(ScriptedBackend(tok, prompts, samples), tok, rows, n=4, keep_per_prompt=2,
-                                           require_format=False)
+    kept_any, stats_any = rejection_sample(RejectionSamplingConfig(num_samples=4, keep_per_prompt=2, require_format=False),
+                                           ScriptedBackend(tok, prompts, samples), tok, rows)
     assert [k["completion"] for k in kept_any][:2] == [GOOD, "<think></think><answer>6</answer>"]
     assert stats_any["rs/rejected/format"] == 0
     # the format filter: a bare correct answer is kept only when the format is not required
     bare = [[("<answer>6</answer>", False)]]
     always = lambda completions, **kw: [1.0] * len(completions)  # noqa: E731
-    kept2, s2 = rejection_sample(ScriptedBackend(tok, prompts[:1], bare), tok, rows[:1], n=1, reward_func=always)
+    kept2, s2 = rejection_sample(RejectionSamplingConfig(num_samples=1),
+                                 ScriptedBackend(tok, prompts[:1], bare), tok, rows[:1], reward_func=always)
     assert kept2 == [] and s2["rs/rejected/format"] == 1
-    kept3, _ = rejection_sample(ScriptedBackend(tok, prompts[:1], bare), tok, rows[:1], n=1, require_format=False,
-                                reward_func=always)
+    kept3, _ = rejection_sample(RejectionSamplingConfig(num_samples=1, require_format=False),
+                                ScriptedBackend(tok, prompts[:1], bare), tok, rows[:1], reward_func=always)
     assert [k["completion"] for k in kept3] == ["<answer>6</answer>"]
 
 
@@ -98,8 +101,8 @@ def test_format_filter_follows_the_registered_format_reward(tiny, monkeypatch):
 
     def run():
         backend = ScriptedBackend(tok, prompts, [[(t, False) for t in texts]])
-        return rejection_sample(backend, tok, rows, n=3, keep_per_prompt=3,
-                                reward_func=lambda completions, **kw: [1.0] * len(completions))
+        return rejection_sample(RejectionSamplingConfig(num_samples=3, keep_per_prompt=3),
+                                backend, tok, rows, reward_func=lambda completions, **kw: [1.0] * len(completions))
 
     kept, stats = run()
     assert [k["completion"] for k in kept] == texts[:2] and stats["rs/rejected/format"] == 1
@@ -124,15 +127,15 @@ def test_language_filter(tiny):
     samples = [[("<think>one plus two is three</think><answer>3</answer>", False),
                 ("<think>一加二等于三 three</think><answer>3</answer>", False)]]
     prompts = [encode_prompt(tok, rows[0]["prompt"])]
-    kept, stats = rejection_sample(ScriptedBackend(tok, prompts, samples), tok, rows, n=2, keep_per_prompt=2,
-                                   reward_func="math_accuracy", language_consistency_threshold=0.9)
+    kept, stats = rejection_sample(RejectionSamplingConfig(num_samples=2, keep_per_prompt=2, reward_func="math_accuracy", language_consistency_threshold=0.9),
+                                   ScriptedBackend(tok, prompts, samples), tok, rows)
     assert [k["completion"] for k in kept] == [samples[0][0][0]]
     assert stats["rs/rejected/language"] == 1
     # a prompt with no words: the reward does not apply (None), so nothing is dropped for language
     rows = [{"id": "n", "prompt": [{"role": "user", "content": "1+2="}], "answer": "3"}]
     prompts = [encode_prompt(tok, rows[0]["prompt"])]
-    kept, stats = rejection_sample(ScriptedBackend(tok, prompts, samples), tok, rows, n=2, keep_per_prompt=2,
-                                   reward_func="math_accuracy", language_consistency_threshold=0.9)
+    kept, stats = rejection_sample(RejectionSamplingConfig(num_samples=2, keep_per_prompt=2, reward_func="math_accuracy", language_consistency_threshold=0.9),
+                                   ScriptedBackend(tok, prompts, samples), tok, rows)
     assert len(kept) == 2 and stats["rs/rejected/language"] == 0
 
 
@@ -142,8 +145,9 @@ def test_real_backend_is_deterministic(tiny):
     cfg = RejectionSamplingConfig(num_samples=3, keep_per_prompt=3, max_new_tokens=8, require_format=False,
                                   reward_func="chain_format", reward_threshold=0.0, drop_truncated=False, seed=5)
     backend = make_backend("hf", str(tiny), tokenizer=tok)
-    kept_a, stats_a = rejection_sample_with_config(cfg, backend, tok, rows)
-    kept_b, _ = rejection_sample_with_config(cfg, backend, tok, rows[::-1], batch_size=3)
+    kept_a, stats_a = rejection_sample(cfg, backend, tok, rows)
+    kept_b, _ = rejection_sample(cfg.model_copy(update={"sampling": cfg.sampling.model_copy(update={"batch_size": 3})}), backend, tok,
+                                 rows[::-1])
     assert sorted((k["id"], k["completion"]) for k in kept_a) == sorted((k["id"], k["completion"]) for k in kept_b)
     assert stats_a["rs/num_samples"] == 9
     assert stats_a["rs/num_kept"] + stats_a["rs/rejected/duplicate"] == 9  # everything passes but duplicates
@@ -167,7 +171,8 @@ def test_transformers_sampler_gets_fixed_batches(tiny, monkeypatch):
     tok = AutoTokenizer.from_pretrained(tiny)
     backend = make_backend("hf", str(tiny), tokenizer=tok)
     calls = _count_calls(backend, monkeypatch)
-    rejection_sample(backend, tok, make_chain_rows(5, seed=1), n=2, max_new_tokens=4, batch_size=4, require_format=False)
+    rejection_sample(RejectionSamplingConfig(num_samples=2, max_new_tokens=4, batch_size=4, require_format=False),
+                     backend, tok, make_chain_rows(5, seed=1))
     assert calls == [2, 2, 1]
 
 
@@ -185,11 +190,12 @@ def test_vllm_gets_every_prompt_in_one_call(tiny, monkeypatch):
     try:
         calls = _count_calls(backend, monkeypatch)
         rows = make_chain_rows(5, seed=1)
-        _, stats = rejection_sample(backend, tok, rows, n=2, max_new_tokens=4, batch_size=4, require_format=False)
+        _, stats = rejection_sample(RejectionSamplingConfig(num_samples=2, max_new_tokens=4, batch_size=4, require_format=False),
+                                    backend, tok, rows)
         assert calls == [5] and stats["rs/num_samples"] == 10
         calls.clear()
-        evaluate(AutoModelForCausalLM.from_pretrained(tiny), tok, rows, backend=backend, num_samples=2, max_new_tokens=4,
-                 batch_size=2, forced_reasoning=False)
+        evaluate(EvalConfig(num_samples=2, max_new_tokens=4, batch_size=2, forced_reasoning=False),
+                 AutoModelForCausalLM.from_pretrained(tiny), rows, tokenizer=tok, backend=backend)
         assert calls == [5, 5]  # greedy, then sampled
     finally:
         backend.close()
@@ -208,11 +214,11 @@ def test_readability_filters_drop_and_count_by_filter(tiny):
                 ("<think>" + "one plus two is three\n\n" * 8 + "</think><answer>3</answer>", False)]]
     prompts = [encode_prompt(tok, rows[0]["prompt"])]
     config = ReadabilityConfig(max_paragraph_chars=60, max_tokens=120)  # the tiny tokenizer: a token per byte
-    kept, stats = rejection_sample(ScriptedBackend(tok, prompts, samples), tok, rows, n=5, keep_per_prompt=5,
-                                   reward_func="math_accuracy", readability=config)
+    kept, stats = rejection_sample(RejectionSamplingConfig(num_samples=5, keep_per_prompt=5, reward_func="math_accuracy", readability=config),
+                                   ScriptedBackend(tok, prompts, samples), tok, rows)
     assert [k["completion"] for k in kept] == [good]
     assert {k: stats[f"rs/rejected/{k}"] for k in ("code_block", "long_paragraph", "mixed_language", "overlong")} == {
         "code_block": 1, "long_paragraph": 1, "mixed_language": 1, "overlong": 1}
-    _, off = rejection_sample(ScriptedBackend(tok, prompts, samples), tok, rows, n=5, keep_per_prompt=5,
-                              reward_func="math_accuracy")
+    _, off = rejection_sample(RejectionSamplingConfig(num_samples=5, keep_per_prompt=5, reward_func="math_accuracy"),
+                              ScriptedBackend(tok, prompts, samples), tok, rows)
     assert off["rs/num_kept"] == 5 and "rs/rejected/code_block" not in off

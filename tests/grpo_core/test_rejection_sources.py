@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from grpo_core.config import RejectionSamplingConfig, RewardConfig, RewardModelSpec
 from grpo_core.trainer.reward_model import train_reward_model
 from grpo_core.rewards.reward_model import RewardModelReward
-from grpo_core.generation.rejection import rejection_sample_with_config
+from grpo_core.generation.rejection import rejection_sample
 from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer.prompts import encode_prompt
 from tests.grpo_core.test_rejection import ScriptedBackend
@@ -56,7 +56,7 @@ def test_each_source_is_kept_by_its_own_rule(models):
         {"name": "helpful", "reward_func": {"reward_model": {"model": rm, "scope": "summary"}}, "min_score": min_score,
          "keep_per_prompt": 1, "require_format": False},
     ])
-    kept, stats = rejection_sample_with_config(config, backend, tok, rows)
+    kept, stats = rejection_sample(config, backend, tok, rows)
     assert [(k["source"], k["completion"]) for k in kept] == [("chain", CORRECT), ("helpful", answers[high])]
     assert stats["rs/chain/num_kept"] == 1 and stats["rs/chain/rejected/incorrect"] == 2
     assert stats["rs/chain/rejected/duplicate"] == 1
@@ -70,13 +70,13 @@ def test_each_source_is_kept_by_its_own_rule(models):
     # min_score above every score: nothing is kept (the rule is the score, not the verifiable pass mark)
     above = config.model_copy(update={"sources": [config.sources[1].model_copy(update={"min_score": max(scores) + 1})]})
     backend = ScriptedBackend(tok, prompts, [[(t, False) for t in s] for s in ([], helpful_samples, [])])
-    kept, stats = rejection_sample_with_config(above, backend, tok, rows)
+    kept, stats = rejection_sample(above, backend, tok, rows)
     assert kept == [] and stats["rs/helpful/rejected/incorrect"] == 4
 
     # the same helpful samples under the section's format rule: no \boxed / <answer>, so none is kept
     strict = config.model_copy(update={"sources": [config.sources[1].model_copy(update={"require_format": None})]})
     backend = ScriptedBackend(tok, prompts, [[(t, False) for t in s] for s in ([], helpful_samples, [])])
-    kept, stats = rejection_sample_with_config(strict, backend, tok, rows)
+    kept, stats = rejection_sample(strict, backend, tok, rows)
     assert kept == [] and stats["rs/helpful/rejected/format"] == 2
 
 
@@ -85,7 +85,7 @@ def test_single_source_fields_still_work(models):
     tok = AutoTokenizer.from_pretrained(base)
     rows = [{"id": "c", "prompt": [{"role": "user", "content": "1+2+3="}], "answer": "6"}]
     backend = ScriptedBackend(tok, [encode_prompt(tok, rows[0]["prompt"])], [[(WRONG, False), (CORRECT, False)]])
-    kept, stats = rejection_sample_with_config(RejectionSamplingConfig(num_samples=2), backend, tok, rows)
+    kept, stats = rejection_sample(RejectionSamplingConfig(num_samples=2), backend, tok, rows)
     assert [k["completion"] for k in kept] == [CORRECT] and stats["rs/num_kept"] == 1
     assert not any(k.count("/") > 1 and not k.startswith("rs/rejected") for k in stats)  # no per-source keys
 
@@ -96,7 +96,7 @@ def test_a_rule_for_a_source_with_no_rows_names_the_sources_present(models):
     rows = [{"id": "c", "prompt": [{"role": "user", "content": "1+2+3="}], "answer": "6", "source": "chain"}]
     config = RejectionSamplingConfig(sources=[{"name": "chian", "reward_func": "chain_accuracy"}])
     with pytest.raises(ValueError, match=r"names 'chian' but no training row has that source \(sources present: \['chain'\]\)"):
-        rejection_sample_with_config(config, ScriptedBackend(tok, [], []), tok, rows)
+        rejection_sample(config, ScriptedBackend(tok, [], []), tok, rows)
 
 
 @pytest.mark.parametrize("sources, message", [
@@ -121,6 +121,6 @@ def test_max_prompts_is_per_source(models):
     backend = ScriptedBackend(tok, prompts, [[(CORRECT, False)]] * 3)
     config = RejectionSamplingConfig(num_samples=1, max_prompts=1, sources=[
         {"name": "a", "reward_func": "chain_accuracy"}, {"name": "b", "reward_func": "chain_accuracy"}])
-    kept, stats = rejection_sample_with_config(config, backend, tok, rows)
+    kept, stats = rejection_sample(config, backend, tok, rows)
     assert stats["rs/a/num_prompts"] == 1 and stats["rs/b/num_prompts"] == 1 and stats["rs/num_prompts"] == 2
     assert [k["id"] for k in kept] == ["a0-rs0", "b2-rs0"]

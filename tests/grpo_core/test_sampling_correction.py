@@ -163,7 +163,7 @@ def test_optimise_applies_the_truncated_ratio(tiny_model, num_iterations):
     idx = list(range(len(batch)))
     trainer = compute_batch_logps(tiny_model, batch, idx, config, torch.device("cpu"))  # [4, 5] pi_old
     # a sampler at temperature 0.7 (another distribution over the same tokens)
-    batch.sampling_logps = compute_batch_logps(tiny_model, batch, idx, config.model_copy(update={"temperature": 0.7}),
+    batch.sampling_logps = compute_batch_logps(tiny_model, batch, idx, config.model_copy(update={"sampling": config.sampling.model_copy(update={"temperature": 0.7})}),
                                                torch.device("cpu"))
     metrics, model = _run(tiny_model, batch, config, correction=True)
     plain, plain_model = _run(tiny_model, batch, config, correction=False)

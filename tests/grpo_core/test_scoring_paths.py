@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 import grpo_core.evaluation.heldout as evaluation
 import grpo_core.generation.rejection as rejection
 import grpo_core.trainer.rollouts as rollouts
-from grpo_core.config import GRPOConfig
+from grpo_core.config import EvalConfig, GRPOConfig, RejectionSamplingConfig
 from grpo_core.generation import Rollout
 from grpo_core.rewards import REWARD_FUNCS
 from grpo_core.rewards.scoring import passes, score_completions
@@ -110,14 +110,14 @@ def test_three_paths_one_function_identical_scores(tok, spy):
         assert torch.equal(groups.rewards_per_func[g * G:(g + 1) * G], direct[i * G:(i + 1) * G])
 
     # evaluation: greedy accuracy (the first completion of each row) and pass@1 over all G
-    m = evaluation.evaluate("unused", tok, ROWS, reward_func=probe, num_samples=G, max_new_tokens=16,
-                            backend=backend, forced_reasoning=False, return_rows=True)
+    m = evaluation.evaluate(EvalConfig(num_samples=G, max_new_tokens=16, forced_reasoning=False), "unused", ROWS,
+                            tokenizer=tok, backend=backend, return_rows=True, reward_func=probe)
     assert [r["correct"] for r in m["rows"]] == direct_ok[::G]
     assert [r["pass@1"] for r in m["rows"]] == [sum(direct_ok[i * G:(i + 1) * G]) / G for i in range(3)]
 
     # rejection sampling: per-prompt pass rates
-    _, stats = rejection.rejection_sample(backend, tok, ROWS, n=G, keep_per_prompt=G, reward_func=probe,
-                                          max_new_tokens=16)
+    _, stats = rejection.rejection_sample(RejectionSamplingConfig(num_samples=G, keep_per_prompt=G, max_new_tokens=16),
+                                          backend, tok, ROWS, reward_func=probe)
     assert [p["pass_rate"] for p in stats["per_prompt"]] == [sum(direct_ok[i * G:(i + 1) * G]) / G for i in range(3)]
 
     assert [module for module, _, _ in spy] == [
@@ -135,10 +135,10 @@ def test_evaluation_and_rejection_share_the_format_verdicts(tok, spy):
                                     seeds=None)
     fmt = passes(score_completions([REWARD_FUNCS["format"]], ["format"], ROWS, all_rollouts, G, 16)[:, 0])
     assert fmt == [True, False, False, False, True, False, True, True, False]
-    m = evaluation.evaluate("unused", tok, ROWS, num_samples=0, max_new_tokens=16, backend=backend,
-                            forced_reasoning=False)
+    m = evaluation.evaluate(EvalConfig(num_samples=0, max_new_tokens=16, forced_reasoning=False), "unused", ROWS,
+                            tokenizer=tok, backend=backend)
     assert m["eval/format_rate"] == pytest.approx(sum(fmt[::G]) / 3)
-    _, stats = rejection.rejection_sample(backend, tok, ROWS, n=G, keep_per_prompt=G, reward_func=always,
-                                          max_new_tokens=16)
+    _, stats = rejection.rejection_sample(RejectionSamplingConfig(num_samples=G, keep_per_prompt=G, max_new_tokens=16),
+                                          backend, tok, ROWS, reward_func=always)
     assert stats["rs/rejected/format"] == fmt.count(False)
     assert [p["kept"] for p in stats["per_prompt"]] == [sum(fmt[i * G:(i + 1) * G]) for i in range(3)]

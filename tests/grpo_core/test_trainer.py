@@ -273,9 +273,11 @@ def test_vllm_context_is_capped_at_the_model_positions():
     from grpo_core.generation import backend_options
 
     config = small_config(max_prompt_length=256, max_completion_length=32)
-    opts = backend_options(config, "vllm", torch.device("cpu"), SimpleNamespace(max_position_embeddings=256))
+    opts = backend_options(config.sampling, "vllm", torch.device("cpu"), seed=0,
+                           model_config=SimpleNamespace(max_position_embeddings=256))
     assert opts["max_model_len"] == 256
-    opts = backend_options(config, "vllm", torch.device("cpu"), SimpleNamespace(max_position_embeddings=4096))
+    opts = backend_options(config.sampling, "vllm", torch.device("cpu"), seed=0,
+                           model_config=SimpleNamespace(max_position_embeddings=4096))
     assert opts["max_model_len"] == 288
 
 

@@ -117,7 +117,7 @@ def test_cli_bad_config_is_one_line_and_commits_nothing(tmp_path):
     result = CliRunner().invoke(app, ["run", "-c", str(path), "--store", str(tmp_path / "store"), "--run", "bad"])
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "grpo_train.num_generations" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "grpo_train.sampling.num_generations" in lines[0]
     assert "Traceback" not in result.output
     assert not (tmp_path / "store" / "bad").exists()
 

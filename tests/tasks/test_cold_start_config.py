@@ -36,7 +36,7 @@ def test_every_cold_start_kind_parses(tmp_path):
 
 @pytest.mark.parametrize("edit,expect", [
     (("      model: /models/teacher\n", "      model: /models/teacher\n      num_samples: 0\n"),
-     r"c.yaml:10: data.cold_start_sources.2.num_samples: Input should be greater than or equal to 1"),
+     r"c.yaml:10: data.cold_start_sources.2.sampling.num_generations: Input should be greater than or equal to 1"),
     (("    - kind: traces\n", "    - kind: tracez\n"), r"c.yaml:4: data.cold_start_sources.1: Input tag 'tracez'"),
     (("  init_model: /models/small\n", ""), r"init_from: model needs init_model"),
 ])

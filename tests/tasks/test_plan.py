@@ -127,13 +127,10 @@ def test_rejection_sampling_check_counts_its_reward_model(tmp_path):
                 num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
                 architectures=["Qwen3ForSequenceClassification"]).save_pretrained(rm)
     section = RejectionSamplingConfig(sources=[{"name": "general", "reward_func": {"reward_model": {"model": str(rm)}},
-                                        "min_score": 0.0}])
-    sizes = GRPOConfig(use_vllm=False, generation_batch_size=8, num_generations=4)
+                                                "min_score": 0.0}], sampling={"use_vllm": False, "batch_size": 8})
     tiny = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_layers=2, num_heads=2)
-    plan = check_stage_memory("rejection_sample", "sampling", sizes, tiny, gpus=1, free=8 * GiB, total=8 * GiB,
-                              scorers_of=section)
+    plan = check_stage_memory("rejection_sample", "sampling", section, tiny, gpus=1, free=8 * GiB, total=8 * GiB)
     assert plan.components["reward models"] == 4 * (596049920 + 1024)  # read from the folder's config.json
     # 2.22 GiB of fp32 weights + 1 GiB scoring + 1 GiB CUDA context + the tiny model
     with pytest.raises(StageMemoryError, match=r"stage rejection_sample needs 4\.2 GiB"):
-        check_stage_memory("rejection_sample", "sampling", sizes, tiny, gpus=1, free=3 * GiB, total=8 * GiB,
-                           scorers_of=section)
+        check_stage_memory("rejection_sample", "sampling", section, tiny, gpus=1, free=3 * GiB, total=8 * GiB)
