@@ -89,14 +89,14 @@ def test_vllm_share_and_sleep_mode():
     hw = Hardware(gpus=8, gpu_memory=80 * GiB)
     config = GRPOConfig(use_vllm=True, bf16=True, gradient_checkpointing=True, distributed_strategy="fsdp",
                         vllm_gpu_memory_utilization=0.25, max_prompt_length=512, max_completion_length=512)
-    awake = plan_training("grpo_train", "rl", config, shape, hw)
+    awake = plan_training("grpo_train", "grpo", config, shape, hw)
     assert awake.components["generation"] == int(0.25 * 80 * GiB)
-    asleep = plan_training("grpo_train", "rl", config.model_copy(update={"vllm_enable_sleep_mode": True}), shape, hw)
+    asleep = plan_training("grpo_train", "grpo", config.model_copy(update={"vllm_enable_sleep_mode": True}), shape, hw)
     assert asleep.components["generation (asleep)"] == 0
     assert awake.train_peak - asleep.train_peak == int(0.25 * 80 * GiB)
     state = sum(asleep.components[k] for k in ("weights", "optimizer", "reference"))
     assert asleep.generation_peak == state + int(0.25 * 80 * GiB) + CUDA_CONTEXT_BYTES
-    small = plan_training("grpo_train", "rl", config.model_copy(update={"vllm_gpu_memory_utilization": 0.15}), shape, hw)
+    small = plan_training("grpo_train", "grpo", config.model_copy(update={"vllm_gpu_memory_utilization": 0.15}), shape, hw)
     assert not small.fits and "cannot hold one" in small.problems[0]  # 12 GiB < 14.2 GiB of bf16 weights
 
 
@@ -105,7 +105,7 @@ def test_tensor_parallel_splits_vllm_weights():
     config = GRPOConfig(use_vllm=True, vllm_gpu_memory_utilization=0.15, vllm_tensor_parallel_size=2,
                         distributed_strategy="fsdp", bf16=True, gradient_checkpointing=True,
                         max_prompt_length=512, max_completion_length=512)
-    assert not plan_training("grpo_train", "rl", config, shape, Hardware(8, 80 * GiB)).problems
+    assert not plan_training("grpo_train", "grpo", config, shape, Hardware(8, 80 * GiB)).problems
 
 
 def test_a_plan_that_does_not_fit_names_the_settings_that_would():
