@@ -119,7 +119,9 @@ from flows.cli import build_app
 
 for args in json.loads(sys.argv[1]):
     print("=== r1 " + " ".join(args), flush=True)
-    build_app()(args, standalone_mode=False)
+    code = build_app()(args, standalone_mode=False)  # a click.exceptions.Exit's code comes back here
+    if code:
+        sys.exit(code)
 '''
 
 
