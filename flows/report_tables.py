@@ -51,7 +51,7 @@ def emergence_rows(store: Store, run: str, curve_points: int = 5, refs: dict[str
         ref = refs[stage] if entry.makes_model else None
         if ref is None:
             continue
-        if entry.kind == "rl":
+        if entry.kind == "grpo":
             hist = read_history(store, ref)
             histories[stage] = hist
             picks = sorted({hist[round(i * (len(hist) - 1) / max(1, curve_points - 1))]["step"]

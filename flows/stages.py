@@ -17,9 +17,8 @@ from prefect import Flow, flow
 
 from tasks.common import StageFailed, cached, configure_stage_logging, stage_task_options
 from tasks.config import PipelineConfig, check_run_name, load_config
-from tasks.evaluate import evaluate
-from tasks.reward_model import uses_reward_model_stage
-from tasks.stages import get_stage, stage_names
+from tasks.sections import uses_reward_model_stage
+from tasks.stages import evaluation, get_stage, stage_names
 from tasks.manifest import StageRef
 from tasks.store import Store
 
@@ -79,7 +78,7 @@ def run_stage(stage: str, run: str, config: PipelineConfig | None = None, config
         data = refs.get("prepare_data") or committed(st, run, "prepare_data")  # the held-out set
         rm = (refs.get("reward_model") or st.latest(run, "reward_model")) if uses_reward_model_stage(cfg.evaluate) \
             else None  # evaluate's rm_reward names the run's reward model: the committed one, if any yet
-        call_task(evaluate.with_options(retries=cfg.run.retries), cfg, run, st.url, ref, data, force, rm)
+        call_task(evaluation().task.with_options(retries=cfg.run.retries), cfg, run, st.url, ref, data, force, rm)
     return ref.to_dict()
 
 

@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from tasks.training_spec import TrainingSpec
+from tasks.training_spec import TRAINERS, TrainingSpec
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -71,8 +71,8 @@ def fetch_checkpoint(spec: TrainingSpec, emit: Emit) -> int:
 
 
 def execute(spec: TrainingSpec, emit: Emit) -> dict[str, Any]:
-    """Train (``kind``: grpo, sft or reward) from ``model_path`` or the newest checkpoint in ``output_dir``
-    (the trainer writes ``output_dir/metrics.jsonl``)."""
+    """Train with ``spec.kind``'s trainer (``tasks.training_spec.TRAINERS``) from ``model_path`` or the newest
+    checkpoint in ``output_dir`` (the trainer writes ``output_dir/metrics.jsonl``)."""
     from grpo_core.data.rows import read_parquet
     from tasks.plan import check_stage_memory
     from tasks.store import Store
@@ -81,24 +81,12 @@ def execute(spec: TrainingSpec, emit: Emit) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     store = Store(spec.store, check=False)
     callbacks = [StoreCheckpoints(store, spec.run, spec.stage, spec.key, spec.keep, emit)]
-    config = spec.config
     # On CUDA: fail before loading anything when the plan does not fit (tasks/plan.py; `r1 plan` prints it)
-    check_stage_memory(spec.stage, "rl" if spec.kind == "grpo" else "sft", config, spec.model_path)
+    check_stage_memory(spec.stage, spec.kind, spec.config, spec.model_path)
     rows = read_parquet(Path(spec.rows_path))
-    if spec.kind == "grpo":
-        from grpo_core.trainer import train_grpo
-
-        metrics = train_grpo(config, spec.model_path, rows, out, resume=True, callbacks=callbacks)
-    elif spec.kind == "reward":
-        from grpo_core.trainer.reward_model import train_reward_model
-
-        eval_rows = read_parquet(Path(spec.eval_rows_path)) if spec.eval_rows_path else None
-        metrics = train_reward_model(config, spec.model_path, rows, out,
-                                     eval_rows=eval_rows, resume=True, callbacks=callbacks)
-    else:
-        from grpo_core.trainer.sft import train_sft
-
-        metrics = train_sft(config, spec.model_path, rows, out, resume=True, callbacks=callbacks)
+    extra = {"eval_rows": read_parquet(Path(spec.eval_rows_path))} if spec.eval_rows_path else {}
+    train = TRAINERS[spec.kind].train_function()
+    metrics = train(spec.config, spec.model_path, rows, out, resume=True, callbacks=callbacks, **extra)
     return {"metrics": _plain(metrics or {}), "resumed_from": spec.resumed_from}
 
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from tasks.config import PipelineConfig, parse_config
+from tasks.config import RL_SECTIONS, TRAINER_SECTIONS, PipelineConfig, parse_config
 
 MODEL_KEYS = ("name_or_path", "model", "init_model", "model_name_or_path")  # fields that name a model to load
 NOT_A_MODEL = ("reward_model",)  # `model: reward_model` names the run's own stage
 
-TRAINING = ("cold_start_sft", "reward_model", "grpo_train", "sft_consolidate", "final_rl")
-RL = ("grpo_train", "final_rl")
+TRAINING = tuple(path[0] for path in TRAINER_SECTIONS if len(path) == 1)  # the stage table's training sections
+RL = RL_SECTIONS
 COMPLETION_TOKENS = 24  # sampled tokens per completion in the check (training, rejection sampling, evaluation)
 SFT_TOKENS = 384  # SFT sequence length in the check
 

@@ -25,8 +25,10 @@ from typing import Any, Callable
 
 from pydantic import BaseModel
 
+from grpo_core.config import REWARD_MODEL_STAGE
 from tasks.config import PipelineConfig
 from tasks.manifest import StageRef
+from tasks.sections import replace_stage_references, uses_reward_model_stage
 from tasks.store import IntegrityError, StageWriter, Store, TransientStoreError
 
 
@@ -68,18 +70,13 @@ def stage_task(name: str, *, section: str | None = None, key_model: bool = False
     def wrap(body: Body) -> Any:
         def run_stage_task(config: PipelineConfig, run: str, store: str | None = None,
                            inputs: dict[str, StageRef] | None = None, force: bool = False) -> Any:
-            ctx = StageContext.open(config, run, store, name)
-            try:
+            with StageContext.open(config, run, store, name) as ctx:
                 parents = dict(inputs or {})
                 if referenced is not None:
                     parents.update(referenced(config, ctx.store))
                 extra = {"model": config.model.model_dump(mode="json")} if key_model else None
-                fp = fingerprint(name, getattr(config, section or name), parents, extra)
-                if (ref := ctx.reuse(fp, force)) is not None:
-                    return cached(ref, "same config and inputs")
-                return body(ctx, parents, fp)
-            finally:
-                ctx.cleanup()
+                return reuse_or_build(ctx, name, getattr(config, section or name), parents, extra, force,
+                                      lambda fp: body(ctx, parents, fp))
 
         run_stage_task.__name__ = run_stage_task.__qualname__ = name
         run_stage_task.__doc__ = body.__doc__
@@ -87,6 +84,18 @@ def stage_task(name: str, *, section: str | None = None, key_model: bool = False
         return stage_task_options(name)(run_stage_task)
 
     return wrap
+
+
+def reuse_or_build(ctx: "StageContext", stage: str, section: BaseModel, parents: dict[str, StageRef],
+                   extra: dict[str, Any] | None, force: bool, build: Callable[[str], StageRef],
+                   why: str = "same config and inputs") -> Any:
+    """What every stage does around its work (``stage_task``'s tasks and evaluation): fingerprint ``section`` and
+    the exact ``parents`` (and ``extra``), reuse the committed output with that fingerprint unless ``force``d (a
+    ``Cached`` state), else ``build(fingerprint)``."""
+    fp = fingerprint(stage, section, parents, extra)
+    if (ref := ctx.reuse(fp, force)) is not None:
+        return cached(ref, why)
+    return build(fp)
 
 
 def stage_task_options(name: str) -> Any:
@@ -236,6 +245,12 @@ class StageContext:
             torch.set_num_threads(cfg.run.torch_num_threads)
         return cls(cfg, run, st, stage, work)
 
+    def __enter__(self) -> "StageContext":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cleanup()  # the scratch folder goes whatever happened: a retry reads from the store
+
     def reuse(self, fp: str, force: bool) -> StageRef | None:
         return None if force else self.store.latest(self.run, self.stage, fp)
 
@@ -282,3 +297,15 @@ def write_jsonl(rows: list[dict[str, Any]], path: Path) -> Path:
         for r in rows:
             f.write(json.dumps(r, default=str) + "\n")
     return path
+
+
+def resolve_reward_models(ctx: StageContext, section: BaseModel, parents: dict[str, StageRef]) -> BaseModel:
+    """A copy of ``section`` whose ``model: reward_model`` entries (``reward_funcs``, ``sources[*].reward_funcs``,
+    ``rm_reward``) name the local folder of the committed reward_model output in ``parents`` (fetched and checked
+    against its manifest)."""
+    if not uses_reward_model_stage(section):
+        return section
+    if REWARD_MODEL_STAGE not in parents:
+        raise StageFailed(f"{ctx.stage}: a reward names the reward_model stage but it is not among this stage's "
+                          "inputs; add reward_model_upstream(section) to the stage's upstream in tasks/stages.py")
+    return replace_stage_references(section, str(ctx.fetch(parents[REWARD_MODEL_STAGE], "model")))

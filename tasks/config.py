@@ -17,22 +17,19 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from grpo_core.config import (
     REWARD_MODEL_STAGE,
-    DatasetSource,
     DataConfig,
-    EvalConfig,
-    GRPOConfig,
     JudgeSpec,
-    RejectionSamplingConfig,
-    RewardConfig,
     RewardModelSpec,
     SAMPLING_RENAMES,
     SFTConfig,
     TeacherSource,
 )
+from tasks.sections import ConsolidateConfig, RewardModelStageConfig  # noqa: F401 - the stage sections' home
+from tasks.stages import Stage, entries
 
 _UNION_TAGS = ("file", "traces", "teacher")  # data.cold_start_sources' kinds (grpo_core.config.ColdStartSource)
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml"
@@ -74,45 +71,6 @@ class ModelConfig(_Strict):
         return self
 
 
-class ConsolidateConfig(SFTConfig):
-    """sft_consolidate: SFT on the rejection-sampled set (R1 starts this from the base model)."""
-
-    init_from: Literal["base", "cold_start_sft", "grpo_train", "model"] = Field(
-        "base", description="base: the pipeline's base model (R1); a stage's model; model: init_model (e.g. a smaller "
-        "base to distil into)")
-    init_model: str | None = Field(None, min_length=1, description="model folder or hub name trained when init_from: model")
-    cold_start_mix: float = Field(0.0, ge=0, le=1, description="share of cold-start rows mixed in (a general "
-                                  "source's rows count as general, the rest as reasoning)")
-    cold_start_sources: list[str] = Field(default_factory=list, description="mix in only these sources' cold-start "
-                                          "rows (e.g. [helpful, unsafe]); empty = every source")
-    general_sources: list[DatasetSource] = Field(
-        default_factory=list, description="general (non-reasoning) SFT data mixed in as R1 did: {prompt, completion} "
-        "columns, or field_map: {messages: COLUMN} for chat sets such as HuggingFaceH4/ultrachat_200k")
-    reasoning_to_general: float = Field(3.0, gt=0, description="with general_sources: reasoning rows per general "
-                                        "row, every general row counted: general_sources', rejection-sampled answers "
-                                        "to general prompts, general cold-start rows (R1: ~600k:200k = 3)")
-
-    @model_validator(mode="after")
-    def _check_init(self) -> "ConsolidateConfig":
-        if (self.init_from == "model") != (self.init_model is not None):
-            raise ValueError("init_from: model needs init_model (a model folder or hub name), and init_model is only "
-                             f"read with init_from: model (got init_from {self.init_from!r}, init_model {self.init_model!r})")
-        return self
-
-
-class RewardModelStageConfig(RewardConfig):
-    """reward_model (optional; runs only when the config has this section): a reward model trained on
-    prepare_data's ``preferences.parquet`` with the Bradley-Terry loss (grpo_core.trainer.reward_model). Later stages
-    name it in ``reward_funcs`` as ``{reward_model: {model: reward_model}}``."""
-
-    init_from: Literal["base", "cold_start_sft"] = Field(
-        "base", description="the backbone under the fresh score head: the base model (for the embedded default the "
-        "tiny model prepare_data builds) or the cold-start SFT model",
-    )
-    model_name_or_path: str | None = Field(None, min_length=1, description="a different backbone or reward model "
-                                           "(local folder / hub name); overrides init_from")
-
-
 class RunSettings(_Strict):
     """How stages execute (not part of any stage's fingerprint)."""
 
@@ -127,19 +85,8 @@ class RunSettings(_Strict):
         "None leaves torch's default. The one home of the setting: a stage section's own is moved here, with a warning")
 
 
-class PipelineConfig(_Strict):
-    """The whole R1 recipe: one section per stage, named as the stages are everywhere."""
-
-    model: ModelConfig = Field(default_factory=lambda: ModelConfig(tiny=TinyModelConfig()))
-    data: DataConfig = Field(default_factory=DataConfig)
-    cold_start_sft: SFTConfig = Field(default_factory=SFTConfig)
-    grpo_train: GRPOConfig = Field(default_factory=GRPOConfig)
-    rejection_sample: RejectionSamplingConfig = Field(default_factory=RejectionSamplingConfig)
-    sft_consolidate: ConsolidateConfig = Field(default_factory=ConsolidateConfig)
-    final_rl: GRPOConfig = Field(default_factory=GRPOConfig)
-    reward_model: RewardModelStageConfig | None = Field(None, description="optional stage; absent = not run")
-    evaluate: EvalConfig = Field(default_factory=EvalConfig)
-    run: RunSettings = Field(default_factory=RunSettings)
+class PipelineSections(_Strict):
+    """The whole R1 recipe's checks and seeds; ``PipelineConfig`` adds one field per stage of the table to it."""
 
     @model_validator(mode="before")
     @classmethod
@@ -163,7 +110,7 @@ class PipelineConfig(_Strict):
         problems = unknown_rewards(self)
         if problems:
             raise UnknownReward(problems)
-        for section in ("grpo_train", "final_rl"):
+        for section in RL_SECTIONS:
             cfg = getattr(self, section)
             # A saved run config (every field written out) carries the defaults back: only values differ
             default_funcs = type(cfg).model_fields["reward_funcs"].get_default(call_default_factory=True)
@@ -175,16 +122,18 @@ class PipelineConfig(_Strict):
     def seeds(self) -> dict[str, int]:
         """Every seed of the pipeline by its dotted field path: the tiny model's init (``model.tiny.seed``), the
         data (``data.seed``, and each teacher cold-start source's sampling), and each stage section that samples,
-        shuffles or initialises (the tiny model's pretraining, ``SEEDED_SECTIONS``; the optional ``reward_model`` when the config runs it).
-        ``run`` has no randomness."""
+        shuffles or initialises (the tiny model's pretraining; the stage table's ``seeded`` fields, the optional
+        ``reward_model``'s when the config runs it). ``run`` has no randomness."""
         out = {"model.tiny.seed": self.model.tiny.seed} if self.model.tiny is not None else {}
         if self.model.tiny is not None and self.model.tiny.pretrain is not None:
             out["model.tiny.pretrain.seed"] = self.model.tiny.pretrain.seed
-        out["data.seed"] = self.data.seed
-        out.update({f"data.cold_start_sources.{j}.seed": src.seed for j, src in enumerate(self.data.cold_start_sources)
-                    if isinstance(src, TeacherSource)})
-        out.update({f"{name}.seed": section.seed for name in SEEDED_SECTIONS
-                    if (section := getattr(self, name)) is not None})
+        for stage in entries():  # table order: data, then each stage's, evaluation's last
+            section = stage.section_of(self)
+            out.update({f"{stage.config_key}.{name}": getattr(section, name) for name in stage.seeded
+                        if section is not None})
+            if isinstance(section, DataConfig):  # a teacher cold-start source samples with its own seed
+                out.update({f"{stage.config_key}.cold_start_sources.{j}.seed": src.seed
+                            for j, src in enumerate(section.cold_start_sources) if isinstance(src, TeacherSource)})
         return out
 
     def with_seed(self, seed: int) -> "PipelineConfig":
@@ -200,9 +149,32 @@ class PipelineConfig(_Strict):
         return out
 
 
+def _stage_field(stage: Stage) -> tuple[Any, Any]:
+    """``PipelineConfig``'s field for ``stage``: its section type, defaulting to the type's defaults (an optional
+    stage's to None: absent = not run)."""
+    if stage.optional:
+        return stage.section | None, Field(None, description=f"optional stage {stage.name}; absent = not run")
+    return stage.section, Field(default_factory=stage.section)
+
+
+# The pipeline config: the base model, one section per entry of the stage table (tasks/stages.py), in table order,
+# and how stages execute. Built from the table, so a stage's section is declared once, on its entry.
+PipelineConfig = create_model(
+    "PipelineConfig", __base__=PipelineSections, __module__=__name__,
+    __doc__="The whole R1 recipe: one section per stage, named as the stages are everywhere (tasks/stages.py).",
+    model=(ModelConfig, Field(default_factory=lambda: ModelConfig(tiny=TinyModelConfig()))),
+    **{stage.config_key: _stage_field(stage) for stage in entries()},
+    run=(RunSettings, Field(default_factory=RunSettings)),
+)
+
+# What the table says about sections, as the lists the checks below walk
+RL_SECTIONS = tuple(s.config_key for s in entries() if s.kind == "grpo")  # sources name their own reward_funcs
 # Where a trainer config sits in a pipeline config (each inherits grpo_core.config.OptimConfig.torch_num_threads).
-TRAINER_SECTIONS = (("cold_start_sft",), ("reward_model",), ("grpo_train",), ("sft_consolidate",), ("final_rl",),
-                    ("model", "tiny", "pretrain"))
+TRAINER_SECTIONS = (*((s.config_key,) for s in entries() if s.trains), ("model", "tiny", "pretrain"))
+# The stage sections with a ``seed`` field (training order and init, sampling seeds, data mixing).
+SEEDED_SECTIONS = tuple(s.config_key for s in entries() if s.seeded and s.kind != "data")
+# The config fields that name registered reward functions (grpo_core.rewards.register_reward).
+REWARD_FIELDS = tuple((s.config_key, name) for s in entries() for name in s.reward_fields)
 
 
 def move_section_threads(data: dict[str, Any]) -> dict[str, Any]:
@@ -239,17 +211,6 @@ def move_section_threads(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-# The stage sections with a ``seed`` field (training order and init, sampling seeds, data mixing).
-SEEDED_SECTIONS = ("cold_start_sft", "reward_model", "grpo_train", "rejection_sample", "sft_consolidate", "final_rl",
-                   "evaluate")
-
-
-# The config fields that name registered reward functions (grpo_core.rewards.register_reward).
-REWARD_FIELDS = (("grpo_train", "reward_funcs"), ("final_rl", "reward_funcs"),
-                 ("rejection_sample", "reward_func"), ("evaluate", "reward_func"), ("evaluate", "rm_reward"),
-                 ("evaluate", "rule_reward"))
-
-
 class UnknownReward(ValueError):
     """Reward names the registry does not know; ``problems`` holds (field location, message) pairs."""
 
@@ -262,12 +223,14 @@ def unknown_rewards(config: "PipelineConfig") -> list[tuple[tuple, str]]:
     """(location, message) for every ``reward_funcs`` entry in ``config`` that cannot be used: a name that is not
     registered, a reward model that names a stage the config does not run or a path that is not one."""
     problems = []
-    named = [((section, field), getattr(getattr(config, section), field)) for section, field in REWARD_FIELDS
-             if not (field == "reward_funcs" and getattr(config, section).sources)]
-    named += [((section, "sources", j, "reward_funcs"), src.reward_funcs)
-              for section in ("grpo_train", "final_rl") for j, src in enumerate(getattr(config, section).sources)]
-    named += [(("rejection_sample", "sources", j, "reward_func"), src.reward_func)
-              for j, src in enumerate(config.rejection_sample.sources)]
+    named = []
+    for section, field in REWARD_FIELDS:  # the section's own field, and each of its sources' (a mixture's)
+        cfg = getattr(config, section)
+        sources = getattr(cfg, "sources", None) or [] if cfg is not None else []
+        if cfg is not None and not (field == "reward_funcs" and sources):  # there the sources' replace it
+            named.append(((section, field), getattr(cfg, field)))
+        named += [((section, "sources", j, field), getattr(src, field)) for j, src in enumerate(sources)
+                  if hasattr(src, field)]
     for where, value in named:
         if value is None:  # an optional reward left unset
             continue

@@ -9,7 +9,8 @@ protocol's ``eval/{benchmark}/pass@1``, ``pass@{k}``, ``maj@{k}`` and ``greedy``
 (per problem: samples, extracted answers, verdicts) and a manifest whose parents are the model it scored and
 the eval set; the scored stage's own manifest is never touched (a committed manifest is written once). The
 fingerprint (eval config + model version + eval set version + each benchmark's rows) makes a second evaluation
-of the same model a cache hit.
+of the same model a cache hit. It is the stage table's ``evaluate`` entry (section, seed, reward fields) and
+runs through the same fingerprint / reuse / clean-up as every stage (``tasks.common.reuse_or_build``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from typing import Any
 
 from grpo_core.config import EvalConfig
 from grpo_core.data.rows import read_parquet
-from tasks.common import StageContext, cached, commit_stage, fingerprint, logger, stage_task_options, write_jsonl
+from tasks.common import (StageContext, commit_stage, logger, resolve_reward_models, reuse_or_build, stage_task_options,
+                          write_jsonl)
 from tasks.manifest import StageRef
+from tasks.sections import uses_reward_model_stage
 
 STAGE = "evaluate"
 
@@ -36,10 +39,7 @@ def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRe
     ``config.evaluate.benchmarks``; general rows are scored by ``rm_reward``, which may name the run's
     ``reward_model`` output (then ``reward_model`` is it; a model evaluated before the reward model exists is
     evaluated without ``eval/rm_score``)."""
-    from tasks.reward_model import resolve_reward_models, uses_reward_model_stage
-
-    ctx = StageContext.open(config, run, store, output_name(model.stage))
-    try:
+    with StageContext.open(config, run, store, output_name(model.stage)) as ctx:
         use_vllm, why = eval_use_vllm(ctx.config, model.stage)
         ev = ctx.config.evaluate  # the manifest records the sampler that was followed
         cfg = ev.model_copy(update={"sampling": ev.sampling.model_copy(update={"use_vllm": use_vllm})})
@@ -52,36 +52,40 @@ def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRe
                 parents["reward_model"] = reward_model
         benchmark_rows = load_benchmarks(cfg)
         extra = {"benchmarks": {name: _digest(rows) for name, rows in benchmark_rows.items()}} if benchmark_rows else None
-        fp = fingerprint(STAGE, cfg, parents, extra)
-        if (ref := ctx.reuse(fp, force)) is not None:
-            return cached(ref, "this model was already evaluated with this config")
-        from grpo_core.evaluation.benchmarks import evaluate_benchmarks
-        from grpo_core.evaluation.heldout import evaluate as evaluate_held_out
+        return reuse_or_build(ctx, STAGE, cfg, parents, extra, force,
+                              lambda fp: _score(ctx, cfg, parents, fp, benchmark_rows, why),
+                              why="this model was already evaluated with this config")
 
-        rows = read_parquet(ctx.fetch(data, "eval.parquet"))
-        model_path = str(ctx.fetch(model, "model"))
-        scoring = resolve_reward_models(ctx, cfg, parents)  # `model: reward_model` -> the fetched folder
-        module, tokenizer, backend = make_eval_backend(scoring, model_path, why=why)
-        result = evaluate_held_out(scoring, module if module is not None else model_path, rows, tokenizer=tokenizer,
-                                   backend=backend, return_rows=True)
-        held_out = result.pop("rows")  # per row, with its source (grpo_core.evaluation.heldout)
-        metrics = {k: float(v) for k, v in result.items() if isinstance(v, (int, float))}
-        out = ctx.work / "out"
-        files = {"results.jsonl": write_jsonl(held_out, out / "results.jsonl")}
-        if benchmark_rows:
-            bench_metrics, bench_results = evaluate_benchmarks(cfg, model_path, tokenizer=tokenizer, backend=backend,
-                                                               benchmark_rows=benchmark_rows)
-            metrics.update(bench_metrics)
-            for name, results in bench_results.items():
-                files[f"benchmarks/{name}.jsonl"] = write_jsonl(results, out / "benchmarks" / f"{name}.jsonl")
-        with ctx.begin() as writer:
-            for name, path in files.items():
-                writer.put_file(path, name)
-            ref = commit_stage(ctx, writer, fp=fp, section=cfg, parents=parents, metrics=metrics)
-        logger().info(f"evaluate {model.stage}: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
-        return ref
-    finally:
-        ctx.cleanup()
+
+def _score(ctx: StageContext, cfg: Any, parents: dict[str, StageRef], fp: str,
+           benchmark_rows: dict[str, list[dict[str, Any]]], why: str) -> StageRef:
+    """Sample and score ``parents["model"]`` on the held-out rows and the benchmarks; commit the results."""
+    from grpo_core.evaluation.benchmarks import evaluate_benchmarks
+    from grpo_core.evaluation.heldout import evaluate as evaluate_held_out
+
+    model, data = parents["model"], parents["prepare_data"]
+    rows = read_parquet(ctx.fetch(data, "eval.parquet"))
+    model_path = str(ctx.fetch(model, "model"))
+    scoring = resolve_reward_models(ctx, cfg, parents)  # `model: reward_model` -> the fetched folder
+    module, tokenizer, backend = make_eval_backend(scoring, model_path, why=why)
+    result = evaluate_held_out(scoring, module if module is not None else model_path, rows, tokenizer=tokenizer,
+                               backend=backend, return_rows=True)
+    held_out = result.pop("rows")  # per row, with its source (grpo_core.evaluation.heldout)
+    metrics = {k: float(v) for k, v in result.items() if isinstance(v, (int, float))}
+    out = ctx.work / "out"
+    files = {"results.jsonl": write_jsonl(held_out, out / "results.jsonl")}
+    if benchmark_rows:
+        bench_metrics, bench_results = evaluate_benchmarks(cfg, model_path, tokenizer=tokenizer, backend=backend,
+                                                           benchmark_rows=benchmark_rows)
+        metrics.update(bench_metrics)
+        for name, results in bench_results.items():
+            files[f"benchmarks/{name}.jsonl"] = write_jsonl(results, out / "benchmarks" / f"{name}.jsonl")
+    with ctx.begin() as writer:
+        for name, path in files.items():
+            writer.put_file(path, name)
+        ref = commit_stage(ctx, writer, fp=fp, section=cfg, parents=parents, metrics=metrics)
+    logger().info(f"evaluate {model.stage}: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
+    return ref
 
 
 def load_benchmarks(cfg: Any) -> dict[str, list[dict[str, Any]]]:
@@ -100,14 +104,15 @@ def _digest(rows: list[dict[str, Any]]) -> str:
 def eval_use_vllm(config: Any, stage: str) -> tuple[bool | None, str]:
     """``(use_vllm, where it comes from)`` for evaluating ``stage``'s model under the pipeline ``config``.
 
-    ``evaluate.sampling.use_vllm`` when set; unset (None), evaluation samples as the stage does: an RL stage
-    (grpo_train, final_rl) by its own section's ``sampling.use_vllm``, any other model stage (the SFT stages) by
-    ``grpo_train``'s, the sampler the run's RL uses on the same machines. None from there: vLLM where installed."""
+    ``evaluate.sampling.use_vllm`` when set; unset (None), evaluation samples as the stage does: a stage that samples
+    on its GPU (the table's ``samples_on_gpu``: grpo_train, final_rl) by its own section's ``sampling.use_vllm``, any
+    other model stage (the SFT stages) by ``grpo_train``'s, the sampler the run's RL uses on the same machines. None
+    from there: vLLM where installed."""
     from tasks.stages import get_stage
 
     if config.evaluate.sampling.use_vllm is not None:
         return config.evaluate.sampling.use_vllm, "evaluate.sampling.use_vllm"
-    section = stage if get_stage(stage).kind == "rl" else "grpo_train"
+    section = stage if get_stage(stage).samples_on_gpu else "grpo_train"
     return (getattr(config, section).sampling.use_vllm,
             f"evaluate.sampling.use_vllm unset, so {section}.sampling.use_vllm")
 

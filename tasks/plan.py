@@ -25,8 +25,9 @@ from grpo_core.config import JudgeSpec, RewardModelSpec
 from grpo_core.plan.memory import GiB, Hardware, ModelShape, StagePlan, plan_stage, resolve_model_shape
 from grpo_core.plan.scorers import Scorer
 from tasks.config import PipelineConfig
+from tasks.sections import walk_fields
+from tasks.stages import all_stages, evaluation
 
-EVALUATE = "evaluate"
 logger = logging.getLogger(__name__)
 
 
@@ -51,17 +52,15 @@ def model_shape(config: PipelineConfig) -> ModelShape:
 def stage_section(config: PipelineConfig, stage: str, kind: str) -> Any:
     """The config section that sizes ``stage``: its own; a sampling stage's (rejection sampling, evaluation) holds
     its backend settings in its ``sampling``."""
-    return config.evaluate if stage == EVALUATE else getattr(config, stage)
+    return config.evaluate if stage == evaluation().name else getattr(config, stage)
 
 
 def section_scorers(section: BaseModel, kind: str, shape_of: Any) -> list[Scorer]:
     """The reward models and judges ``section`` loads, one per load: an RL stage loads each distinct metric name
     once (``trainer/mixture.py`` keys entries by name, so two names on one path are two copies); a sampling stage
     or evaluation loads every entry in turn. ``shape_of(model)`` sizes an entry's model."""
-    from tasks.reward_model import walk_fields
-
     specs = [v for v in walk_fields(section) if isinstance(v, (RewardModelSpec, JudgeSpec))]
-    if kind == "rl":
+    if kind == "grpo":
         specs = list({s.name: s for s in reversed(specs)}.values())[::-1]  # the first entry of each name
     return [Scorer(s.name, s.type, shape_of(s.model), s.batch_size, s.max_length,
                    getattr(s, "max_new_tokens", 0), s.device) for s in specs]
@@ -83,18 +82,12 @@ def config_shape_of(config: PipelineConfig, base: ModelShape, stage: str) -> Any
 
 
 def plan_pipeline(config: PipelineConfig, hw: Hardware, shape: ModelShape | None = None) -> list[StagePlan]:
-    """One plan per GPU stage the config runs, in pipeline order."""
-    from tasks.stages import all_stages
-
+    """One plan per GPU stage the config runs, in pipeline order, then evaluation's when a stage makes a model."""
     shape = shape or model_shape(config)
-    plans = []
     stages = [s for s in all_stages() if s.pool == "gpu" and s.enabled(config)]
-    for name, kind in [(s.name, s.kind) for s in stages] + [(EVALUATE, "sampling")] * any(s.makes_model for s in stages):
-        kind = "sft" if kind == "reward" else kind  # a reward model trains like SFT (a score head, no reference)
-        section = getattr(config, name)
-        scorers = section_scorers(section, kind, config_shape_of(config, shape, name))
-        plans.append(plan_stage(name, kind, stage_section(config, name, kind), shape, hw, scorers))
-    return plans
+    return [plan_stage(s.name, s.kind, stage_section(config, s.name, s.kind), shape, hw,
+                       section_scorers(s.section_of(config), s.kind, config_shape_of(config, shape, s.name)))
+            for s in stages + [evaluation()] * any(s.makes_model for s in stages)]
 
 
 def check_stage_memory(stage: str, kind: str, section: Any, model_path: str | Path, *,
@@ -103,9 +96,9 @@ def check_stage_memory(stage: str, kind: str, section: Any, model_path: str | Pa
     """Fail fast (``StageMemoryError``) when ``stage`` would not fit its device; None when not on CUDA.
 
     ``gpus`` defaults to torchrun's ``WORLD_SIZE``; ``free``/``total`` to ``torch.cuda.mem_get_info()``
-    (tests inject them). ``kind`` is the stage table's (``sft``, ``rl``, ``sampling``). ``scorers_of``: the
-    section whose reward models and judges the stage loads (default ``section``), their paths resolved; one
-    whose shape is unknown here (a hub name outside the planner's table) is left out, with a warning."""
+    (tests inject them). ``kind`` is the stage table's (``sft``, ``grpo``, ``reward``, ``sampling``).
+    ``scorers_of``: the section whose reward models and judges the stage loads (default ``section``), their paths
+    resolved; one whose shape is unknown here (a hub name outside the planner's table) is left out, with a warning."""
     if free is None or total is None:
         import torch
 

@@ -15,30 +15,14 @@ and ``resolve_reward_models`` puts the fetched folder in place of the stage name
 
 from __future__ import annotations
 
-from typing import Any, Iterator
-
-from pydantic import BaseModel
-
-from grpo_core.config import REWARD_MODEL_STAGE, RewardModelSpec
-from tasks.common import StageContext, StageFailed, stage_task
-from tasks.config import PipelineConfig
+from grpo_core.config import REWARD_MODEL_STAGE
+from tasks.common import StageContext, StageFailed, resolve_reward_models, stage_task
 from tasks.manifest import StageRef
+from tasks.sections import reward_model_upstream, uses_reward_model_stage, walk_fields
 from tasks.training import train_and_commit
 
 PREFERENCES = "preferences.parquet"
 PREFERENCES_EVAL = "preferences_eval.parquet"
-
-
-def enabled(config: PipelineConfig) -> bool:
-    """The stage runs only when the config has a ``reward_model:`` section."""
-    return config.reward_model is not None
-
-
-def upstream(config: PipelineConfig) -> tuple[str, ...]:
-    """prepare_data (pairs, base model), and cold_start_sft when the backbone is the SFT model."""
-    section = config.reward_model
-    from_sft = section is not None and section.model_name_or_path is None and section.init_from == "cold_start_sft"
-    return ("prepare_data", "cold_start_sft") if from_sft else ("prepare_data",)
 
 
 @stage_task(REWARD_MODEL_STAGE, section="reward_model")
@@ -63,58 +47,6 @@ def reward_model(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> St
                             rows_path=ctx.fetch(data, PREFERENCES), eval_rows_path=eval_path, parents=parents, fp=fp)
 
 
-# ------------------------------------------------------------- naming the stage's model in a GRPO stage's rewards
-# The helpers walk a config section's fields (lists and nested models included), so an entry counts wherever it
-# sits: GRPOConfig.reward_funcs, a mixture source's reward_funcs, an evaluation's reward-model field.
-
-def _is_stage_reference(value: Any) -> bool:
-    return isinstance(value, RewardModelSpec) and value.model == REWARD_MODEL_STAGE
-
-
-def walk_fields(value: Any) -> Iterator[Any]:
-    """``value`` and everything under it: a model's fields, a list's items (the memory planner finds reward
-    models and judges with it too)."""
-    yield value
-    if isinstance(value, BaseModel):
-        for name in type(value).model_fields:
-            yield from walk_fields(getattr(value, name))
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from walk_fields(item)
-
-
-def _replace(value: Any, local: str) -> Any:
-    """``value`` with stage references replaced; only the fields that change are updated, since ``model_copy``
-    marks what it updates as set and the trainer's spec carries the set fields (tasks.training_spec)."""
-    if _is_stage_reference(value):
-        return value.model_copy(update={"model": local})
-    if isinstance(value, BaseModel):
-        changed = {name: new for name in type(value).model_fields
-                   if (new := _replace(old := getattr(value, name), local)) is not old}
-        return value.model_copy(update=changed) if changed else value
-    if isinstance(value, list):
-        items = [_replace(item, local) for item in value]
-        return items if any(new is not old for new, old in zip(items, value)) else value
-    return value
-
-
-def uses_reward_model_stage(section: BaseModel) -> bool:
-    """Whether ``section`` holds an entry ``{reward_model: {model: reward_model}}`` anywhere."""
-    return any(_is_stage_reference(v) for v in walk_fields(section))
-
-
-def reward_model_upstream(section: BaseModel) -> tuple[str, ...]:
-    """``("reward_model",)`` when ``section`` names the stage's model as a reward, else ``()``."""
-    return (REWARD_MODEL_STAGE,) if uses_reward_model_stage(section) else ()
-
-
-def resolve_reward_models(ctx: StageContext, section: BaseModel, parents: dict[str, StageRef]) -> BaseModel:
-    """A copy of ``section`` whose ``model: reward_model`` entries (``reward_funcs``, ``sources[*].reward_funcs``,
-    ``rm_reward``) name the local folder of the committed reward_model output in ``parents`` (fetched and checked
-    against its manifest)."""
-    if not uses_reward_model_stage(section):
-        return section
-    if REWARD_MODEL_STAGE not in parents:
-        raise StageFailed(f"{ctx.stage}: a reward names the reward_model stage but it is not among this stage's "
-                          "inputs; add reward_model_upstream(section) to the stage's upstream in tasks/stages.py")
-    return _replace(section, str(ctx.fetch(parents[REWARD_MODEL_STAGE], "model")))
+# Naming the stage's model in another stage's rewards: finding the entries is tasks/sections.py (the stage table's
+# upstream functions use it too), putting the fetched folder in their place tasks/common.resolve_reward_models.
+__all__ = ["reward_model", "resolve_reward_models", "reward_model_upstream", "uses_reward_model_stage", "walk_fields"]

@@ -6,9 +6,9 @@ ratio is reasoning rows to all general rows; every row's ``source`` is ``reasoni
 
 Starts from ``sft_consolidate.init_from``: the base model (as R1 does), the cold-start model, the GRPO
 model (what worked best at the embedded default's scale), or ``model``: ``init_model``, any model folder or hub
-name (a smaller base distils the same data). Only the parent it actually starts from is an input (``upstream``),
-so only that one enters the fingerprint. Output: ``model/``, ``metrics.jsonl`` and ``sft_rows.parquet`` (the
-rows trained on, each with its ``source``).
+name (a smaller base distils the same data). Only the parent it actually starts from is an input (the stage
+table's ``upstream``), so only that one enters the fingerprint. Output: ``model/``, ``metrics.jsonl`` and
+``sft_rows.parquet`` (the rows trained on, each with its ``source``).
 """
 
 from __future__ import annotations
@@ -19,14 +19,8 @@ from grpo_core.data.consolidation import (REASONING, count_by_source, general_so
                                      mix_by_ratio)
 from grpo_core.data.rows import read_parquet, write_parquet
 from tasks.common import StageContext, StageFailed, stage_task
-from tasks.config import PipelineConfig
 from tasks.manifest import StageRef
 from tasks.training import train_and_commit
-
-
-def upstream(config: PipelineConfig) -> tuple[str, ...]:
-    init = config.sft_consolidate.init_from
-    return ("prepare_data", "rejection_sample") + (() if init in ("base", "model") else (init,))
 
 
 @stage_task("sft_consolidate")

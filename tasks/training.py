@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_core.config import OptimConfig
-from tasks.common import Progress, StageContext, commit_stage, logger
+from tasks.common import Progress, StageContext, commit_stage, logger, resolve_reward_models
 from tasks._worker import run_training
 from tasks.manifest import StageRef
 from tasks.training_spec import TrainerKind, TrainingSpec, trainer_config
@@ -27,8 +27,6 @@ def train_and_commit(ctx: StageContext, *, kind: TrainerKind, section: OptimConf
     ``extra_files``, output name -> local file, e.g. the training rows), commit.
 
     ``kind``: grpo, sft or reward (``eval_rows_path``: the reward model's held-out pairs, if given)."""
-    from tasks.reward_model import resolve_reward_models
-
     log = logger()
     trainer_section = resolve_reward_models(ctx, section, parents)  # `model: reward_model` -> the fetched folder
     out = ctx.work / "train" / "out"

@@ -12,21 +12,43 @@ set). The run setting that reaches the trainer, ``run.torch_num_threads``, is pu
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+import importlib
+from typing import Any, Callable, Literal, NamedTuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, SerializationInfo, ValidationInfo, field_serializer, field_validator
 
 from grpo_core.config import GRPOConfig, RewardConfig, SFTConfig
 
-TrainerKind = Literal["sft", "grpo", "reward"]
+TrainerKind = Literal["sft", "grpo", "reward"]  # the stage table's kinds that train (tasks/stages.py)
 TrainerConfig = Union[SFTConfig, GRPOConfig, RewardConfig]
-TRAINER_CONFIGS: dict[str, type[TrainerConfig]] = {"sft": SFTConfig, "grpo": GRPOConfig, "reward": RewardConfig}
+
+
+class Trainer(NamedTuple):
+    """A trainer kind: its config class, and its train function by name (``module:function``, imported in the
+    training child only, so that reading the table costs no torch import). Every train function is called as
+    ``train(config, model_path, rows, output_dir, resume=True, callbacks=[...])``, plus ``eval_rows=`` when the
+    spec carries held-out rows."""
+
+    config: type[TrainerConfig]
+    train: str
+
+    def train_function(self) -> Callable[..., dict[str, Any]]:
+        module, _, name = self.train.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+# The one registry of trainer kinds: a new kind is one entry here and a stage of that kind in the table.
+TRAINERS: dict[str, Trainer] = {
+    "sft": Trainer(SFTConfig, "grpo_core.trainer.sft:train_sft"),
+    "grpo": Trainer(GRPOConfig, "grpo_core.trainer:train_grpo"),
+    "reward": Trainer(RewardConfig, "grpo_core.trainer.reward_model:train_reward_model"),
+}
 
 
 def trainer_config(kind: TrainerKind, section: BaseModel, *, torch_num_threads: int | None) -> TrainerConfig:
     """``section`` as the ``kind`` trainer's config: the trainer fields the user set, plus the run's
     ``torch_num_threads`` (the one home of the setting: tasks.config.RunSettings)."""
-    cls = TRAINER_CONFIGS[kind]
+    cls = TRAINERS[kind].config
     values = {name: getattr(section, name) for name in section.model_fields_set if name in cls.model_fields}
     values.pop("torch_num_threads", None)  # PipelineConfig moves a section's value to run.torch_num_threads
     if torch_num_threads is not None:
@@ -40,7 +62,7 @@ class TrainingSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: TrainerKind
-    config: TrainerConfig = Field(description="validated as TRAINER_CONFIGS[kind]; serialised with its set fields")
+    config: TrainerConfig = Field(description="validated as TRAINERS[kind].config; serialised with its set fields")
     model_path: str = Field(description="the starting model: a local folder or a hub name")
     rows_path: str = Field(description="the training rows (parquet)")
     eval_rows_path: str | None = Field(None, description="reward: the held-out pairs, if any")
@@ -60,7 +82,7 @@ class TrainingSpec(BaseModel):
         kind = info.data.get("kind")
         if kind is None:  # kind itself is invalid: pydantic reports that
             return value
-        config_cls = TRAINER_CONFIGS[kind]
+        config_cls = TRAINERS[kind].config
         if isinstance(value, BaseModel):  # a stage section subclass would carry fields the trainer refuses
             if type(value) is not config_cls:
                 raise ValueError(f"a {kind} spec takes a {config_cls.__name__}, got a {type(value).__name__}; "

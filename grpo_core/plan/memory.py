@@ -145,7 +145,7 @@ class Hardware:
 @dataclass
 class StagePlan:
     stage: str
-    kind: str  # "sft", "rl", "sampling"
+    kind: str  # the stage kind: "sft", "grpo", "reward" (trains as SFT does), "sampling"
     strategy: str
     hardware: Hardware
     components: dict[str, int]
@@ -189,10 +189,11 @@ class StagePlan:
 
 def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Hardware,
                   scorers: Sequence[Scorer] = ()) -> StagePlan:
-    """The plan of an SFT (``kind="sft"``, an SFTConfig) or RL (``kind="rl"``, a GRPOConfig) stage, on the
-    device that holds the most of its ``scorers`` (every rank's reward models, on the last GPU by default)."""
+    """The plan of an SFT (``kind="sft"``, an SFTConfig; ``"reward"``, a RewardConfig, trains the same way) or GRPO
+    (``kind="grpo"``, a GRPOConfig) stage, on the device that holds the most of its ``scorers`` (every rank's reward
+    models, on the last GPU by default)."""
     strategy = resolve_strategy(config.distributed_strategy, hw.gpus)
-    rl = kind == "rl"
+    rl = kind == "grpo"
     state = model_state_bytes(shape, strategy, hw.gpus, device=hw.device, bf16=config.bf16,
                               reference=rl and needs_reference(config), offload=config.fsdp_cpu_offload)
     seq = config.sampling.max_prompt_length + config.sampling.max_completion_length if rl else config.max_length
@@ -332,7 +333,7 @@ def plan_stage(stage: str, kind: str, config: Any, shape: ModelShape, hw: Hardwa
                 break
     if not found and tried and plan(_updated(config, tried), hw).fits:  # all of them together
         found.append("together: " + _label(tried))
-    if kind == "rl" and hw.gpus > 1 and any(sc.device is None for sc in scorers):  # every rank's copies on one GPU
+    if kind == "grpo" and hw.gpus > 1 and any(sc.device is None for sc in scorers):  # every rank's copies on one GPU
         own = [dataclasses.replace(sc, device="cuda" if sc.device is None else sc.device) for sc in scorers]
         if plan_training(stage, kind, config, shape, hw, own).fits:
             found.append("device: cuda in each reward model / judge entry (each rank's copy on its own GPU, "
@@ -359,7 +360,7 @@ def _candidate_updates(kind: str, config: Any, hw: Hardware) -> list[list[dict[s
             bs //= 2
         if sizes:
             out.append(sizes)
-    s = config.sampling if kind != "sft" else None
+    s = config.sampling if kind in ("grpo", "sampling") else None
     if s is not None and s.use_vllm is not False:
         if hw.device == "cuda" and isinstance(s, GRPOSampling) and not s.vllm_enable_sleep_mode:
             out.append([{"sampling.vllm_enable_sleep_mode": True}])

@@ -216,7 +216,7 @@ def run(args: argparse.Namespace, *, sleep_mode: bool = False, steps: int | None
         "first_step_s": steps[0]["time/step"] if steps else None, "model_build_s": build_s,
         "run_s": time.perf_counter() - run_start, "total_s": total_s, "per_step": steps,
         "vllm_enable_sleep_mode": sleep_mode,
-        "plan": planned_vs_measured("grpo_train", "rl", config, model_path, torch.cuda.max_memory_allocated(),
+        "plan": planned_vs_measured("grpo_train", "grpo", config, model_path, torch.cuda.max_memory_allocated(),
                                     torch.cuda.get_device_properties(0).total_memory),
     }
 

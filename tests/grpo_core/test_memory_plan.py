@@ -93,14 +93,14 @@ def test_vllm_share_and_sleep_mode():
     hw = Hardware(gpus=8, gpu_memory=80 * GiB)
     config = GRPOConfig(use_vllm=True, bf16=True, gradient_checkpointing=True, distributed_strategy="fsdp",
                         vllm_gpu_memory_utilization=0.25, max_prompt_length=512, max_completion_length=512)
-    awake = plan_training("grpo_train", "rl", config, shape, hw)
+    awake = plan_training("grpo_train", "grpo", config, shape, hw)
     assert awake.components["generation"] == int(0.25 * 80 * GiB)
-    asleep = plan_training("grpo_train", "rl", with_sampling(config, vllm_enable_sleep_mode=True), shape, hw)
+    asleep = plan_training("grpo_train", "grpo", with_sampling(config, vllm_enable_sleep_mode=True), shape, hw)
     assert asleep.components["generation (asleep)"] == 0
     assert awake.train_peak - asleep.train_peak == int(0.25 * 80 * GiB)
     state = sum(asleep.components[k] for k in ("weights", "optimizer", "reference"))
     assert asleep.generation_peak == state + int(0.25 * 80 * GiB) + CUDA_CONTEXT_BYTES
-    small = plan_training("grpo_train", "rl", with_sampling(config, vllm_gpu_memory_utilization=0.15), shape, hw)
+    small = plan_training("grpo_train", "grpo", with_sampling(config, vllm_gpu_memory_utilization=0.15), shape, hw)
     assert not small.fits and "cannot hold one" in small.problems[0]  # 12 GiB < 14.2 GiB of bf16 weights
 
 
@@ -109,7 +109,7 @@ def test_tensor_parallel_splits_vllm_weights():
     config = GRPOConfig(use_vllm=True, vllm_gpu_memory_utilization=0.15, vllm_tensor_parallel_size=2,
                         distributed_strategy="fsdp", bf16=True, gradient_checkpointing=True,
                         max_prompt_length=512, max_completion_length=512)
-    assert not plan_training("grpo_train", "rl", config, shape, Hardware(8, 80 * GiB)).problems
+    assert not plan_training("grpo_train", "grpo", config, shape, Hardware(8, 80 * GiB)).problems
 
 
 def test_a_plan_that_does_not_fit_names_the_settings_that_would():
@@ -156,7 +156,7 @@ def test_the_reference_model_is_planned_exactly_when_the_kl_term_needs_it():
     """One rule (config.needs_reference): beta > 0 holds a reference model as large as the fp32 weights; beta 0,
     or an SFT stage, holds none."""
     hw = Hardware(1, 80 * GiB)
-    plan = lambda beta: plan_training("grpo_train", "rl", GRPOConfig(beta=beta, use_vllm=False), SMALL, hw)  # noqa: E731
+    plan = lambda beta: plan_training("grpo_train", "grpo", GRPOConfig(beta=beta, use_vllm=False), SMALL, hw)  # noqa: E731
     assert plan(0.04).components["reference"] == 4 * SMALL_PARAMS
     assert plan(0.0).components["reference"] == 0
     assert plan_training("s", "sft", SFTConfig(), SMALL, hw).components["reference"] == 0

@@ -62,8 +62,8 @@ RL = GRPOConfig(use_vllm=True, bf16=True, gradient_checkpointing=True, vllm_gpu_
 
 def test_an_rl_stage_counts_its_reward_models_in_both_phases():
     shape, hw = KNOWN_SHAPES["Qwen/Qwen2.5-0.5B-Instruct"], Hardware(1, 40 * GiB)
-    bare = plan_training("final_rl", "rl", RL, shape, hw)
-    plan = plan_training("final_rl", "rl", RL, shape, hw, two_rms())
+    bare = plan_training("final_rl", "grpo", RL, shape, hw)
+    plan = plan_training("final_rl", "grpo", RL, shape, hw, two_rms())
     added = 2 * two_rms()[0].weight_bytes + GiB
     assert plan.components["reward models"] == 2 * two_rms()[0].weight_bytes and plan.components["scoring"] == GiB
     assert plan.train_peak - bare.train_peak == added and plan.generation_peak - bare.generation_peak == added
@@ -76,11 +76,11 @@ def test_eight_ranks_stack_on_the_last_gpu_and_the_plan_names_the_fix():
 
     shape, hw = KNOWN_SHAPES["Qwen/Qwen2.5-7B"], Hardware(8, 80 * GiB)
     config = RL.model_copy(update={"distributed_strategy": "fsdp", "per_device_train_batch_size": 4})
-    bare = plan_training("final_rl", "rl", config, shape, hw)
-    plan = plan_stage("final_rl", "rl", config, shape, hw, two_rms())
+    bare = plan_training("final_rl", "grpo", config, shape, hw)
+    plan = plan_stage("final_rl", "grpo", config, shape, hw, two_rms())
     assert plan.train_peak - bare.train_peak == 16 * two_rms()[0].weight_bytes + 8 * GiB + 7 * CUDA_CONTEXT_BYTES
     assert not plan.fits and plan.suggestions[-1].startswith("device: cuda in each reward model")
-    assert plan_training("final_rl", "rl", config, shape, hw, two_rms("cuda")).fits
+    assert plan_training("final_rl", "grpo", config, shape, hw, two_rms("cuda")).fits
 
 
 def test_a_sampling_stage_on_several_gpus_puts_them_on_the_last_alone():

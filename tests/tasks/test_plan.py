@@ -111,7 +111,7 @@ def test_the_run_s_reward_model_is_the_base_model_under_a_score_head():
 
     config = load_config(Path(HALF_B).parent / "tiny-cpu.yaml")  # final_rl: {reward_model: {model: reward_model}} x 2
     base = model_shape(config)
-    scorers = section_scorers(config.final_rl, "rl", config_shape_of(config, base, "final_rl"))
+    scorers = section_scorers(config.final_rl, "grpo", config_shape_of(config, base, "final_rl"))
     assert [(s.name, s.shape) for s in scorers] == [("rm_helpful", base), ("rm_harmless", base)]
     plan = next(p for p in plan_pipeline(config, Hardware(1, 4 * GiB, device="cpu")) if p.stage == "final_rl")
     assert plan.components["reward models"] == 2 * scorers[0].weight_bytes > 0
