@@ -65,6 +65,28 @@ log = logging.getLogger("r1.store")
 _VERIFIED: dict[tuple[str, str], tuple[Any, ...]] = {}
 
 
+# ---- the writer's fence --------------------------------------------------------------------------------------
+# (store URL, run) -> the check a commit to that run runs first, in this process: the run's lease
+# (``tasks/lease.py`` installs it while it holds the lease). It raises to refuse the commit.
+_FENCES: dict[tuple[str, str], Callable[[str], None]] = {}
+
+
+def set_fence(url: str, run: str, check: Callable[[str], None]) -> None:
+    """Make every commit to ``run`` in the store at ``url`` from this process call ``check(what)`` first."""
+    _FENCES[(url, run)] = check
+
+
+def clear_fence(url: str, run: str, check: Callable[[str], None]) -> None:
+    """Remove ``check`` (only if it is still the one installed)."""
+    if _FENCES.get((url, run)) == check:
+        del _FENCES[(url, run)]
+
+
+def _fence(store: "Store", run: str, what: str) -> None:
+    if (check := _FENCES.get((store.url, run))) is not None:
+        check(what)
+
+
 class StoreStalled(StoreError):
     """An S3 operation got no answer within R1_S3_READ_TIMEOUT. Not retried by the stage task: the operation
     has waited its whole limit already, so the stage fails within it."""
@@ -519,6 +541,7 @@ class Store:
     def put_checkpoint(self, run: str, stage: str, key: str, step: int, local_dir: Path) -> str:
         dest = self.path(run, stage, CHECKPOINTS, key, f"checkpoint-{step}")
         files = self.put_dir(local_dir, dest)
+        _fence(self, run, f"{stage} checkpoint {step}")
         self.write_json(f"{dest}/{COMPLETE}", {"step": step, "files": files, "created": utc_now()})
         return self.uri(dest)
 
@@ -595,6 +618,7 @@ class StageWriter:
                metrics: dict[str, float], extra: dict[str, Any] | None = None) -> StageRef:
         manifest = new_manifest(run=self.run, stage=self.stage, version=self.version, fingerprint=fingerprint,
                                 config=config, parents=parents, metrics=metrics, files=self.files, extra=extra)
+        _fence(self.store, self.run, f"{self.stage} output {self.version}")  # a writer that lost the run stops here
         self.store.write_json(f"{self.path}/{MANIFEST}", manifest)
         return ref_from_manifest(manifest, self.store.url)
 
