@@ -14,6 +14,10 @@ Layout::
 
 What a manifest holds, its checks and ``StageRef`` are in ``tasks/manifest.py`` (no I/O).
 
+A process that holds the run's lease checks it before each commit (the manifest, a checkpoint's
+``_COMPLETE``): ``set_fence``, installed by ``tasks/lease.py``; a writer that lost the run commits nothing.
+Every S3 operation as a whole is bounded by R1_S3_READ_TIMEOUT (``_bounded``; see the note at ``S3_TIMEOUT_ENV``).
+
 Readers only see committed versions; an output whose writer died before its manifest is ignored (and the
 writer deletes it on a clean failure), and so is a version whose manifest cannot be read (truncated, not
 JSON; logged with its path).

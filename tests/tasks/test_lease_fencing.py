@@ -25,6 +25,14 @@ RUN = "same"
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _hang_up(*conns: socket.socket) -> None:
+    for conn in conns:
+        try:
+            conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 class PausableProxy:
     """A TCP proxy to ``upstream`` (host, port). ``pause()`` cuts it like a network partition: bytes in either
     direction are dropped, new connections hang; ``resume()`` closes the connections that were cut (their
@@ -64,11 +72,7 @@ class PausableProxy:
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            _hang_up(src, dst)
 
     def pause(self) -> None:
         self.paused.set()
@@ -76,11 +80,7 @@ class PausableProxy:
     def resume(self) -> None:
         self.paused.clear()
         with self.lock:
-            for client in self.cut:
-                try:
-                    client.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            _hang_up(*self.cut)
 
     def close(self) -> None:
         self.server.close()
