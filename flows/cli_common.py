@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -103,18 +104,37 @@ def _existing_run(st: Any, name: str) -> None:
           + "; pass --store if the run is in another store")
 
 
+_STOPPED: list[str] = []  # why this command stopped itself (a lost lease), for ``_interruptible``'s one line
+
+
+def _stop_writer(reason: str) -> None:
+    """The lease's ``on_lost``: stop this command as Ctrl-C does (training process group down, flow runs
+    Cancelled), so a writer that lost its run commits nothing more; ``_interruptible`` then prints ``reason``."""
+    _STOPPED.append(reason)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
 def _lease(st: Any, run_name: str, force: bool) -> Any:
-    """The run's lease (one writer per run), taken before any stage starts; enter it to keep it alive."""
+    """The run's lease (one writer per run), taken before any stage starts; enter it to keep it alive. Losing
+    it stops the command (``_stop_writer``)."""
     from tasks.lease import acquire_lease
     from tasks.store import StoreError
 
     try:
-        return acquire_lease(st, run_name, force=force)
+        return acquire_lease(st, run_name, force=force, on_lost=_stop_writer)
     except StoreError as e:  # LeaseHeld names the holder and how to proceed
         _fail(str(e))
 
 
 INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
+TERMINATED = 143  # ... and by SIGTERM
+
+
+def _terminate_as_interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM unwinds as Ctrl-C does (the lease released, flow runs Cancelled), once."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _STOPPED.append("terminated (SIGTERM)")
+    raise KeyboardInterrupt
 
 
 class Interrupted(KeyboardInterrupt):
@@ -123,14 +143,27 @@ class Interrupted(KeyboardInterrupt):
 
 @contextmanager
 def _interruptible() -> Iterator[None]:
-    """Outermost around a command's flows: Ctrl-C ends the command with one line and exit code 130, once the
-    contexts inside have unwound (lease released, temporary server stopped)."""
+    """Outermost around a command's flows: Ctrl-C (or SIGTERM) ends the command with one line and exit code 130
+    (143), once the contexts inside have unwound (lease released, temporary server stopped); a lost lease
+    (``_stop_writer``) with one ``error:`` line and exit code 1."""
+    _STOPPED.clear()
+    main = threading.current_thread() is threading.main_thread()  # signal handlers can only be set there
+    previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt) if main else None
     try:
         yield
     except KeyboardInterrupt as e:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        typer.echo(str(e) if isinstance(e, Interrupted) else "interrupted before any stage started", err=True)
+        said = str(e) if isinstance(e, Interrupted) else "interrupted before any stage started"
+        if _STOPPED and _STOPPED[0].startswith("lost the lease"):
+            _fail(f"{_STOPPED[0]}; this writer stopped and commits nothing more to the run")
+        if _STOPPED:
+            typer.echo(f"{_STOPPED[0]}: {said}", err=True)
+            raise typer.Exit(TERMINATED) from None
+        typer.echo(said, err=True)
         raise typer.Exit(INTERRUPTED) from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 FORCE_UNLOCK = "take the run's lease even if another writer holds it (only when that writer is gone)"

@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from grpo_core.config import REWARD_MODEL_STAGE
 from tasks.config import PipelineConfig
 from tasks.manifest import StageRef
+from tasks.scratch import new_scratch
 from tasks.sections import replace_stage_references, uses_reward_model_stage
 from tasks.store import IntegrityError, StageWriter, Store, TransientStoreError
 
@@ -237,8 +238,7 @@ class StageContext:
     def open(cls, config: PipelineConfig, run: str, store: str | None, stage: str) -> "StageContext":
         cfg, st = config, Store(store)
         base = Path(os.environ.get("R1_WORKDIR") or Path(tempfile.gettempdir()) / "r1-work")
-        work = base / run / stage / os.urandom(3).hex()  # fresh per attempt: a retry reads from the store
-        work.mkdir(parents=True)
+        work = new_scratch(base, run, stage)  # fresh per attempt; those of dead processes removed (tasks/scratch.py)
         if cfg.run.torch_num_threads:
             import torch
 

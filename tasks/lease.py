@@ -7,15 +7,22 @@ while they run and delete it when they end (failure and Ctrl-C included)::
      "heartbeat_at": epoch s, "expires_at": epoch s (heartbeat + ttl)}
 
 A second writer fails with ``LeaseHeld``, which names the holder. A lease whose ``expires_at`` has passed
-(its writer died without releasing it) is taken over with a warning; ``force=True`` (``--force-unlock``)
-takes any lease. Expiry compares the clocks of two machines: keep them NTP-synced, or the TTL well above
-their skew.
+(its writer died without releasing it) is taken over with a warning, and so at once is one whose writer ran
+on this host and is gone (``tasks/owner.py``: pid, pid namespace, start time); ``force=True``
+(``--force-unlock``) takes any lease. Expiry compares the clocks of two machines: keep them NTP-synced, or
+the TTL well above their skew.
+
+Fencing: while this process holds the lease, every commit to the run (a stage's manifest, a checkpoint's
+``_COMPLETE``; ``tasks/store.py``'s fence) first reads the lease back and is refused with ``LeaseLost``,
+naming the run and the other holder, when it is no longer ours. The heartbeat gives the lease up by itself
+(``on_lost``: the ``r1`` commands stop at once) when it sees another owner, or when no heartbeat has reached
+the store for ``ttl - GUARD`` (from then on another writer may take the run over).
 
 No atomic create-if-absent on S3, so taking a lease is: read; if free, write ours; wait ``settle_s``; read
 back and proceed only if the owner is still us (the last write wins, the loser sees it and fails). The race
 left: writer B reads "free" before A writes, then stalls longer than ``settle_s`` before its own write lands
 after A's read-back; both proceed. A heartbeat that finds another owner in the file logs an error and stops
-refreshing (it never overwrites a lease it lost), so such a double writer is at least reported.
+refreshing (it never overwrites a lease it lost) and stops its writer.
 """
 
 from __future__ import annotations
@@ -23,25 +30,29 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
-import os
 import secrets
-import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
-from tasks.store import Store, StoreError
+from tasks.owner import process_gone, this_process
+from tasks.store import Store, StoreError, clear_fence, set_fence
 
 LEASE = "lease.json"
 TTL_S = 60.0  # a lease not refreshed for this long is stale
 HEARTBEAT_S = 15.0  # refresh interval: several heartbeats per TTL
 SETTLE_S = 0.25  # wait between writing a lease and reading it back (narrows the S3 race, see above)
+GUARD = 1 / 6  # of the TTL: a writer stops this long before others may take its unrefreshed lease over
 
 log = logging.getLogger("r1.lease")
 
 
 class LeaseHeld(StoreError):
     """Another live writer holds the run's lease. Not retried."""
+
+
+class LeaseLost(StoreError):
+    """This writer no longer holds the run's lease: it must not commit anything to the run. Not retried."""
 
 
 def _iso(t: float) -> str:
@@ -64,19 +75,29 @@ def describe(holder: dict[str, Any]) -> str:
 class RunLease:
     """The lease this process holds on one run; use as a context manager (heartbeat in, release out)."""
 
-    def __init__(self, store: Store, run: str, *, ttl_s: float = TTL_S, heartbeat_s: float = HEARTBEAT_S) -> None:
+    def __init__(self, store: Store, run: str, *, ttl_s: float = TTL_S, heartbeat_s: float = HEARTBEAT_S,
+                 on_lost: Callable[[str], None] | None = None) -> None:
         self.store, self.run, self.ttl_s, self.heartbeat_s = store, run, ttl_s, heartbeat_s
         self.path = store.run_file(run, LEASE)
         self.owner = secrets.token_hex(8)
         self.since = _iso(time.time())
         self.lost = False
+        self.lost_reason = ""
+        self.on_lost = on_lost  # called once, from the heartbeat thread, when the lease is lost
+        self.valid_until = 0.0  # our last successful write + TTL - guard: after it, assume another writer took over
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
 
     def record(self) -> dict[str, Any]:
         now = time.time()
-        return {"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(), "since": self.since,
-                "heartbeat": _iso(now), "heartbeat_at": now, "expires_at": now + self.ttl_s, "run": self.run}
+        return {"owner": self.owner, **this_process(), "since": self.since, "heartbeat": _iso(now),
+                "heartbeat_at": now, "expires_at": now + self.ttl_s, "run": self.run}
+
+    def _write(self) -> None:
+        record = self.record()
+        self.store.write_json(self.path, record)
+        self.valid_until = record["heartbeat_at"] + self.ttl_s * (1 - GUARD)
 
     def read(self) -> dict[str, Any] | None:
         """The lease in the store: None when there is none; ``{}`` when it is unreadable (damaged)."""
@@ -101,13 +122,17 @@ class RunLease:
                 log.warning("taking over the stale lease on run %s (%s; expired %s)", self.run,
                             describe(holder) if holder else f"unreadable {where}",
                             _iso(_expires_at(holder)) if holder else "?")
+            elif process_gone(holder):
+                log.warning("taking over the lease on run %s from %s: that process is gone (same host)", self.run,
+                            describe(holder))
             else:
                 raise LeaseHeld(self._held_message(holder))
-        self.store.write_json(self.path, self.record())
+        self._write()
         time.sleep(settle_s)
         now_held = self.read()
         if not now_held or now_held.get("owner") != self.owner:  # another writer's lease landed after ours
             raise LeaseHeld(self._held_message(now_held or {}))
+        set_fence(self.store.url, self.run, self.ensure_held)
         return self
 
     def _held_message(self, holder: dict[str, Any]) -> str:
@@ -116,30 +141,84 @@ class RunLease:
                 f"if that process is gone, rerun with --force-unlock")
 
     def refresh(self) -> bool:
-        """Write a new heartbeat; False (and no write) when the lease now belongs to another writer."""
+        """Write a new heartbeat; False (and no write) when the lease is lost: another writer's is in the store,
+        or ours was not refreshed in time (``valid_until`` passed: another writer may be taking it now)."""
+        if self.lost:
+            return False
+        if time.time() > self.valid_until:
+            self._lose_unrefreshed()
+            return False
         holder = self.read()
         if holder and holder.get("owner") != self.owner:
-            if not self.lost:
-                log.error("lost the lease on run %s to %s: another writer took it (--force-unlock or a stale "
-                          "take-over); this process no longer refreshes it", self.run, describe(holder))
-            self.lost = True
+            self._lose(f"another writer took it: {describe(holder)} (--force-unlock or a stale take-over)")
             return False
-        self.store.write_json(self.path, self.record())
+        self._write()
         return True
+
+    def _lose_unrefreshed(self) -> None:
+        last = self.valid_until - self.ttl_s * (1 - GUARD)
+        self._lose(f"no heartbeat reached the store since {_iso(last)} (a lease goes stale after {self.ttl_s:g} s), "
+                   "so another writer may be taking the run over")
+
+    def _lose(self, reason: str) -> None:
+        """Give the lease up for good: no more heartbeats, no more commits, and tell the writer to stop."""
+        with self._lock:
+            if self.lost:
+                return
+            self.lost, self.lost_reason = True, f"lost the lease on run {self.run!r} in {self.store.url}: {reason}"
+        log.error("%s; this process stops writing to the run", self.lost_reason)
+        if self.on_lost is not None:
+            self.on_lost(self.lost_reason)
+
+    def ensure_held(self, what: str = "a commit") -> None:
+        """The fence before ``what`` (a commit to the run): raise ``LeaseLost``, naming the run and the lease's
+        holder now, unless the lease in the store is still ours and was refreshed in time."""
+        try:
+            held = self.read()
+        except StoreError as e:
+            if not self.lost:
+                raise LeaseLost(f"{what} to run {self.run!r} refused: cannot read the run's lease to check this "
+                                f"writer still holds it ({e})") from None
+            held = None
+        if not self.lost:
+            if not held or held.get("owner") != self.owner:
+                self._lose(f"another writer took it: {describe(held)}" if held else
+                           f"its lease file {self.store.uri(self.path)} was removed or damaged")
+            elif time.time() > self.valid_until:  # not refreshed in time: another writer may be taking it now
+                self._lose_unrefreshed()
+        if self.lost:
+            now = describe(held) if held and held.get("owner") != self.owner else ""
+            other = f"; {now} holds it now" if now and now not in self.lost_reason else ""
+            raise LeaseLost(f"{what} refused: {self.lost_reason}{other}; this writer stops (`r1 status "
+                            f"{self.run}` shows what the other writer committed)")
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             try:
                 if not self.refresh():
                     return
-            except StoreError as e:  # a missed heartbeat is not fatal: the next one may get through
+            except StoreError as e:  # a missed heartbeat is not fatal if the next one gets through in time
                 log.warning("lease heartbeat for run %s failed: %s", self.run, e)
+
+    def _watch(self) -> None:
+        """Lose the lease when ``valid_until`` passes without a refresh, even while a heartbeat's store call
+        hangs (each is bounded, but by R1_S3_READ_TIMEOUT, not by the lease)."""
+        while not self._stop.wait(max(0.05, self.valid_until - time.time())):
+            if self.lost:
+                return
+            if time.time() > self.valid_until:
+                self._lose_unrefreshed()
+                return
 
     def release(self) -> None:
         """Stop the heartbeat and delete the lease if it is still ours."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        clear_fence(self.store.url, self.run, self.ensure_held)
+        if self.lost:  # nothing of ours to delete; a heartbeat still in a store call writes nothing more
+            return
+        for thread in self._threads:  # a heartbeat write must not land after the delete below
+            if thread is not threading.current_thread():
+                thread.join(timeout=10)
         try:
             holder = self.read()
         except StoreError as e:
@@ -149,8 +228,10 @@ class RunLease:
             self.store.remove_run_file(self.run, LEASE)
 
     def __enter__(self) -> "RunLease":
-        self._thread = threading.Thread(target=self._beat, name=f"lease-{self.run}", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=fn, name=f"lease-{self.run}-{fn.__name__}", daemon=True)
+                         for fn in (self._beat, self._watch)]
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -158,6 +239,9 @@ class RunLease:
 
 
 def acquire_lease(store: Store, run: str, *, force: bool = False, ttl_s: float = TTL_S,
-                  heartbeat_s: float = HEARTBEAT_S, settle_s: float = SETTLE_S) -> RunLease:
-    """Take the lease on ``run`` (see the module docstring); enter the result to keep it alive."""
-    return RunLease(store, run, ttl_s=ttl_s, heartbeat_s=heartbeat_s).acquire(force=force, settle_s=settle_s)
+                  heartbeat_s: float = HEARTBEAT_S, settle_s: float = SETTLE_S,
+                  on_lost: Callable[[str], None] | None = None) -> RunLease:
+    """Take the lease on ``run`` (see the module docstring); enter the result to keep it alive. ``on_lost``
+    (the reason) is how the heartbeat stops the writer when the lease is lost."""
+    return RunLease(store, run, ttl_s=ttl_s, heartbeat_s=heartbeat_s, on_lost=on_lost).acquire(force=force,
+                                                                                               settle_s=settle_s)

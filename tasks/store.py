@@ -14,6 +14,10 @@ Layout::
 
 What a manifest holds, its checks and ``StageRef`` are in ``tasks/manifest.py`` (no I/O).
 
+A process that holds the run's lease checks it before each commit (the manifest, a checkpoint's
+``_COMPLETE``): ``set_fence``, installed by ``tasks/lease.py``; a writer that lost the run commits nothing.
+Every S3 operation as a whole is bounded by R1_S3_READ_TIMEOUT (``_bounded``; see the note at ``S3_TIMEOUT_ENV``).
+
 Readers only see committed versions; an output whose writer died before its manifest is ignored (and the
 writer deletes it on a clean failure), and so is a version whose manifest cannot be read (truncated, not
 JSON; logged with its path).
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import io
 import json
 import logging
 import os
@@ -48,6 +53,7 @@ import fsspec
 
 # StoreError, TransientStoreError and IntegrityError are defined beside StageRef (which raises them too);
 # callers import them from here, with the Store that raises them.
+from tasks.deadline import Progress, Stalled, call_within
 from tasks.manifest import (IntegrityError, StageRef, StoreError, TransientStoreError, check_manifest, new_manifest,
                             ref_from_manifest, rerun_hint, sha256_file, utc_now)
 
@@ -63,6 +69,33 @@ log = logging.getLogger("r1.store")
 _VERIFIED: dict[tuple[str, str], tuple[Any, ...]] = {}
 
 
+# ---- the writer's fence --------------------------------------------------------------------------------------
+# (store URL, run) -> the check a commit to that run runs first, in this process: the run's lease
+# (``tasks/lease.py`` installs it while it holds the lease). It raises to refuse the commit.
+_FENCES: dict[tuple[str, str], Callable[[str], None]] = {}
+
+
+def set_fence(url: str, run: str, check: Callable[[str], None]) -> None:
+    """Make every commit to ``run`` in the store at ``url`` from this process call ``check(what)`` first."""
+    _FENCES[(url, run)] = check
+
+
+def clear_fence(url: str, run: str, check: Callable[[str], None]) -> None:
+    """Remove ``check`` (only if it is still the one installed)."""
+    if _FENCES.get((url, run)) == check:
+        del _FENCES[(url, run)]
+
+
+def _fence(store: "Store", run: str, what: str) -> None:
+    if (check := _FENCES.get((store.url, run))) is not None:
+        check(what)
+
+
+class StoreStalled(StoreError):
+    """An S3 operation got no answer within R1_S3_READ_TIMEOUT. Not retried by the stage task: the operation
+    has waited its whole limit already, so the stage fails within it."""
+
+
 def _new_version() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(3)
 
@@ -71,11 +104,11 @@ def _endpoint_name() -> str:
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "AWS S3 (default endpoint)"
 
 
-# Every S3 call is bounded: a socket that accepts and never answers must not hold a command for minutes.
-# read_timeout bounds each socket read (aiohttp's sock_read), not a whole transfer: a multipart upload of a
-# big checkpoint takes as long as it needs while bytes keep flowing, so 60 s is ample and a slow link is not
-# cut off. One request gives up after R1_S3_MAX_ATTEMPTS x (connect + read) s at worst; s3fs's own loop
-# (``S3_TRIES``) retries a failed call or body read once more on top; task-level retries cover the rest.
+# Every S3 operation is bounded as a whole (``tasks/deadline.py``): R1_S3_READ_TIMEOUT is the longest one store
+# operation (a listing, a read, a write; retries included) waits for the endpoint, and for a transfer the longest
+# stretch without a finished block (``CHUNK``), so a multipart upload of a big checkpoint takes as long as it needs
+# while bytes keep flowing. Inside that bound botocore's read_timeout (the same value) ends each silent request
+# and R1_S3_MAX_ATTEMPTS x ``S3_TRIES`` retry the ones that fail fast (a 5xx, a reset); they no longer add up.
 S3_TIMEOUT_ENV = {"connect": ("R1_S3_CONNECT_TIMEOUT", 10.0), "read": ("R1_S3_READ_TIMEOUT", 60.0)}
 S3_ATTEMPTS_ENV = ("R1_S3_MAX_ATTEMPTS", 3)
 S3_TRIES = 2  # s3fs's ``retries``: tries per call (its default, 5 with backoff, multiplies into minutes)
@@ -142,6 +175,8 @@ class Store:
     # ---- errors -------------------------------------------------------------------------------------
     def _explain(self, e: BaseException, action: str) -> StoreError:
         """One line that says what failed and where, never credentials."""
+        if isinstance(e, StoreError):  # already explained (a stall, an integrity error)
+            return e
         msg = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         if self.protocol.startswith("s3"):
             where = f"S3 endpoint {_endpoint_name()} for {self.url}"
@@ -152,9 +187,7 @@ class Store:
                     return StoreError(f"cannot reach {where} while {action}: no connection within "
                                       f"{self.timeouts['connect']:g} s (R1_S3_CONNECT_TIMEOUT); check "
                                       "AWS_ENDPOINT_URL_S3 and the network")
-                return TransientStoreError(f"cannot reach {where} while {action}: no answer within "
-                                           f"{self.timeouts['read']:g} s (R1_S3_READ_TIMEOUT); check "
-                                           "AWS_ENDPOINT_URL_S3 and the network")
+                return self._stalled(action)
             if isinstance(e, PermissionError) or any(s in text for s in ("AccessDenied", "InvalidAccessKeyId",
                                                                          "SignatureDoesNotMatch", "Forbidden")):
                 return StoreError(f"access denied by {where} while {action} ({msg}); check AWS_ACCESS_KEY_ID / "
@@ -168,13 +201,29 @@ class Store:
             return TransientStoreError(f"{where}: error while {action} ({msg})")
         return TransientStoreError(f"store {self.url}: error while {action} ({msg})")
 
+    def _stalled(self, action: str) -> StoreStalled:
+        return StoreStalled(f"cannot reach S3 endpoint {_endpoint_name()} for {self.url} while {action}: no answer "
+                            f"within {self.timeouts['read']:g} s (R1_S3_READ_TIMEOUT, the limit on one store "
+                            "operation); check AWS_ENDPOINT_URL_S3 and the network")
+
+    def _bounded(self, action: str, fn: Callable[[], Any], progress: Progress | None = None) -> Any:
+        """``fn()`` within R1_S3_READ_TIMEOUT as a whole (per stretch without ``progress`` for a transfer), or
+        ``StoreStalled`` naming the endpoint, the store, ``action`` and the variable. Local stores: unbounded."""
+        if not self.timeouts:
+            return fn()
+        try:
+            return call_within(self.timeouts["read"], fn, progress)
+        except Stalled:
+            raise self._stalled(action) from None
+
     def check(self) -> None:
         """Fail fast if the root cannot be listed or created: on S3 one try, so an endpoint that never
         answers fails within connect + read timeout, not after every retry."""
         try:
             if self.protocol.startswith("s3"):
                 bucket = self.root.split("/", 1)[0]
-                self._filesystem(self.url, attempts=1)[0].ls(bucket, refresh=True)
+                fs = self._filesystem(self.url, attempts=1)[0]
+                self._bounded("opening the store", lambda: fs.ls(bucket, refresh=True))
             else:
                 self.fs.makedirs(self.root, exist_ok=True)
         except Exception as e:  # noqa: BLE001 - every backend error becomes one clear line
@@ -207,14 +256,22 @@ class Store:
         return files
 
     def put_file(self, local: Path, dest: str) -> None:
-        dest = self._strip(dest)
-        try:
+        dest, action = self._strip(dest), f"uploading {Path(local).name}"
+        progress = Progress()
+
+        def upload() -> None:
             self.fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
-            self.fs.put_file(str(local), dest)
-        except StoreError:
-            raise
+            if self.timeouts:  # parts of CHUNK bytes (at most 10,000 parts): progress every few seconds
+                size = Path(local).stat().st_size
+                chunk = max(CHUNK, -(-size // 10_000))
+                self.fs.put_file(str(local), dest, callback=_Ticks(progress), chunksize=chunk)
+            else:
+                self.fs.put_file(str(local), dest)
+
+        try:
+            self._bounded(action, upload, progress)
         except Exception as e:  # noqa: BLE001
-            raise self._explain(e, f"uploading {Path(local).name}") from None
+            raise self._explain(e, action) from None
 
     def _identity(self, rpath: str) -> tuple[Any, ...]:
         """What changes when the file's bytes are replaced: ETag on S3; size, mtime, ctime, inode locally.
@@ -229,16 +286,27 @@ class Store:
         unless size and sha256 match ``expected``. Returns the seconds spent hashing."""
         uri, want = self.uri(rpath), expected["sha256"]
         dest.parent.mkdir(parents=True, exist_ok=True)
-        hashed = 0.0
-        try:
+        progress = Progress()
+
+        def download() -> tuple[Any, int, str, float]:
+            hashed = 0.0
             ident = self._identity(rpath)
+            progress.tick()
             if _VERIFIED.get((uri, want)) == ident:  # these exact bytes were verified in this process
-                self.fs.get_file(rpath, str(dest))
+                if self.timeouts:
+                    self.fs.get_file(rpath, str(dest), callback=_Ticks(progress), chunksize=CHUNK)
+                else:
+                    self.fs.get_file(rpath, str(dest))
                 size, actual = dest.stat().st_size, want
+                progress.tick()
                 if self._identity(rpath) != ident:  # replaced while copying: hash what was copied
                     hashed, actual = _timed_sha256(dest)
             else:
-                size, actual, hashed = self._stream_hashed(rpath, dest)
+                size, actual, hashed = self._stream_hashed(rpath, dest, progress)
+            return ident, size, actual, hashed
+
+        try:
+            ident, size, actual, hashed = self._bounded(f"downloading {uri}", download, progress)
         except FileNotFoundError:
             raise IntegrityError(f"{uri} is missing but its manifest lists it; {fix}") from None
         except Exception as e:  # noqa: BLE001
@@ -253,11 +321,13 @@ class Store:
         _VERIFIED[(uri, want)] = ident
         return hashed
 
-    def _stream_hashed(self, rpath: str, dest: Path) -> tuple[int, str, float]:
+    def _stream_hashed(self, rpath: str, dest: Path, progress: Progress | None = None) -> tuple[int, str, float]:
         """(size, sha256, hashing seconds) of the bytes copied from ``rpath`` to ``dest`` in one pass."""
         h, size, hashed = hashlib.sha256(), 0, 0.0
+        tick = progress.tick if progress is not None else lambda: None
         with self.fs.open(rpath, "rb", block_size=CHUNK) as src, open(dest, "wb") as out:
             while block := src.read(CHUNK):
+                tick()
                 t = time.perf_counter()
                 h.update(block)
                 hashed += time.perf_counter() - t
@@ -305,9 +375,18 @@ class Store:
     def _read(self, path: str, parse: Callable[[Any], Any]) -> Any:
         """``parse(binary file)`` of ``path``; FileNotFoundError when it does not exist, any other failure
         (the read or the parse) one store error naming the path."""
+        progress = Progress()
+
+        def read() -> bytes:
+            with self.fs.open(self._strip(path), "rb", block_size=CHUNK) as f:
+                blocks = []
+                while block := f.read(CHUNK):
+                    progress.tick()
+                    blocks.append(block)
+                return b"".join(blocks)
+
         try:
-            with self.fs.open(self._strip(path), "rb") as f:
-                return parse(f)
+            return parse(io.BytesIO(self._bounded(f"reading {path}", read, progress)))
         except FileNotFoundError:
             raise
         except Exception as e:  # noqa: BLE001
@@ -334,30 +413,34 @@ class Store:
                 tmp.write_text(data)
                 os.replace(tmp, path)
             else:
-                self.fs.pipe_file(path, data.encode())
+                self._bounded(f"writing {path}", lambda: self.fs.pipe_file(path, data.encode()))
         except Exception as e:  # noqa: BLE001
             raise self._explain(e, f"writing {path}") from None
 
     def exists(self, path: str) -> bool:
         try:
-            return self.fs.exists(self._strip(path))
+            return self._bounded(f"checking {path}", lambda: self.fs.exists(self._strip(path)))
         except Exception as e:  # noqa: BLE001
             raise self._explain(e, f"checking {path}") from None
 
     def _ls(self, path: str) -> list[str]:
         try:
             self.fs.invalidate_cache(path)
-            return [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(path, detail=False)]
+            names = self._bounded(f"listing {path}", lambda: self.fs.ls(path, detail=False))
+            return [p.rstrip("/").rsplit("/", 1)[-1] for p in names]
         except FileNotFoundError:
             return []
         except Exception as e:  # noqa: BLE001
             raise self._explain(e, f"listing {path}") from None
 
     def remove(self, path: str) -> None:
-        try:
+        def rm() -> None:
             self.fs.invalidate_cache()
             if self.fs.exists(self._strip(path)):
                 self.fs.rm(self._strip(path), recursive=True)
+
+        try:
+            self._bounded(f"removing {path}", rm)
         except Exception:  # noqa: BLE001 - best effort cleanup of uncommitted output
             pass
 
@@ -462,6 +545,7 @@ class Store:
     def put_checkpoint(self, run: str, stage: str, key: str, step: int, local_dir: Path) -> str:
         dest = self.path(run, stage, CHECKPOINTS, key, f"checkpoint-{step}")
         files = self.put_dir(local_dir, dest)
+        _fence(self, run, f"{stage} checkpoint {step}")
         self.write_json(f"{dest}/{COMPLETE}", {"step": step, "files": files, "created": utc_now()})
         return self.uri(dest)
 
@@ -496,6 +580,17 @@ class Store:
             self.remove(f"{base}/checkpoint-{step}")
 
 
+class _Ticks(fsspec.callbacks.Callback):
+    """An fsspec transfer callback that ticks ``progress`` as parts finish."""
+
+    def __init__(self, progress: Progress) -> None:
+        super().__init__()
+        self.progress = progress
+
+    def call(self, *args: Any, **kwargs: Any) -> None:
+        self.progress.tick()
+
+
 def _timed_sha256(path: Path) -> tuple[float, str]:
     t = time.perf_counter()
     digest = sha256_file(path)
@@ -527,6 +622,7 @@ class StageWriter:
                metrics: dict[str, float], extra: dict[str, Any] | None = None) -> StageRef:
         manifest = new_manifest(run=self.run, stage=self.stage, version=self.version, fingerprint=fingerprint,
                                 config=config, parents=parents, metrics=metrics, files=self.files, extra=extra)
+        _fence(self.store, self.run, f"{self.stage} output {self.version}")  # a writer that lost the run stops here
         self.store.write_json(f"{self.path}/{MANIFEST}", manifest)
         return ref_from_manifest(manifest, self.store.url)
 

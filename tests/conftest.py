@@ -38,12 +38,12 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-@pytest.fixture(scope="session")
-def s3_server():
-    """A moto S3 server on 127.0.0.1 (as s3fs's own tests use); yields its endpoint URL.
+def start_moto_server() -> tuple[str, "subprocess.Popen[bytes]"]:
+    """A moto S3 server on 127.0.0.1 (as s3fs's own tests use), started and answering: (endpoint URL, process).
 
     It runs as a child process, not a thread: moto's in-process server imports flask, whose module-level
-    proxies make vLLM's kernel scan (``vllm.triton_utils.dispatcher``) fail in the same process.
+    proxies make vLLM's kernel scan (``vllm.triton_utils.dispatcher``) fail in the same process; and a test can
+    SIGSTOP it to stall the endpoint.
     """
     import socket
     import subprocess
@@ -63,13 +63,32 @@ def s3_server():
     while True:
         try:
             urllib.request.urlopen(f"{url}/moto-api/", timeout=2)
-            break
+            return url, proc
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 raise RuntimeError(f"moto server did not start on {url}")
             time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """The session's moto S3 server (``start_moto_server``); yields its endpoint URL."""
+    url, proc = start_moto_server()
     yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def own_s3_server():
+    """A moto S3 server of this test's own, ``(url, process)``, so the test can SIGSTOP it (a stalled endpoint);
+    resumed and stopped at the end."""
+    import signal
+
+    url, proc = start_moto_server()
+    yield url, proc
+    proc.send_signal(signal.SIGCONT)
     proc.terminate()
     proc.wait(timeout=10)
 

@@ -46,7 +46,8 @@ def test_status_with_an_s3_endpoint_that_never_answers(tmp_path, black_hole):
     url, accepted = black_hole
     line, took = _r1(tmp_path, ["status", "x", "--store", "s3://bucket/p"], AWS_ENDPOINT_URL_S3=url)
     assert line == (f"error: cannot reach S3 endpoint {url} for s3://bucket/p while opening the store: no answer "
-                    "within 2 s (R1_S3_READ_TIMEOUT); check AWS_ENDPOINT_URL_S3 and the network")
+                    "within 2 s (R1_S3_READ_TIMEOUT, the limit on one store operation); check AWS_ENDPOINT_URL_S3 and "
+                    "the network")
     assert took < BOUND and accepted
 
 

@@ -106,7 +106,7 @@ def test_a_file_verified_once_is_not_hashed_again_but_a_later_change_is_caught(s
     hashed = []
     real = Store._stream_hashed
     monkeypatch.setattr(Store, "_stream_hashed",
-                        lambda self, rpath, dest: hashed.append(rpath) or real(self, rpath, dest))
+                        lambda self, rpath, dest, *rest: hashed.append(rpath) or real(self, rpath, dest, *rest))
     out = store.get_output(ref, "model", store_dir.parent / "b")  # same bytes, same identity: copied, not hashed
     weights = store_dir / ref.path / "model" / "model.safetensors"
     assert hashed == [] and (out / "model.safetensors").read_bytes() == weights.read_bytes()
