@@ -17,7 +17,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator,
+                      model_validator)
 
 from grpo_core.config import (
     REWARD_MODEL_STAGE,
@@ -47,11 +48,21 @@ class TinyModelConfig(_Strict):
     seed: int = 0
     hidden_size: int = Field(128, gt=0)
     num_layers: int = Field(4, gt=0)
-    num_heads: int = Field(4, gt=0)
+    num_heads: int = Field(4, gt=0, validate_default=True)
     max_position_embeddings: int = Field(256, gt=0)
     pretrain: SFTConfig | None = Field(
         None, description="pretraining of the built model on data.pretrain_size worked solutions (one operation a "
         "step; no held-out problem); None: the base model is the random init")
+
+    @field_validator("num_heads")
+    @classmethod
+    def _check_heads(cls, value: int, info: ValidationInfo) -> int:
+        # Checked here, on the field (its YAML line), not 12 s into prepare_data by build_tiny_model.
+        hidden = info.data.get("hidden_size")
+        if hidden is not None and hidden % value:
+            raise ValueError(f"hidden_size ({hidden}) must be divisible by num_heads ({value}): each head gets "
+                             f"hidden_size / num_heads dimensions; pick a num_heads that divides hidden_size")
+        return value
 
     def architecture(self) -> dict[str, Any]:
         """The keyword arguments of ``build_tiny_model``."""
@@ -281,9 +292,12 @@ class ConfigError(ValueError):
 
 
 def parse_config(data: dict, source: str = "<config>", lines: dict[tuple, int] | None = None) -> PipelineConfig:
-    """Validate a mapping; errors read ``file:line: grpo_train.beta: Input should be ...``."""
+    """Validate a mapping; errors read ``file:line: grpo_train.beta: Input should be ...``. The lengths that
+    generate are checked against the base model's positions here too (``tasks.config_limits``)."""
+    from tasks.config_limits import position_problems
+
     try:
-        return PipelineConfig.model_validate(data)
+        config = PipelineConfig.model_validate(data)
     except ValidationError as e:
         problems = []
         for err in e.errors():
@@ -300,12 +314,16 @@ def parse_config(data: dict, source: str = "<config>", lines: dict[tuple, int] |
             msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
             problems.append(f"{source}{f':{line}' if line else ''}: {where}: {msg}{got}")
         raise ConfigError("; ".join(problems)) from None
+    too_long = position_problems(config)  # lengths against the model's positions (tasks/config_limits.py)
+    if too_long:
+        raise ConfigError("; ".join(f"{source}{_at(lines, loc)}: {'.'.join(loc)}: {msg}" for loc, msg in too_long))
+    return config
 
 
 def load_config(path: str | Path | None = None) -> PipelineConfig:
     """Read a YAML pipeline config (``DEFAULT_CONFIG`` when None); every problem names the field's YAML path
-    and line."""
-    import yaml
+    and line (a syntax error its column too; duplicate keys and an empty file are errors: tasks/config_yaml.py)."""
+    from tasks.config_yaml import YAMLProblem, read_config_yaml
 
     path = Path(path) if path is not None else DEFAULT_CONFIG
     try:
@@ -313,30 +331,10 @@ def load_config(path: str | Path | None = None) -> PipelineConfig:
     except OSError as e:
         raise ConfigError(f"cannot read config {path}: {e.strerror or e}") from None
     try:
-        data = yaml.safe_load(text) or {}
-        lines = _key_lines(yaml.compose(text))
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of stage sections at the top level")
+        data, lines = read_config_yaml(path, text)
+    except YAMLProblem as e:
+        raise ConfigError(str(e)) from None
     return parse_config(data, str(path), lines)
-
-
-def _key_lines(node, prefix: tuple = ()) -> dict[tuple, int]:
-    """(key path) -> 1-based line of every mapping key / sequence item in a composed YAML tree."""
-    import yaml
-
-    out: dict[tuple, int] = {}
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            loc = (*prefix, key.value)
-            out[loc] = key.start_mark.line + 1
-            out.update(_key_lines(value, loc))
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            out[(*prefix, i)] = item.start_mark.line + 1
-            out.update(_key_lines(item, (*prefix, i)))
-    return out
 
 
 def _at(lines: dict[tuple, int] | None, loc: tuple) -> str:

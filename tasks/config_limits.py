@@ -1,0 +1,62 @@
+"""Limits of the base model a config's lengths must fit, checked when the config is loaded (``parse_config``).
+
+A prompt plus its completion longer than the model's ``max_position_embeddings`` is not refused by
+``generate``: the tiny model (rotary positions) keeps sampling past its trained positions, so a run went to the
+end with evaluation generating 500 tokens on a 128-position model. The limit is known before anything runs for
+the embedded tiny model (``model.tiny.max_position_embeddings``) and for a real model whose ``config.json`` is a
+local, readable file; a hub name is not fetched here (no network at load), so there nothing is checked.
+
+What is compared: the lengths a generating section sets in the config (``sampling.max_prompt_length`` and/or
+``sampling.max_completion_length``, nested or flat). A length left at its default is not counted: the defaults
+(512 + 1024 for GRPO) are caps meant for real models, and a prompt cap that is never reached is no problem; a
+completion cap is reached whenever the model does not stop, so setting it past the positions is refused.
+Teacher cold-start sources sample with their own model and are not checked against the base model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from grpo_core.config import SamplingConfig
+from tasks.stages import entries
+
+LENGTHS = ("max_prompt_length", "max_completion_length")
+
+
+def model_positions(config: Any) -> tuple[int, str] | None:
+    """``(max_position_embeddings, where it comes from)`` of the base model, or None when it is not known locally."""
+    if config.model.tiny is not None:
+        return config.model.tiny.max_position_embeddings, "model.tiny.max_position_embeddings"
+    path = Path(str(config.model.name_or_path)).expanduser() / "config.json"
+    try:
+        value = json.loads(path.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None  # a hub name, or a folder on another machine: the stage finds out
+    return (value, f"the max_position_embeddings in {path}") if isinstance(value, int) and value > 0 else None
+
+
+def position_problems(config: Any) -> list[tuple[tuple, str]]:
+    """``(field location, message)`` for each generating section whose set lengths pass the model's positions."""
+    limit = model_positions(config)
+    if limit is None:
+        return []
+    positions, source = limit
+    problems = []
+    for stage in entries():
+        section = stage.section_of(config)
+        sampling = getattr(section, "sampling", None)
+        if not isinstance(sampling, SamplingConfig):
+            continue
+        named = [f for f in LENGTHS if f in sampling.model_fields_set]
+        total = sum(getattr(sampling, f) for f in named)
+        if not named or total <= positions:
+            continue
+        terms = " + ".join(f"sampling.{f} ({getattr(sampling, f)})" for f in named)
+        shown = f"{terms} = {total}" if len(named) > 1 else terms
+        fix = ("lower them so their sum fits" if len(named) > 1 else "lower it") + " or use a model with more positions"
+        problems.append(((stage.config_key, "sampling", named[-1]),
+                         f"{shown} is longer than {source} ({positions}): generation would run past the "
+                         f"positions the model has; {fix}"))
+    return problems
