@@ -57,11 +57,13 @@ def retry_on_crash(task: Any, task_run: Any, state: Any) -> bool:
 
 
 def stage_task(name: str, *, section: str | None = None, key_model: bool = False,
-               referenced: Callable[[PipelineConfig, Any], dict[str, StageRef]] | None = None) -> Callable[[Body], Any]:
+               referenced: Callable[[PipelineConfig, Any], dict[str, StageRef]] | None = None,
+               fingerprint_inputs: Callable[[PipelineConfig], dict[str, Any]] | None = None) -> Callable[[Body], Any]:
     """Make ``body(ctx, parents, fp) -> StageRef`` stage ``name``'s Prefect task, with what every stage does
     around its body: open the context, fingerprint the stage's config section (``section``, default the
     stage's own; ``key_model`` adds the model section) and the exact parent outputs it reads (the upstream
-    stages', and those ``referenced(config, store)`` names in the config, e.g. another run's model), reuse a
+    stages', and those ``referenced(config, store)`` names in the config, e.g. another run's model) and what
+    ``fingerprint_inputs(config)`` returns (prepare_data: its data files' hashes, tasks/data_inputs.py), reuse a
     committed output with that fingerprint unless forced, and remove the scratch folder at the end.
 
     The task is called ``task(config, run, store, inputs, force)``; ``inputs`` maps each upstream stage
@@ -75,7 +77,9 @@ def stage_task(name: str, *, section: str | None = None, key_model: bool = False
                 parents = dict(inputs or {})
                 if referenced is not None:
                     parents.update(referenced(config, ctx.store))
-                extra = {"model": config.model.model_dump(mode="json")} if key_model else None
+                extra = {"model": config.model.model_dump(mode="json")} if key_model else {}
+                if fingerprint_inputs is not None and (read := fingerprint_inputs(config)):
+                    extra["inputs"] = read  # only when there are any: a fingerprint without them stays as it was
                 return reuse_or_build(ctx, name, getattr(config, section or name), parents, extra, force,
                                       lambda fp: body(ctx, parents, fp))
 

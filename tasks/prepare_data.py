@@ -11,6 +11,8 @@ unless ``data.on_error: skip``, which counts the skipped rows in the manifest.
 A teacher cold-start source may name a committed model of a run in this store instead of a folder,
 ``model: run:RUN/STAGE`` (e.g. ``run:r1-zero/grpo_train``: R1-Zero-style outputs made readable): that output
 is a parent of this stage (in its fingerprint and manifest) and is fetched, verified, before sampling.
+The fingerprint also holds the content of the local data files the sources name and the cached revision of hub
+data sets (tasks/data_inputs.py): a file edited in place is a new fingerprint, not a reused output.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from grpo_core.data.rows import write_parquet
 from grpo_core.data.prepare import prepare_datasets
 from tasks.common import StageContext, StageFailed, commit_stage, stage_task
 from tasks.config import PipelineConfig
+from tasks.data_inputs import data_inputs
 from tasks.manifest import StageRef
 
 RUN_REF = "run:"
@@ -43,7 +46,8 @@ def teacher_refs(config: PipelineConfig, store: Any) -> dict[str, StageRef]:
     return out
 
 
-@stage_task("prepare_data", section="data", key_model=True, referenced=teacher_refs)
+@stage_task("prepare_data", section="data", key_model=True, referenced=teacher_refs,
+            fingerprint_inputs=lambda config: data_inputs(config.data))
 def prepare_data(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> StageRef:
     cfg = ctx.config
     local = {src.model: str(ctx.fetch(parents[f"teacher:{src.model}"], "model")) for src in cfg.data.cold_start_sources
