@@ -53,7 +53,7 @@ def _prefect_api() -> Iterator[None]:
     from flows.prefect_api import PrefectAPIUnreachable, prefect_api
 
     try:
-        with prefect_api():
+        with prefect_api(on_dead=_stop_run_server_gone):
             yield
     except PrefectAPIUnreachable as e:
         _fail(str(e))
@@ -104,14 +104,32 @@ def _existing_run(st: Any, name: str) -> None:
           + "; pass --store if the run is in another store")
 
 
-_STOPPED: list[str] = []  # why this command stopped itself (a lost lease), for ``_interruptible``'s one line
+_STOPPED: list[tuple[str, str]] = []  # (cause, why) this command stopped itself, for ``_interruptible``'s one line
+LEASE_LOST, SERVER_GONE, SIGTERM = "lease", "server", "sigterm"
+RESUME = "rerun the same command to resume (finished stages are reused, training resumes from its last checkpoint)"
+
+
+def _stop_run(cause: str, reason: str) -> None:
+    """Stop this command as Ctrl-C does (training process group down, flow runs Cancelled); ``_interruptible``
+    then prints ``reason``. Called from the lease's or the server watch's thread: the SIGINT reaches the main
+    thread wherever it waits."""
+    _STOPPED.append((cause, reason))
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def _stop_writer(reason: str) -> None:
-    """The lease's ``on_lost``: stop this command as Ctrl-C does (training process group down, flow runs
-    Cancelled), so a writer that lost its run commits nothing more; ``_interruptible`` then prints ``reason``."""
-    _STOPPED.append(reason)
-    os.kill(os.getpid(), signal.SIGINT)
+    """The lease's ``on_lost``: a writer that lost its run commits nothing more."""
+    _stop_run(LEASE_LOST, reason)
+
+
+def _stop_run_server_gone(reason: str) -> None:
+    """The Prefect server watch's ``on_dead``: nothing the run does can be recorded any more; stop within seconds
+    (``flows/prefect_watch.py`` has made Prefect's calls fail at once instead of retrying for minutes)."""
+    _stop_run(SERVER_GONE, reason)
+
+
+def _server_gone() -> bool:
+    return any(cause == SERVER_GONE for cause, _ in _STOPPED)
 
 
 def _lease(st: Any, run_name: str, force: bool) -> Any:
@@ -133,7 +151,7 @@ TERMINATED = 143  # ... and by SIGTERM
 def _terminate_as_interrupt(signum: int, frame: Any) -> None:
     """SIGTERM unwinds as Ctrl-C does (the lease released, flow runs Cancelled), once."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _STOPPED.append("terminated (SIGTERM)")
+    _STOPPED.append((SIGTERM, "terminated (SIGTERM)"))
     raise KeyboardInterrupt
 
 
@@ -144,8 +162,8 @@ class Interrupted(KeyboardInterrupt):
 @contextmanager
 def _interruptible() -> Iterator[None]:
     """Outermost around a command's flows: Ctrl-C (or SIGTERM) ends the command with one line and exit code 130
-    (143), once the contexts inside have unwound (lease released, temporary server stopped); a lost lease
-    (``_stop_writer``) with one ``error:`` line and exit code 1."""
+    (143), once the contexts inside have unwound (lease released, temporary server stopped); a lost lease or a
+    Prefect server gone (``_stop_run``) with one ``error:`` line and exit code 1."""
     _STOPPED.clear()
     main = threading.current_thread() is threading.main_thread()  # signal handlers can only be set there
     previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt) if main else None
@@ -154,10 +172,13 @@ def _interruptible() -> Iterator[None]:
     except KeyboardInterrupt as e:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         said = str(e) if isinstance(e, Interrupted) else "interrupted before any stage started"
-        if _STOPPED and _STOPPED[0].startswith("lost the lease"):
-            _fail(f"{_STOPPED[0]}; this writer stopped and commits nothing more to the run")
+        cause, reason = _STOPPED[0] if _STOPPED else ("", "")
+        if cause == LEASE_LOST:
+            _fail(f"{reason}; this writer stopped and commits nothing more to the run")
+        if cause == SERVER_GONE:
+            _fail(f"{reason}; the run stopped (nothing more could be recorded): {RESUME}")
         if _STOPPED:
-            typer.echo(f"{_STOPPED[0]}: {said}", err=True)
+            typer.echo(f"{reason}: {said}", err=True)
             raise typer.Exit(TERMINATED) from None
         typer.echo(said, err=True)
         raise typer.Exit(INTERRUPTED) from None
@@ -181,13 +202,19 @@ def _run_flow(fn: Any, **params: Any) -> Any:
     try:
         with prefect.tags(tag):
             state = fn(**params, return_state=True)
-    except KeyboardInterrupt:
+    except BaseException as e:
+        if not (isinstance(e, KeyboardInterrupt) or _server_gone()):
+            raise  # with the server gone, the engines' calls to it fail as the interrupt unwinds: still ours
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        if _server_gone():
+            raise Interrupted("stopped: the Prefect server is gone") from None
         from flows.prefect_api import cancel_flow_runs
 
         cancelled = cancel_flow_runs(tag)
         raise Interrupted(f"interrupted: {cancelled} flow run(s) marked Cancelled; rerun the same command to resume "
                           "from the last checkpoint") from None
+    if _server_gone():  # the flow ended on a failed call to the server before the interrupt arrived
+        raise Interrupted("stopped: the Prefect server is gone")
     if state.is_completed():
         return state.result()
     exc = state.result(raise_on_failure=False)

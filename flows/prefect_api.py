@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 PROBE_TIMEOUT_ENV = "R1_PREFECT_PROBE_TIMEOUT"
@@ -83,15 +83,23 @@ def check_prefect_api(*, serverless_ok: bool = True) -> None:
 
 
 @contextmanager
-def prefect_api() -> Iterator[None]:
+def prefect_api(on_dead: Optional[Callable[[str], None]] = None) -> Iterator[None]:
     """The Prefect API for the flows run inside: ``PREFECT_API_URL``'s server once it answers the probe, else a
-    temporary server of our own (see the module docstring), stopped on exit."""
+    temporary server of our own (see the module docstring), stopped on exit. Either is watched
+    (``flows/prefect_watch.py``): when it goes away, ``on_dead(reason)`` is called once, from the watch's thread."""
     from prefect.context import refresh_global_settings_context
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    if PREFECT_API_URL.value():
+    from flows.prefect_watch import CONFIGURED_GRACE_S, ServerWatch
+
+    if configured := PREFECT_API_URL.value():
         check_prefect_api()
-        yield
+        if on_dead is None:
+            yield
+            return
+        with ServerWatch(f"the Prefect server at {_shown(configured)} (PREFECT_API_URL)", on_dead,
+                         grace_s=CONFIGURED_GRACE_S):
+            yield
         return
     server = start_temporary_server()
     url = f"{server.url}/api"
@@ -100,11 +108,17 @@ def prefect_api() -> Iterator[None]:
     # servers of their own, in our process group.
     os.environ["PREFECT_API_URL"] = url
     refresh_global_settings_context()
+    watch: Optional[ServerWatch] = None
     try:
         with temporary_settings(updates={PREFECT_API_URL: url}):
-            yield
+            if on_dead is None:
+                yield
+            else:
+                with ServerWatch(f"the temporary Prefect server at {url}", on_dead, proc=server.proc) as watch:
+                    yield
     finally:
-        drain_prefect_workers()  # logs and events still queued go to the server while it is up
+        if watch is None or watch.dead is None:
+            drain_prefect_workers()  # logs and events still queued go to the server while it is up
         os.environ.pop("PREFECT_API_URL", None)
         refresh_global_settings_context()
         server.stop()

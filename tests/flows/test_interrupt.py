@@ -60,32 +60,44 @@ def _alive(procs: list[psutil.Process]) -> list[str]:
     return left
 
 
-@pytest.mark.slow
-def test_ctrl_c_stops_in_seconds_cancels_and_resumes(tmp_path):
-    config, store, env = _config(tmp_path), tmp_path / "store", _env(tmp_path)
-    log = tmp_path / "run.log"
+def _run_until_grpo_checkpoint(run: str, config: Path, store: Path, env: dict[str, str], log: Path,
+                               ) -> subprocess.Popen[bytes]:
+    """Start ``r1 run`` as from a terminal, output to ``log``; return once GRPO has stored a checkpoint."""
     with open(log, "w") as out:
-        proc = subprocess.Popen(_r1("run", "-c", str(config), "--run", RUN, "--store", str(store)), cwd=REPO,
+        proc = subprocess.Popen(_r1("run", "-c", str(config), "--run", run, "--store", str(store)), cwd=REPO,
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=_as_in_a_terminal)
-    checkpoints = store / RUN / "grpo_train" / "_checkpoints"
+    checkpoints = store / run / "grpo_train" / "_checkpoints"
     deadline = time.monotonic() + 600
     while not list(checkpoints.glob("*/checkpoint-*/_COMPLETE")):
         assert proc.poll() is None, f"r1 run ended before GRPO checkpointed:\n{log.read_text()[-3000:]}"
         assert time.monotonic() < deadline, "no GRPO checkpoint within 600 s"
         time.sleep(0.1)
+    return proc
+
+
+def _wait_exit(proc: subprocess.Popen[bytes], log: Path, since: float, after: str) -> tuple[int, float]:
+    """``r1 run``'s exit code and the seconds from ``since``; fail if it runs 60 s on ``after``."""
+    try:
+        returncode = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"r1 run still running 60 s after {after}:\n{log.read_text()[-3000:]}")
+    return returncode, time.monotonic() - since
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_in_seconds_cancels_and_resumes(tmp_path):
+    config, store, env = _config(tmp_path), tmp_path / "store", _env(tmp_path)
+    log = tmp_path / "run.log"
+    proc = _run_until_grpo_checkpoint(RUN, config, store, env, log)
     family = psutil.Process(proc.pid).children(recursive=True)
     assert any("tasks._worker" in " ".join(p.cmdline()) for p in family)  # interrupted while training
     assert any("uvicorn" in " ".join(p.cmdline()) for p in family)  # and its own Prefect server is up
 
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
     sent = time.monotonic()
-    try:
-        returncode = proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail(f"r1 run still running 60 s after SIGINT:\n{log.read_text()[-3000:]}")
-    took = time.monotonic() - sent
+    returncode, took = _wait_exit(proc, log, sent, "SIGINT")
     print(f"r1 run exited {took:.1f} s after SIGINT")
     output = log.read_text()
     assert returncode == 130, output[-3000:]
