@@ -167,6 +167,9 @@ def _interruptible() -> Iterator[None]:
     _STOPPED.clear()
     main = threading.current_thread() is threading.main_thread()  # signal handlers can only be set there
     previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt) if main else None
+    ignored = main and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:  # started with SIGINT ignored (`r1 run &` in a script): Ctrl-C stays ignored, the run's own stops work
+        signal.signal(signal.SIGINT, _own_stops_only)
     try:
         yield
     except KeyboardInterrupt as e:
@@ -185,6 +188,14 @@ def _interruptible() -> Iterator[None]:
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _own_stops_only(signum: int, frame: Any) -> None:
+    """SIGINT handler of a command started with SIGINT ignored: only ``_stop_run``'s own signal interrupts it."""
+    if _STOPPED:
+        raise KeyboardInterrupt
 
 
 FORCE_UNLOCK = "take the run's lease even if another writer holds it (only when that writer is gone)"

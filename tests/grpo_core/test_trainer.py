@@ -188,7 +188,7 @@ def test_logging_steps_logs_every_nth_step_and_the_last(tmp_path, tiny_path):
 
 
 def test_config_errors_say_how_to_fix_them(tiny_path, tmp_path):
-    with pytest.raises(ValidationError, match="multiple of num_generations"):
+    with pytest.raises(ValidationError, match="multiple of sampling.num_generations"):
         GRPOConfig(generation_batch_size=10, num_generations=4)
     with pytest.raises(ValidationError, match="one weight per reward function"):
         GRPOConfig(reward_funcs=["a", "b"], reward_weights=[1.0])

@@ -26,12 +26,12 @@ RUN = "torchrun-1"
 INJECT = '''
 import os
 if os.environ.get("RANK") == "1" and os.environ.get("R1_TEST_FAIL_RANK") == "1":
-    import grpo_core.trainer.loop as loop
+    import grpo_core.trainer.step as step
 
     def optimise_in_rank_1(*args, **kwargs):
         raise RuntimeError("injected failure in rank 1")
 
-    loop.optimise = optimise_in_rank_1
+    step.optimise = optimise_in_rank_1
 '''
 
 

@@ -61,7 +61,8 @@ def tiny_config() -> dict[str, Any]:
     """configs/ci-tiny.yaml, evaluated greedily on 4 rows, with rejection sampling keeping every sample: this
     test is about dispatch, and a 4-step model rarely answers right, which would leave sft_consolidate no data."""
     cfg = load_config(ROOT / "configs" / "ci-tiny.yaml").model_dump(mode="json")
-    cfg["evaluate"].update(num_samples=0, max_rows=4)
+    cfg["evaluate"].update(max_rows=4)
+    cfg["evaluate"]["sampling"]["num_generations"] = 0
     cfg["rejection_sample"].update(reward_threshold=0.0, drop_truncated=False)
     return cfg
 
