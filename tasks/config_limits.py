@@ -6,10 +6,10 @@ end with evaluation generating 500 tokens on a 128-position model. The limit is 
 the embedded tiny model (``model.tiny.max_position_embeddings``) and for a real model whose ``config.json`` is a
 local, readable file; a hub name is not fetched here (no network at load), so there nothing is checked.
 
-What is compared: the lengths a generating section sets in the config (``sampling.max_prompt_length`` and/or
-``sampling.max_completion_length``, nested or flat). A length left at its default is not counted: the defaults
-(512 + 1024 for GRPO) are caps meant for real models, and a prompt cap that is never reached is no problem; a
-completion cap is reached whenever the model does not stop, so setting it past the positions is refused.
+What is compared: the ``sampling.max_completion_length`` a generating section sets in the config (nested or
+flat) against the positions. A completion cap is reached whenever the model does not stop, so one past the
+positions is refused; a prompt cap (``max_prompt_length``, 512 by default, kept in every dumped config) is a cap
+that short prompts never reach, so it is not counted.
 Teacher cold-start sources sample with their own model and are not checked against the base model.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 from grpo_core.config import SamplingConfig
 from tasks.stages import entries
 
-LENGTHS = ("max_prompt_length", "max_completion_length")
+LENGTHS = ("max_completion_length",)
 
 
 def model_positions(config: Any) -> tuple[int, str] | None:

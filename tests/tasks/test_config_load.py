@@ -80,10 +80,10 @@ TINY_128 = "model:\n  tiny: {hidden_size: 16, num_layers: 1, num_heads: 2, max_p
 
 @pytest.mark.parametrize("section, body, line, expect", [
     ("evaluate", "  max_new_tokens: 500\n", 4, "sampling.max_completion_length (500)"),
-    ("grpo_train", "  sampling:\n    max_prompt_length: 100\n    max_completion_length: 64\n", 6,
-     "sampling.max_prompt_length (100) + sampling.max_completion_length (64) = 164"),
-    ("rejection_sample", "  max_prompt_length: 120\n  max_new_tokens: 24\n", 5,
-     "sampling.max_prompt_length (120) + sampling.max_completion_length (24) = 144"),
+    ("grpo_train", "  sampling:\n    max_prompt_length: 100\n    max_completion_length: 200\n", 6,
+     "sampling.max_completion_length (200)"),
+    ("rejection_sample", "  max_prompt_length: 120\n  max_new_tokens: 140\n", 5,
+     "sampling.max_completion_length (140)"),
 ])
 def test_lengths_past_the_tiny_models_positions_name_the_line(tmp_path, section, body, line, expect):
     path, load = _load(tmp_path, TINY_128 + f"{section}:\n{body}")
