@@ -161,8 +161,10 @@ def test_a_stalled_s3_endpoint_fails_every_operation_within_twice_the_timeout(ow
                         ("R1_S3_READ_TIMEOUT", "1.5")):
         monkeypatch.setenv(name, value)
     boto3.client("s3", endpoint_url=url).create_bucket(Bucket="stalls")
+    monkeypatch.setenv("R1_S3_READ_TIMEOUT", "30")  # the healthy setup, unhurried on a busy machine
+    ref = _commit(Store("s3://stalls/runs"), _files(tmp_path / "src"))[1]  # healthy: all of this works
+    monkeypatch.setenv("R1_S3_READ_TIMEOUT", "1.5")
     store = Store("s3://stalls/runs")
-    ref = _commit(store, _files(tmp_path / "src"))[1]  # healthy: all of this works
     local = tmp_path / "up.bin"
     local.write_bytes(b"x" * 1000)
     weights = store.path(ref.path, "model", "weights.bin")
