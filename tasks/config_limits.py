@@ -22,9 +22,6 @@ from typing import Any
 from grpo_core.config import SamplingConfig
 from tasks.stages import entries
 
-LENGTHS = ("max_completion_length",)
-
-
 def model_positions(config: Any) -> tuple[int, str] | None:
     """``(max_position_embeddings, where it comes from)`` of the base model, or None when it is not known locally."""
     if config.model.tiny is not None:
@@ -49,14 +46,10 @@ def position_problems(config: Any) -> list[tuple[tuple, str]]:
         sampling = getattr(section, "sampling", None)
         if not isinstance(sampling, SamplingConfig):
             continue
-        named = [f for f in LENGTHS if f in sampling.model_fields_set]
-        total = sum(getattr(sampling, f) for f in named)
-        if not named or total <= positions:
+        if "max_completion_length" not in sampling.model_fields_set or sampling.max_completion_length <= positions:
             continue
-        terms = " + ".join(f"sampling.{f} ({getattr(sampling, f)})" for f in named)
-        shown = f"{terms} = {total}" if len(named) > 1 else terms
-        fix = ("lower them so their sum fits" if len(named) > 1 else "lower it") + " or use a model with more positions"
-        problems.append(((stage.config_key, "sampling", named[-1]),
-                         f"{shown} is longer than {source} ({positions}): generation would run past the "
-                         f"positions the model has; {fix}"))
+        problems.append(((stage.config_key, "sampling", "max_completion_length"),
+                         f"sampling.max_completion_length ({sampling.max_completion_length}) is longer than {source} "
+                         f"({positions}): generation would run past the positions the model has; lower it or use a "
+                         f"model with more positions"))
     return problems

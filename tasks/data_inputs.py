@@ -18,12 +18,12 @@ parent with its version already).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
 
 from grpo_core.config import DataConfig, DatasetSource, TeacherSource, TraceSource
+from tasks.manifest import sha256_file
 
 _HASHES: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256, for this process
 
@@ -62,11 +62,7 @@ def file_sha256(path: Path) -> str:
     st = path.stat()
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     if key not in _HASHES:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        _HASHES[key] = h.hexdigest()
+        _HASHES[key] = sha256_file(path)
     return _HASHES[key]
 
 
