@@ -60,7 +60,7 @@ def test_r1_eval_commits_benchmark_numbers_that_status_shows(run_with_model):
     for key in (*KEYS, "eval/accuracy", "eval/accuracy_forced_reasoning"):  # benchmarks and the held-out set
         assert 0.0 <= manifest["metrics"][key] <= 1.0, key
     assert manifest["metrics"]["eval/math500/num_rows"] == 3.0
-    assert manifest["config"][output_name("cold_start_sft")]["temperature"] == 1.0  # the config's own where the command sets none
+    assert manifest["config"][output_name("cold_start_sft")]["sampling"]["temperature"] == 1.0  # the config's own where the command sets none
     rows = [json.loads(line) for line in st.read_text(st.path(manifest["path"], "benchmarks/math500.jsonl")).splitlines()]
     assert [r["id"] for r in rows] == ["test/precalculus/807.json", "test/intermediate_algebra/1994.json",
                                        "test/algebra/2584.json"]
@@ -112,7 +112,7 @@ def test_r1_eval_on_a_model_folder_writes_results_there(run_with_model, tmp_path
     saved = json.loads((out / "metrics.json").read_text())
     assert {"eval/math500/pass@1", "eval/math500/pass@2", "eval/math500/pass@3", "eval/math500/maj@3",
             "eval/math500/greedy"} <= set(saved["metrics"])
-    assert (saved["config"]["temperature"], saved["config"]["top_p"]) == (0.6, 0.95)  # the R1 protocol by default
+    assert (saved["config"]["sampling"]["temperature"], saved["config"]["sampling"]["top_p"]) == (0.6, 0.95)  # the R1 protocol by default
     assert len((out / "math500.jsonl").read_text().splitlines()) == 2
     assert "eval/math500/pass@1" in result.output
     assert "evaluation samples with transformers (a model folder with evaluate.sampling.use_vllm unset" in result.output
