@@ -122,7 +122,7 @@ def stage(
 def status(
     run_name: str = typer.Argument(..., metavar="NAME"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object: {run, stages: {stage: {state, uri, path, "
-                                 "metrics}}, seeds: {field: seed}} (seeds: from the run's saved config)"),
+                                 "metrics, stale_upstream (state stale only)}}, seeds: {field: seed}} (seeds: from the run's saved config)"),
     store: Optional[str] = typer.Option(None, "--store"),
 ) -> None:
     """The stages of a run: state, key metrics, URIs."""
@@ -184,6 +184,11 @@ def _print_status(st: Any, run_name: str) -> None:
         shown = [f"{k.split('/')[-1]}={_short(v)}" for k, v in s["metrics"].items()
                  if k in KEY_METRICS or (k.startswith("eval/accuracy") and "reflection" not in k)][:4]
         typer.echo(f"{stage_name:<18}{s['state']:<12}{' '.join(shown):<58}{s['uri'] or ''}")
+    for stage_name, s in info["stages"].items():
+        if s["state"] == "stale":
+            typer.echo(f"stale: {stage_name} was built on an earlier {', '.join(s['stale_upstream'])} output than the "
+                       f"run's current one; rerun the run (`r1 run --run {run_name} -c CONFIG`: stages whose inputs "
+                       f"changed are rebuilt, the others reused) or this stage (`r1 stage {stage_name} --run {run_name}`)")
 
 
 def build_app() -> typer.Typer:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tasks import lineage
 from tasks.stages import all_stages
 from tasks.manifest import StageRef
 from tasks.store import Store
@@ -51,7 +52,7 @@ def run_stage_deployment(stage: str, parameters: dict[str, Any], *, timeout: flo
             f"pipeline with run name {parameters['run']!r}: committed stages are reused and training resumes "
             f"from the store's checkpoints."
         )
-    ref = Store(parameters.get("store")).latest(parameters["run"], stage)
+    ref = lineage.current(Store(parameters.get("store")), parameters["run"], stage)  # the one its flow recorded
     if ref is None:
         raise StageRunFailed(f"{stage}: deployment run {flow_run.name!r} completed but committed nothing to the "
                              f"store {parameters.get('store')!r}; do the workers use the same R1_STORE?")

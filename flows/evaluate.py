@@ -29,7 +29,7 @@ from tasks.store import Store
 @flow(name="evaluate", flow_run_name="{run}-evaluate-{stage}", log_prints=True, validate_parameters=False)
 def evaluate_flow(run: str, stage: str, store: str | None = None, config: PipelineConfig | None = None,
                   force: bool = False) -> dict[str, Any]:
-    """Evaluate ``run``'s newest committed ``stage`` model (held-out set and ``config.evaluate.benchmarks``);
+    """Evaluate ``run``'s current committed ``stage`` model (held-out set and ``config.evaluate.benchmarks``);
     ``config`` defaults to the run's saved config. Returns the evaluation's reference as a dict."""
     configure_stage_logging()
     check_run_name(run)

@@ -1,8 +1,9 @@
-"""Where a run stands: each stage's newest committed output, its evaluation, and its state.
+"""Where a run stands: each stage's current committed output (tasks/lineage.py), its evaluation, and its state.
 
     r1 status NAME [--json]        (``stage_status``; the report's "Stages" section reads the same)
 
-A stage is completed (a committed output), incomplete (an uncommitted version folder or checkpoint),
+A stage is completed (a committed output), stale (its current output was built on an upstream output that is no
+longer current: the upstream stage was rerun since; ``stale_upstream`` names it), incomplete (an uncommitted version folder or checkpoint),
 pending (nothing yet) or skipped (an optional stage the run's saved config does not enable). A model
 stage's evaluation is the newest committed ``evaluate/{stage}`` output whose parent is that exact model.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks import lineage
 from tasks.evaluate import output_name as eval_output
 from tasks.manifest import StageRef
 from tasks.stages import all_stages
@@ -18,8 +20,9 @@ from tasks.store import Store
 
 
 def latest_refs(store: Store, run: str) -> dict[str, StageRef | None]:
-    """Every stage's newest committed output (None where there is none)."""
-    return {s.name: store.latest(run, s.name) for s in all_stages()}
+    """Every stage's current committed output (None where there is none): what the run's last stage flows ran or
+    reused, not the newest (a run switched from config A to B and back stands on A's outputs)."""
+    return lineage.current_refs(store, run, [s.name for s in all_stages()])
 
 
 def disabled_stages(store: Store, run: str) -> set[str]:
@@ -48,8 +51,8 @@ def latest_evaluations(store: Store, refs: dict[str, StageRef | None]) -> dict[s
 
 def stage_status(store: Store, run: str, refs: dict[str, StageRef | None] | None = None,
                  evaluations: dict[str, StageRef | None] | None = None) -> dict[str, Any]:
-    """``{"run", "stages": {stage: {"state", "uri", "path", "metrics"}}}`` (state: completed | incomplete |
-    pending | skipped (an optional stage the run's config does not enable); ``path`` store-relative, ``uri`` resolved in ``store``); a model stage's metrics include its
+    """``{"run", "stages": {stage: {"state", "uri", "path", "metrics"}}}`` (state: completed | stale (with
+    ``stale_upstream``: the parent stages rerun since) | incomplete | pending | skipped (an optional stage the run's config does not enable); ``path`` store-relative, ``uri`` resolved in ``store``); a model stage's metrics include its
     evaluation's (``eval/...``), with ``eval_uri`` and ``eval_path``.
 
     ``refs``/``evaluations``: what the caller has already read (``latest_refs``, ``latest_evaluations``)."""
@@ -57,12 +60,16 @@ def stage_status(store: Store, run: str, refs: dict[str, StageRef | None] | None
     evaluations = latest_evaluations(store, refs) if evaluations is None else evaluations
     stages: dict[str, Any] = {}
     skipped = disabled_stages(store, run)
+    stale = lineage.stale_parents(store, refs)
     for entry in all_stages():
         stage, ref = entry.name, refs[entry.name]
         if ref is None and stage in skipped:  # an optional stage this run's config does not run
             stages[stage] = {"state": "skipped", "uri": None, "path": None, "metrics": {}}
         elif ref is not None:
-            stages[stage] = {"state": "completed", "uri": ref.uri, "path": ref.path, "metrics": dict(ref.metrics)}
+            stages[stage] = {"state": "stale" if stage in stale else "completed", "uri": ref.uri, "path": ref.path,
+                             "metrics": dict(ref.metrics)}
+            if stage in stale:
+                stages[stage]["stale_upstream"] = stale[stage]
             evaluation = evaluations.get(stage)
             if evaluation is not None:
                 stages[stage]["metrics"].update(evaluation.metrics)

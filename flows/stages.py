@@ -2,8 +2,8 @@
 
     r1 stage grpo_train --run NAME        (the CLI; or stage_flow("grpo_train")(run="NAME") from Python)
 
-A stage flow reads its upstream inputs from the store (the newest committed output of each upstream
-stage) unless the caller passes them, runs the stage's task, then ``evaluate`` when the stage makes a
+A stage flow reads its upstream inputs from the store (the current committed output of each upstream
+stage, tasks/lineage.py) unless the caller passes them, runs the stage's task, then ``evaluate`` when the stage makes a
 model. It returns the stage's reference as a plain dict, so the same flow works as an inline subflow and
 as a deployment run, where only store references cross processes. The flows are made from the table
 (``tasks/stages.py``) on first use; ``flows/stages.py:<stage>_flow`` is each one's deployment entrypoint.
@@ -15,6 +15,7 @@ from typing import Any
 
 from prefect import Flow, flow
 
+from tasks import lineage
 from tasks.common import StageFailed, cached, configure_stage_logging, stage_task_options
 from tasks.config import PipelineConfig, check_run_name, load_config
 from tasks.sections import uses_reward_model_stage
@@ -27,7 +28,8 @@ _FLOWS: dict[str, Flow] = {}
 
 
 def committed(store: Store, run: str, stage: str) -> StageRef:
-    ref = store.latest(run, stage)
+    """The output of ``stage`` the run stands on now (tasks/lineage.py), or a StageFailed saying how to make one."""
+    ref = lineage.current(store, run, stage)
     if ref is None:
         raise StageFailed(f"run {run!r} has no committed {stage} output in {store.url}; run it first "
                           f"(`r1 stage {stage} --run {run}` or `r1 run --run {run}`)")
@@ -36,7 +38,7 @@ def committed(store: Store, run: str, stage: str) -> StageRef:
 
 @stage_task_options("reuse")
 def reuse(run: str, stage: str, store: str) -> StageRef:
-    """An upstream stage the caller chose not to run: its newest committed output, in a Cached state."""
+    """An upstream stage the caller chose not to run: its current committed output, in a Cached state."""
     return cached(committed(Store(store), run, stage), "not selected to run; reusing the committed output")
 
 
@@ -74,9 +76,10 @@ def run_stage(stage: str, run: str, config: PipelineConfig | None = None, config
     refs = {name: given.get(name) or committed(st, run, name) for name in entry.inputs(cfg)}
     task = entry.task.with_options(retries=cfg.run.retries, retry_delay_seconds=cfg.run.retry_delay_seconds)
     ref = call_task(task, cfg, run, st.url, refs, force)
+    lineage.record(st, ref)  # built or reused, this output is what the run stands on now
     if entry.makes_model:
         data = refs.get("prepare_data") or committed(st, run, "prepare_data")  # the held-out set
-        rm = (refs.get("reward_model") or st.latest(run, "reward_model")) if uses_reward_model_stage(cfg.evaluate) \
+        rm = (refs.get("reward_model") or lineage.current(st, run, "reward_model")) if uses_reward_model_stage(cfg.evaluate) \
             else None  # evaluate's rm_reward names the run's reward model: the committed one, if any yet
         call_task(evaluation().task.with_options(retries=cfg.run.retries), cfg, run, st.url, ref, data, force, rm)
     return ref.to_dict()

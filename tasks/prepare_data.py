@@ -22,6 +22,7 @@ from typing import Any
 from grpo_core.config import TeacherSource
 from grpo_core.data.rows import write_parquet
 from grpo_core.data.prepare import prepare_datasets
+from tasks import lineage
 from tasks.common import StageContext, StageFailed, commit_stage, stage_task
 from tasks.config import PipelineConfig
 from tasks.data_inputs import data_inputs
@@ -31,13 +32,14 @@ RUN_REF = "run:"
 
 
 def teacher_refs(config: PipelineConfig, store: Any) -> dict[str, StageRef]:
-    """``{"teacher:run:RUN/STAGE": ref}``: the committed outputs the teacher sources name, newest first."""
+    """``{"teacher:run:RUN/STAGE": ref}``: the committed outputs the teacher sources name (each run's current one,
+    tasks/lineage.py)."""
     out = {}
     for j, src in enumerate(config.data.cold_start_sources):
         if not (isinstance(src, TeacherSource) and src.model.startswith(RUN_REF)):
             continue
         run, _, stage = src.model[len(RUN_REF):].partition("/")
-        ref = store.latest(run, stage) if run and stage else None
+        ref = lineage.current(store, run, stage) if run and stage else None
         if ref is None:
             raise StageFailed(f"data.cold_start_sources[{j}].model {src.model!r}: no committed {stage or 'STAGE'!r} "
                               f"output of run {run or 'RUN'!r} in {store.url}; run that stage first, or name a model "
