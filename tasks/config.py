@@ -322,7 +322,9 @@ def parse_config(data: dict, source: str = "<config>", lines: dict[tuple, int] |
 
 def load_config(path: str | Path | None = None) -> PipelineConfig:
     """Read a YAML pipeline config (``DEFAULT_CONFIG`` when None); every problem names the field's YAML path
-    and line (a syntax error its column too; duplicate keys and an empty file are errors: tasks/config_yaml.py)."""
+    and line (a syntax error its column too; duplicate keys and an empty file are errors: tasks/config_yaml.py).
+    Relative data paths are read from the YAML's folder (tasks/config_paths.py)."""
+    from tasks.config_paths import resolve_data_paths
     from tasks.config_yaml import YAMLProblem, read_config_yaml
 
     path = Path(path) if path is not None else DEFAULT_CONFIG
@@ -334,6 +336,7 @@ def load_config(path: str | Path | None = None) -> PipelineConfig:
         data, lines = read_config_yaml(path, text)
     except YAMLProblem as e:
         raise ConfigError(str(e)) from None
+    resolve_data_paths(data, path.parent)  # relative data paths: beside the YAML (tasks/config_paths.py)
     return parse_config(data, str(path), lines)
 
 

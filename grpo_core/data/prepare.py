@@ -40,6 +40,14 @@ def dedupe_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
     return out, len(rows) - len(out)
 
 
+def warn_if_mostly_duplicates(what: str, before: int, after: int) -> None:
+    """A warning with the counts when deduplication removed most of a split's rows (80 copies of one prompt
+    train on one prompt: the data is not what its row count says)."""
+    if before and before - after > before / 2:
+        log.warning("deduplication removed %d of %d %s rows (%.0f%%): the sources repeat prompts; %d distinct "
+                    "prompts are left", before - after, before, what, 100 * (before - after) / before, after)
+
+
 _WORD = re.compile(r"\w+|[^\w\s]")
 
 
@@ -186,8 +194,10 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
         label = source_label(src) if isinstance(src, DatasetSource) else source_key(src).split(":", 1)[1]
         cold += [{**r, "source": r.get("source") or label} for r in rows]
     if config.dedupe:
-        train, stats["train_duplicates"] = dedupe_rows(train)
-        eval_rows, stats["eval_duplicates"] = dedupe_rows(eval_rows)
+        for what, rows in (("train", train), ("eval", eval_rows)):
+            kept, stats[f"{what}_duplicates"] = dedupe_rows(rows)
+            warn_if_mostly_duplicates(what, len(rows), len(kept))
+            train, eval_rows = (kept, eval_rows) if what == "train" else (train, kept)
     if not train and config.on_error == "skip" and any(s["rows_skipped"] for s in stats["sources"].values()):
         raise DataError("no training rows left: every row was skipped as bad (on_error: skip); "
                         "see the skip reasons in the data stats, or set on_error: raise to stop at the first")

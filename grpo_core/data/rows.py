@@ -76,8 +76,9 @@ def read_records(source: str | Path, *, split: str = "train", name: str | None =
         return _read_file(path, on_error, stats)
     if path.is_file():
         raise DataError(f"{path}: unsupported file type {path.suffix!r}; use one of {sorted(FILE_SUFFIXES)}")
-    if not path.exists() and str(source).startswith((".", "/", "~")):
-        raise DataError(f"{source}: no such file or folder")
+    if not path.exists() and (str(source).startswith((".", "/", "~")) or path.suffix.lower() in FILE_SUFFIXES):
+        raise DataError(f"{source}: no such file or folder ({path.resolve()}; a relative path in a config file is "
+                        "read from the config file's folder, else from the working folder)")
     return _read_datasets(str(source), split=split, name=name)
 
 
@@ -254,6 +255,7 @@ def normalize_record(record: dict[str, Any], location: str, src: DatasetSource, 
                 value = record[column]
                 row["answer"] = parse_gold_answer(value if isinstance(value, str) else json.dumps(value),
                                                   src.answer_format)
+                check_gold_answer(value, row["answer"], src)
         except ValueError as e:
             raise DataError(f"{location}: field {key!r} (column {column!r}) {e}; "
                             f"value starts {str(record[column])[:60]!r}") from None
@@ -266,6 +268,31 @@ def normalize_record(record: dict[str, Any], location: str, src: DatasetSource, 
             raise DataError(f"{location}: keep_columns names {col!r}, which the row lacks; columns present: {sorted(record)}")
         row[col] = record[col]
     return row
+
+
+_LATEX_COMMAND = re.compile(r"\\(?:text|mbox|mathrm|textbf|operatorname)\{[^}]*\}|\\(?:begin|end)\{[^}]*\}|\\[A-Za-z]+")
+_PLAIN_WORD = re.compile(r"(?<![\\\w])[A-Za-z]{2,}(?![\w{])")
+FREE_TEXT_WORDS = 3  # plain words outside LaTeX from which a gold answer reads as a sentence, not an expression
+
+
+def check_gold_answer(value: Any, parsed: str, src: DatasetSource) -> None:
+    """Refuse a gold answer no reward can grade against: empty once parsed (``#### `` with nothing after it),
+    and, for a ``task: math`` source, a list or mapping, or free text (``FREE_TEXT_WORDS`` or more plain words
+    outside LaTeX: "the red one is bigger"), which a math reward would compare completions against in vain.
+    ``\\text{Evelyn}``, matrices and numbers with units pass (every MATH-500 and GSM8K answer does)."""
+    if not parsed.strip():
+        raise ValueError(f"parses to an empty answer (answer_format {src.answer_format!r}: nothing after the "
+                         "'####' or inside the box?)")
+    if src.task != "math":
+        return
+    if isinstance(value, (list, dict)):
+        raise ValueError(f"is a JSON {type(value).__name__}, not one answer; a math reward compares one expression "
+                         "(write the items as one string, e.g. '1, 2', or set the source's task to what it is)")
+    words = _PLAIN_WORD.findall(_LATEX_COMMAND.sub(" ", parsed))
+    if len(words) >= FREE_TEXT_WORDS:
+        raise ValueError(f"reads as free text ({' '.join(words[:6])!r}...), not a math answer a reward can check; "
+                         "fix the answer (e.g. put it in \\boxed{} or after '####' and set answer_format), or, for "
+                         "prompts scored by a reward model, set answer_format: none")
 
 
 def source_label(src: DatasetSource) -> str:

@@ -176,3 +176,51 @@ def test_cli_unknown_reward_fails_before_anything_runs(tmp_path, no_pipeline):
     assert result.output.strip().splitlines() == [
         f"error: {path}:3: final_rl.reward_funcs.1: unknown reward function 'chain_formt'; registered: {REGISTERED}"]
     assert not (tmp_path / "store").exists()  # refused before the store was opened, let alone a stage
+
+
+# ---- gold answers no reward can grade, and sources that repeat one prompt (issue 33, finding 6)
+
+def _rows(path: Path, answers: list) -> Path:
+    path.write_text("\n".join(json.dumps({"prompt": f"What is {i} + {i}?", "answer": a}) for i, a in enumerate(answers))
+                    + "\n")
+    return path
+
+
+@pytest.mark.parametrize("bad, expect", [
+    ("The total is #### ", "parses to an empty answer"),
+    (["3", "4"], "is a JSON list, not one answer"),
+    ("the red one is bigger", "reads as free text"),
+])
+def test_gold_answer_no_reward_can_grade_names_the_line_and_commits_nothing(tmp_path, bad, expect):
+    src = _rows(tmp_path / "qa.jsonl", ["#### 2", "4", bad, "\\text{Evelyn}", "$\\frac{1}{2}$"])
+    with pytest.raises(DataError) as err:
+        prepare_data.fn(_data_config(src), "bad", str(tmp_path / "store"))
+    msg = str(err.value)
+    assert f"{src} line 3" in msg and "field 'answer'" in msg and expect in msg, msg
+    _nothing_committed(tmp_path / "store")
+
+
+def test_ungradable_gold_answers_can_be_skipped_and_counted(tmp_path):
+    src = _rows(tmp_path / "qa.jsonl", ["#### 2", "#### ", ["1"], "4", "a sentence of plain words", "10", "12", "14"])
+    ref = prepare_data.fn(_data_config(src, on_error="skip"), "skip", str(tmp_path / "store"))
+    stats = ref.metrics
+    assert stats["data/num_train"] + stats["data/num_eval"] == 5
+
+
+def test_free_text_answers_are_fine_for_sources_that_are_not_math(tmp_path):
+    src = _rows(tmp_path / "qa.jsonl", [f"answer number {i} in words" for i in range(6)])
+    cfg = _data_config(src)
+    cfg.data.train_sources[0].task = "trivia"
+    ref = prepare_data.fn(cfg, "trivia", str(tmp_path / "store"))
+    assert ref.metrics["data/num_train"] + ref.metrics["data/num_eval"] == 6
+
+
+def test_deduplication_that_removes_most_rows_warns_with_counts(tmp_path, caplog):
+    src = tmp_path / "qa.jsonl"
+    src.write_text("\n".join(json.dumps({"prompt": "What is 2 + 2?", "answer": "4"}) for _ in range(80)) + "\n"
+                   + "\n".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": str(i + 1)}) for i in range(4)) + "\n")
+    with caplog.at_level("WARNING", logger="grpo_core.data.prepare"):
+        prepare_data.fn(_data_config(src), "dupes", str(tmp_path / "store"))
+    warned = [r.getMessage() for r in caplog.records if "deduplication removed" in r.getMessage()]
+    assert warned == ["deduplication removed 79 of 84 train rows (94%): the sources repeat prompts; 5 distinct "
+                      "prompts are left"]

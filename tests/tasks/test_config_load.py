@@ -108,3 +108,47 @@ def test_real_model_positions_from_a_local_config_json(tmp_path):
         load()
     (model / "config.json").write_text("{not json")  # unreadable: no check, the stage finds out
     assert load().evaluate.sampling.max_completion_length == 300
+
+
+# ---- relative data paths (issue 33, finding 6): read from the config file's folder, not the working folder
+
+def _config_with_source(folder, path: str):
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "run.yaml"
+    config.write_text("model: {tiny: {}}\ndata:\n  train_sources:\n"
+                      f"    - {{path: {path}, field_map: {{prompt: question, answer: answer}}}}\n")
+    return config
+
+
+def test_relative_data_path_is_read_beside_the_config_file(tmp_path, monkeypatch):
+    configs = tmp_path / "proj" / "configs"
+    (configs / "data").mkdir(parents=True)
+    (configs / "data" / "train.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+    config = _config_with_source(configs, "data/train.jsonl")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "data").mkdir()
+    (elsewhere / "data" / "train.jsonl").write_text("not the one\n")  # the working folder's file of that name
+    monkeypatch.chdir(elsewhere)
+    loaded = load_config(config)
+    assert loaded.data.train_sources[0].path == str((configs / "data" / "train.jsonl").resolve())
+
+
+def test_missing_data_file_is_named_as_a_file_not_a_hub_dataset(tmp_path, monkeypatch):
+    from grpo_core.data.prepare import prepare_datasets
+    from grpo_core.data.rows import DataError
+
+    config = _config_with_source(tmp_path / "configs", "data/train.jsonl")  # beside neither the YAML nor the cwd
+    monkeypatch.chdir(tmp_path)
+    loaded = load_config(config)
+    assert loaded.data.train_sources[0].path == "data/train.jsonl"  # left as written (a worker may hold it)
+    with pytest.raises(DataError) as err:
+        prepare_datasets(loaded.data)
+    msg = str(err.value)
+    assert msg.startswith("data/train.jsonl: no such file or folder") and "cannot load dataset" not in msg
+    assert str(tmp_path / "data" / "train.jsonl") in msg and "config file's folder" in msg
+
+
+def test_hub_names_stay_hub_names(tmp_path):
+    config = _config_with_source(tmp_path, "openai/gsm8k")
+    assert load_config(config).data.train_sources[0].path == "openai/gsm8k"
