@@ -574,10 +574,17 @@ class Store:
         return Path(local_dir)
 
     def prune_checkpoints(self, run: str, stage: str, key: str, keep: int) -> None:
+        """Keep the newest ``keep`` complete checkpoints; remove older ones and every partial one (no ``_COMPLETE``:
+        an upload cut short by a full disk, a lost connection or a kill). Called by the one writer of the stage
+        right after it completed a checkpoint, so no partial one is still being written. A partial checkpoint is
+        never counted as kept: one of a higher step would otherwise push the last complete one out."""
         base = self.checkpoint_dir(run, stage, key)
         steps = sorted(int(n.split("-")[1]) for n in self._ls(base) if n.startswith("checkpoint-"))
-        for step in steps[:-keep] if keep > 0 else steps:
-            self.remove(f"{base}/checkpoint-{step}")
+        complete = [s for s in steps if self.exists(f"{base}/checkpoint-{s}/{COMPLETE}")]
+        kept = set(complete[-keep:]) if keep > 0 else set()
+        for step in steps:
+            if step not in kept:
+                self.remove(f"{base}/checkpoint-{step}")
 
 
 class _Ticks(fsspec.callbacks.Callback):

@@ -211,3 +211,20 @@ def test_missing_bucket_says_so(s3_server, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with pytest.raises(StoreError, match="bucket not found"):
         Store("s3://no-such-bucket-r1/x")
+
+
+def test_partial_checkpoints_are_removed_and_never_counted_as_kept(tmp_path):
+    """A checkpoint upload cut short (a full disk, a kill) leaves a folder without ``_COMPLETE``: the next completed
+    checkpoint's pruning removes it, and a partial one of a higher step does not push the complete one out."""
+    store = Store(tmp_path / "store")
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "state.pt").write_bytes(b"s")
+    partial = store.path("r", "grpo_train", "_checkpoints", "key", "checkpoint-9")
+    store.put_file(ck / "state.pt", f"{partial}/state.pt")  # cut short before its marker (save_steps was 9 then)
+    store.put_checkpoint("r", "grpo_train", "key", 3, ck)
+    store.put_checkpoint("r", "grpo_train", "key", 6, ck)
+    store.prune_checkpoints("r", "grpo_train", "key", keep=1)
+    assert store.latest_checkpoint("r", "grpo_train", "key")[0] == 6
+    base = store.checkpoint_dir("r", "grpo_train", "key")
+    assert sorted(store._ls(base)) == ["checkpoint-6"]
