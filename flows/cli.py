@@ -41,6 +41,7 @@ from flows.cli_common import (  # noqa: F401 - _config is also what tests use to
     _fail,
     _interruptible,
     _lease,
+    _refuse_held_lease,
     _prefect_api,
     _run_flow,
     _run_name,
@@ -81,6 +82,7 @@ def run(
 
     configure_stage_logging()
     name = run_name or new_run_name()
+    _refuse_held_lease(st, name, force_unlock)  # in a second, before the API's temporary server starts
     with _interruptible(), _prefect_api(), _lease(st, name, force_unlock):  # the API before the lease and any flow
         typer.echo(f"run {name} -> {st.url}/{name}")
         result = _run_flow(r1_pipeline, config=cfg, run_name=name, stages=selected, from_stage=from_stage,
@@ -112,6 +114,7 @@ def stage(
     from tasks.common import configure_stage_logging
 
     configure_stage_logging()
+    _refuse_held_lease(st, run_name, force_unlock)  # in a second, before the API's temporary server starts
     with _interruptible(), _prefect_api(), _lease(st, run_name, force_unlock):
         if cfg is not None:  # as `r1 run -c` does: the run's later stages and commands read it back
             record_run_config(st, run_name, cfg)

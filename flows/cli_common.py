@@ -132,6 +132,18 @@ def _server_gone() -> bool:
     return any(cause == SERVER_GONE for cause, _ in _STOPPED)
 
 
+def _refuse_held_lease(st: Any, run_name: str, force: bool) -> None:
+    """Fail at once, naming the holder, when another live writer holds the run: before the Prefect API starts
+    (a temporary server takes seconds), so a refused start says so in about a second. ``_lease`` checks again."""
+    from tasks.lease import RunLease
+    from tasks.store import StoreError
+
+    try:
+        RunLease(st, run_name).refuse_if_held(force=force)
+    except StoreError as e:
+        _fail(str(e))
+
+
 def _lease(st: Any, run_name: str, force: bool) -> Any:
     """The run's lease (one writer per run), taken before any stage starts; enter it to keep it alive. Losing
     it stops the command (``_stop_writer``)."""

@@ -12,7 +12,7 @@ from typing import Any, Optional
 import typer
 
 from flows.cli_common import (FORCE_UNLOCK, _config, _existing_run, _fail, _interruptible, _lease, _prefect_api,
-                       _run_flow, _run_name, _short, _stage_entry, _store)
+                              _refuse_held_lease, _run_flow, _run_name, _short, _stage_entry, _store)
 
 
 def eval_model(
@@ -92,6 +92,7 @@ def eval_model(
     from tasks.common import configure_stage_logging
 
     configure_stage_logging()
+    _refuse_held_lease(st, run_part, force_unlock)  # in a second, before the API's temporary server starts
     with _interruptible(), _prefect_api(), _lease(st, run_part, force_unlock):
         ref = _run_flow(evaluate_flow, run=run_part, stage=stage_part, store=st.url, config=pipeline, force=force)
     for key, v in sorted(ref["metrics"].items()):

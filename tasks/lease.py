@@ -113,20 +113,7 @@ class RunLease:
 
     def acquire(self, *, force: bool = False, settle_s: float = SETTLE_S) -> "RunLease":
         """Take the lease, or raise ``LeaseHeld`` naming the live holder."""
-        where = self.store.uri(self.path)
-        holder = self.read()
-        if holder is not None and holder.get("owner") != self.owner:
-            if force:
-                log.warning("--force-unlock: taking the lease on run %s from %s", self.run, describe(holder))
-            elif _expires_at(holder) < time.time():
-                log.warning("taking over the stale lease on run %s (%s; expired %s)", self.run,
-                            describe(holder) if holder else f"unreadable {where}",
-                            _iso(_expires_at(holder)) if holder else "?")
-            elif process_gone(holder):
-                log.warning("taking over the lease on run %s from %s: that process is gone (same host)", self.run,
-                            describe(holder))
-            else:
-                raise LeaseHeld(self._held_message(holder))
+        self.refuse_if_held(force=force, quiet=False)
         self._write()
         time.sleep(settle_s)
         now_held = self.read()
@@ -134,6 +121,29 @@ class RunLease:
             raise LeaseHeld(self._held_message(now_held or {}))
         set_fence(self.store.url, self.run, self.ensure_held)
         return self
+
+    def refuse_if_held(self, *, force: bool = False, quiet: bool = True) -> None:
+        """Raise ``LeaseHeld`` naming the holder when another live writer holds the lease (what ``acquire`` checks
+        first; called alone, it lets a command refuse in a second, before it starts anything slow). A lease that
+        ``acquire`` would take over (expired, its process gone, ``force``) passes; ``quiet``: without the
+        warnings ``acquire`` logs when it takes one over."""
+        holder = self.read()
+        if holder is None or holder.get("owner") == self.owner:
+            return
+        if force:
+            if not quiet:
+                log.warning("--force-unlock: taking the lease on run %s from %s", self.run, describe(holder))
+        elif _expires_at(holder) < time.time():
+            if not quiet:
+                log.warning("taking over the stale lease on run %s (%s; expired %s)", self.run,
+                            describe(holder) if holder else f"unreadable {self.store.uri(self.path)}",
+                            _iso(_expires_at(holder)) if holder else "?")
+        elif process_gone(holder):
+            if not quiet:
+                log.warning("taking over the lease on run %s from %s: that process is gone (same host)", self.run,
+                            describe(holder))
+        else:
+            raise LeaseHeld(self._held_message(holder))
 
     def _held_message(self, holder: dict[str, Any]) -> str:
         return (f"run {self.run!r} in {self.store.url} is being written by {describe(holder)}; wait for it to "

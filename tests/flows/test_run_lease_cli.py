@@ -4,6 +4,7 @@ held the lease while it ran (the pipeline itself is tested in test_pipeline.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -35,7 +36,9 @@ def flow_calls(monkeypatch):
     return calls
 
 
-def test_second_writer_fails_fast_naming_the_holder(tmp_path, flow_calls):
+def test_second_writer_fails_fast_naming_the_holder(tmp_path, flow_calls, monkeypatch):
+    started = []  # the Prefect API (a temporary server takes seconds) is not started for a refused run
+    monkeypatch.setattr(flows.cli, "_prefect_api", lambda: started.append("api") or contextlib.nullcontext())
     store = Store(tmp_path)
     holder = acquire_lease(store, RUN, settle_s=0)
     before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
@@ -46,7 +49,7 @@ def test_second_writer_fails_fast_naming_the_holder(tmp_path, flow_calls):
     assert last.startswith(f"error: run '{RUN}' in {store.url} is being written by {socket.gethostname()} "
                            f"pid {os.getpid()} (since {holder.since}")
     assert "--force-unlock" in last
-    assert flow_calls == []  # no stage started
+    assert flow_calls == [] and started == []  # no stage started, nor the Prefect API
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before  # nothing written
     assert json.loads(store.read_text(store.run_file(RUN, LEASE)))["owner"] == holder.owner
 
