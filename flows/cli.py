@@ -75,6 +75,8 @@ def run(
     for name in [*(selected or []), *([from_stage] if from_stage else [])]:
         _stage_entry(name)
     st = _store(store)
+    if run_name is not None:  # in a second: before Prefect and torch are imported and the API's server starts
+        _refuse_held_lease(st, run_name, force_unlock)
     if seed is not None and run_name is not None:
         _check_run_seed(st, run_name, seed)
     from flows.r1_pipeline import new_run_name, r1_pipeline
@@ -82,7 +84,6 @@ def run(
 
     configure_stage_logging()
     name = run_name or new_run_name()
-    _refuse_held_lease(st, name, force_unlock)  # in a second, before the API's temporary server starts
     with _interruptible(), _prefect_api(), _lease(st, name, force_unlock):  # the API before the lease and any flow
         typer.echo(f"run {name} -> {st.url}/{name}")
         result = _run_flow(r1_pipeline, config=cfg, run_name=name, stages=selected, from_stage=from_stage,
@@ -108,13 +109,13 @@ def stage(
     if cfg is not None and seed is not None:
         cfg = cfg.with_seed(seed)
     st = _store(store)
+    _refuse_held_lease(st, run_name, force_unlock)  # in a second: before Prefect, torch and the API's server start
     if seed is not None:
         _check_run_seed(st, run_name, seed)  # the stage's upstream outputs were made with the run's seeds
     from flows.stages import record_run_config, stage_flow
     from tasks.common import configure_stage_logging
 
     configure_stage_logging()
-    _refuse_held_lease(st, run_name, force_unlock)  # in a second, before the API's temporary server starts
     with _interruptible(), _prefect_api(), _lease(st, run_name, force_unlock):
         if cfg is not None:  # as `r1 run -c` does: the run's later stages and commands read it back
             record_run_config(st, run_name, cfg)

@@ -80,6 +80,7 @@ def eval_model(
     _run_name(run_part)
     st = _store(store)
     _existing_run(st, run_part)
+    _refuse_held_lease(st, run_part, force_unlock)  # in a second: before Prefect, torch and the API's server start
     from flows.stages import resolve_config
     from tasks.common import StageFailed
 
@@ -92,7 +93,6 @@ def eval_model(
     from tasks.common import configure_stage_logging
 
     configure_stage_logging()
-    _refuse_held_lease(st, run_part, force_unlock)  # in a second, before the API's temporary server starts
     with _interruptible(), _prefect_api(), _lease(st, run_part, force_unlock):
         ref = _run_flow(evaluate_flow, run=run_part, stage=stage_part, store=st.url, config=pipeline, force=force)
     for key, v in sorted(ref["metrics"].items()):
