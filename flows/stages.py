@@ -18,6 +18,7 @@ from prefect import Flow, flow
 from tasks import lineage
 from tasks.common import StageFailed, cached, configure_stage_logging, stage_task_options
 from tasks.config import PipelineConfig, check_run_name, load_config
+from tasks.lease import fenced_as
 from tasks.sections import uses_reward_model_stage
 from tasks.stages import evaluation, get_stage, stage_names
 from tasks.manifest import StageRef
@@ -62,8 +63,14 @@ def resolve_config(config: PipelineConfig | None, config_path: str | None, run: 
 
 
 def run_stage(stage: str, run: str, config: PipelineConfig | None = None, config_path: str | None = None,
-              store: str | None = None, inputs: dict[str, Any] | None = None, force: bool = True) -> dict[str, Any]:
-    """The body of every stage flow: inputs from the caller or the store, the task, then evaluation."""
+              store: str | None = None, inputs: dict[str, Any] | None = None, force: bool = True,
+              lease_owner: str | None = None) -> dict[str, Any]:
+    """The body of every stage flow: inputs from the caller or the store, the task, then evaluation.
+    ``lease_owner``: the lease token of the pipeline that dispatched this stage to a worker; its commits are then
+    refused once another writer holds the run (``tasks.lease.fenced_as``)."""
+    if lease_owner:
+        with fenced_as(Store(store), run, lease_owner):
+            return run_stage(stage, run, config, config_path, store, inputs, force)
     configure_stage_logging()  # a deployment run's process: no transformers bars in the log
     entry = get_stage(stage)
     check_run_name(run)
@@ -98,8 +105,8 @@ def stage_flow(stage: str) -> Flow:
 
         def body(run: str, config: PipelineConfig | None = None, config_path: str | None = None,
                  store: str | None = None, inputs: dict[str, dict[str, Any]] | None = None,
-                 force: bool = True) -> dict[str, Any]:
-            return run_stage(stage, run, config, config_path, store, inputs, force)
+                 force: bool = True, lease_owner: str | None = None) -> dict[str, Any]:
+            return run_stage(stage, run, config, config_path, store, inputs, force, lease_owner)
 
         body.__name__ = f"{stage}_flow"
         _FLOWS[stage] = flow(body, name=entry.flow_name, flow_run_name="{run}-" + entry.flow_name,

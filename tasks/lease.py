@@ -33,7 +33,8 @@ import logging
 import secrets
 import threading
 import time
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from tasks.owner import process_gone, this_process
 from tasks.store import Store, StoreError, clear_fence, set_fence
@@ -45,6 +46,9 @@ SETTLE_S = 0.25  # wait between writing a lease and reading it back (narrows the
 GUARD = 1 / 6  # of the TTL: a writer stops this long before others may take its unrefreshed lease over
 
 log = logging.getLogger("r1.lease")
+
+
+_HELD: dict[tuple[str, str], str] = {}  # (store url, run) -> owner token of the lease this process holds
 
 
 class LeaseHeld(StoreError):
@@ -120,6 +124,7 @@ class RunLease:
         if not now_held or now_held.get("owner") != self.owner:  # another writer's lease landed after ours
             raise LeaseHeld(self._held_message(now_held or {}))
         set_fence(self.store.url, self.run, self.ensure_held)
+        _HELD[(self.store.url, self.run)] = self.owner
         return self
 
     def refuse_if_held(self, *, force: bool = False, quiet: bool = True) -> None:
@@ -224,6 +229,8 @@ class RunLease:
         """Stop the heartbeat and delete the lease if it is still ours."""
         self._stop.set()
         clear_fence(self.store.url, self.run, self.ensure_held)
+        if _HELD.get((self.store.url, self.run)) == self.owner:
+            del _HELD[(self.store.url, self.run)]
         if self.lost:  # nothing of ours to delete; a heartbeat still in a store call writes nothing more
             return
         for thread in self._threads:  # a heartbeat write must not land after the delete below
@@ -255,3 +262,32 @@ def acquire_lease(store: Store, run: str, *, force: bool = False, ttl_s: float =
     (the reason) is how the heartbeat stops the writer when the lease is lost."""
     return RunLease(store, run, ttl_s=ttl_s, heartbeat_s=heartbeat_s, on_lost=on_lost).acquire(force=force,
                                                                                                settle_s=settle_s)
+
+
+def held_owner(store: Store, run: str) -> str | None:
+    """The owner token of the lease this process holds on ``run`` (None when it holds none): what the pipeline
+    hands to the stages it dispatches to other processes (``fenced_as``)."""
+    return _HELD.get((store.url, run))
+
+
+@contextmanager
+def fenced_as(store: Store, run: str, owner: str) -> Iterator[None]:
+    """Fence this process's commits to ``run`` on behalf of the writer whose lease token is ``owner``: a stage that
+    a pipeline dispatched to a worker (``--dispatch deployments``) holds no lease itself, so before each commit it
+    reads the run's lease and refuses (``LeaseLost``) when another live writer holds it. A free or expired lease
+    lets the commit through: no other writer is at work (a ``prefect flow-run retry`` after the pipeline ended)."""
+    if held_owner(store, run):  # this process holds the lease itself: its own fence (``ensure_held``) is stricter
+        yield
+        return
+
+    def check(what: str) -> None:
+        holder = RunLease(store, run).read()
+        if holder and holder.get("owner") != owner and _expires_at(holder) >= time.time():
+            raise LeaseLost(f"{what} to run {run!r} refused: the run is now written by {describe(holder)}, not by "
+                            "the pipeline that dispatched this stage; this stage stops and commits nothing")
+
+    set_fence(store.url, run, check)
+    try:
+        yield
+    finally:
+        clear_fence(store.url, run, check)
