@@ -18,7 +18,7 @@ from grpo_core.config import GRPOConfig, SFTConfig
 from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer.distributed import DistContext
 from grpo_core.trainer.logprobs import compute_packed_logps, compute_token_logps
-from grpo_core.trainer.packing import PADDING_FREE_ATTENTION, pack_rows, token_budget_batches
+from grpo_core.trainer.packing import PADDING_FREE_ATTENTION, enable_padding_free, pack_rows, token_budget_batches
 from grpo_core.trainer.sft import IGNORE_INDEX, _accumulate_gradients
 from grpo_core.trainer.update import TrainBatch, optimise
 
@@ -75,6 +75,26 @@ def test_packed_logps_equal_the_padded_pass(model):
     logps, _ = compute_packed_logps(model, packed)  # [K]
     got = packed.unpack(logps, len(rows), length - 1)  # [B, L-1]
     torch.testing.assert_close(got, padded * mask[:, 1:], rtol=1e-9, atol=1e-10)
+
+
+def test_the_swap_leaves_padded_and_cached_calls_alone(model):
+    """enable_padding_free stays on the model: padded batches and generation with a cache must see the masks
+    transformers builds for them, as before the swap."""
+    plain, swapped = copy.deepcopy(model), copy.deepcopy(model)
+    plain.config._attn_implementation = "sdpa"
+    enable_padding_free(swapped)
+    assert swapped.config._attn_implementation == PADDING_FREE_ATTENTION
+    rows = _rows(4)[:3]
+    length = max(len(r) for r in rows)
+    input_ids = torch.zeros(3, length, dtype=torch.long)  # [B, L] left-padded, as the samplers pad prompts
+    mask = torch.zeros_like(input_ids)
+    for i, r in enumerate(rows):
+        input_ids[i, length - len(r):], mask[i, length - len(r):] = r, 1
+    with torch.no_grad():
+        want, got = (m(input_ids=input_ids, attention_mask=mask).logits for m in (plain, swapped))
+        torch.testing.assert_close(got * mask[..., None], want * mask[..., None], rtol=1e-9, atol=1e-9)
+        kwargs = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        torch.testing.assert_close(swapped.generate(input_ids, **kwargs), plain.generate(input_ids, **kwargs))
 
 
 def test_token_budget_batches_keep_order_and_budget():
