@@ -202,7 +202,26 @@ class EmergenceConfig(_Strict):
         "grpo_core.evaluation.emergence.BACKTRACK_PHRASES")
 
 
-class SFTConfig(OptimConfig):
+class PaddingFreeConfig(_Strict):
+    """Packed, padding-free micro-batches (``grpo_core/trainer/packing.py``): the SFT and GRPO trainers' fields."""
+
+    padding_free: bool = Field(
+        False, description="pack each micro-batch's rows into one sequence without padding (TRL's name): position "
+        "ids restart per row, attention stays within a row (flash-attention varlen, or per-row SDPA); the same loss "
+        "and gradients as padded micro-batches for less compute when lengths vary")
+    max_tokens_per_batch: int | None = Field(
+        None, gt=0, description="padding_free: cut micro-batches by this many packed tokens instead of "
+        "per_device_train_batch_size rows (a longer row trains alone); None = per_device_train_batch_size rows each")
+
+    @model_validator(mode="after")
+    def _check_padding_free(self) -> "PaddingFreeConfig":
+        if self.max_tokens_per_batch is not None and not self.padding_free:
+            raise ValueError(f"max_tokens_per_batch ({self.max_tokens_per_batch}) is the token budget of a packed "
+                             "micro-batch: set padding_free: true, or remove max_tokens_per_batch")
+        return self
+
+
+class SFTConfig(OptimConfig, PaddingFreeConfig):
     """Supervised fine-tuning on (prompt, completion) pairs, loss on completion tokens only."""
 
     learning_rate: float = Field(1e-5, gt=0)
@@ -334,7 +353,7 @@ class SourceMix(SourceWeight):
         return self
 
 
-class GRPOConfig(OptimConfig):
+class GRPOConfig(OptimConfig, PaddingFreeConfig):
     """Group Relative Policy Optimisation (the seed's boxed objective and its variants)."""
 
     # --- sampling (seed: G = 8-16, max_new_tokens 1024-2048) ---
@@ -407,7 +426,8 @@ class GRPOConfig(OptimConfig):
 
     # --- memory (logprob_chunk_size is in OptimConfig) ---
     share_prompt_forward: bool = Field(
-        True, description="run each prompt once per micro-batch for its G completions (training and reference passes)"
+        True, description="run each prompt once per micro-batch for its G completions (training and reference "
+        "passes); padded micro-batches only (padding_free runs each row's prompt in its row)"
     )
 
     @model_validator(mode="before")
@@ -472,6 +492,11 @@ class GRPOConfig(OptimConfig):
             names = [s.name for s in self.sources]
             if len(set(names)) != len(names):
                 raise ValueError(f"sources names a source twice ({names}); give each source once")
+        if self.loss_type == "bnpo" and self.max_tokens_per_batch is not None:
+            raise ValueError(
+                "loss_type='bnpo' normalises by each micro-batch's own tokens, so a token budget "
+                f"(max_tokens_per_batch={self.max_tokens_per_batch}) would change the loss: remove max_tokens_per_batch "
+                "(padding_free then packs micro-batches of per_device_train_batch_size rows) or pick another loss_type")
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
             raise ValueError(
                 f"epsilon_high ({self.epsilon_high}) < epsilon ({self.epsilon}); clip-higher needs epsilon_high >= epsilon"

@@ -197,10 +197,14 @@ def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Har
     state = model_state_bytes(shape, strategy, hw.gpus, device=hw.device, bf16=config.bf16,
                               reference=rl and needs_reference(config), offload=config.fsdp_cpu_offload)
     seq = config.sampling.max_prompt_length + config.sampling.max_completion_length if rl else config.max_length
-    rows = config.per_device_train_batch_size * (config.sampling.max_completion_length if rl else config.max_length)
+    batch, scored = config.per_device_train_batch_size, config.sampling.max_completion_length if rl else config.max_length
+    budget = getattr(config, "max_tokens_per_batch", None)  # padding_free's token budget (SFT and GRPO only)
+    if budget is not None:  # a packed micro-batch holds the budget's tokens, or one row longer than it
+        batch, seq, scored = 1, max(budget, seq), max(budget, seq)
+    rows = batch * scored
     components = {
         **state,
-        "activations": activation_bytes(shape, config.per_device_train_batch_size, seq, bf16=config.bf16,
+        "activations": activation_bytes(shape, batch, seq, bf16=config.bf16,
                                         checkpointing=config.gradient_checkpointing, device=hw.device),
         "logprob chunks": logprob_chunk_bytes(shape, config.logprob_chunk_size, rows),
     }

@@ -90,11 +90,15 @@ def micro_batches(idx: list[int], size: int, lockstep: DistContext | None = None
 
     Sharded weights (FSDP) make every forward a collective, so each rank must run as many as the others.
     """
-    batches = [idx[start : start + size] for start in range(0, len(idx), size)]
+    return pad_lockstep([idx[start : start + size] for start in range(0, len(idx), size)], lockstep)
+
+
+def pad_lockstep(batches: list[list[int]], lockstep: DistContext | None) -> list[list[int]]:
+    """``batches`` with empty micro-batches appended up to the most any rank has (FSDP: every forward is a collective)."""
     if lockstep is not None and lockstep.enabled:
         count = torch.tensor([len(batches)], device=lockstep.device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        batches += [[] for _ in range(int(count) - len(batches))]
+        batches = batches + [[] for _ in range(int(count) - len(batches))]
     return batches
 
 

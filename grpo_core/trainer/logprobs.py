@@ -18,9 +18,14 @@ soft-capping or scaling (Gemma 2, Cohere) would need that step added to ``_chunk
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
+
+if TYPE_CHECKING:
+    from grpo_core.trainer.packing import PackedRows
 
 CHECKPOINT_MIN_LOGITS = 2**22  # [B*T, V] elements (16 MiB in fp32) under which logits are simply kept for backward
 
@@ -114,22 +119,55 @@ def compute_completion_logps(
     return _score(model, hidden, completion_ids, temperature, chunk_size, compute_entropy, checkpoint_logits)
 
 
+def compute_packed_logps(
+    model: nn.Module,
+    packed: "PackedRows",
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    compute_entropy: bool = False,
+    checkpoint_logits: bool | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropies) ``[K]`` of the scored tokens of a packed sequence (``trainer.packing.pack_rows``,
+    on the model's device).
+
+    One forward over ``[1, S]`` with ``position_ids`` restarting per row and no attention mask (attention kept
+    within each row, see ``trainer/packing.py``); only the ``K`` scored positions go through the LM head.
+    """
+    from grpo_core.trainer.packing import enable_padding_free
+
+    enable_padding_free(model)
+    body = model.get_decoder()(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+    hidden = body.last_hidden_state[0].index_select(0, packed.score_index)  # [K, H]
+    return _score_flat(model, hidden, packed.targets, temperature, chunk_size, compute_entropy, checkpoint_logits)
+
+
 def _score(
     model: nn.Module, hidden: Tensor, targets: Tensor, temperature: float, chunk_size: int, compute_entropy: bool,
     checkpoint_logits: bool | None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) ``[B, T]`` of ``targets [B, T]`` from the hidden states ``[B, T, H]`` predicting them."""
     B, T, H = hidden.shape
-    flat_hidden, flat_targets = hidden.reshape(B * T, H), targets.reshape(B * T)  # [B*T, H], [B*T]
+    logps, entropy = _score_flat(model, hidden.reshape(B * T, H), targets.reshape(B * T), temperature, chunk_size,
+                                 compute_entropy, checkpoint_logits)  # [B*T]
+    return logps.view(B, T), entropy.view(B, T) if entropy is not None else None
+
+
+def _score_flat(
+    model: nn.Module, flat_hidden: Tensor, flat_targets: Tensor, temperature: float, chunk_size: int,
+    compute_entropy: bool, checkpoint_logits: bool | None,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropies) ``[N]`` of ``flat_targets [N]`` from the hidden states ``[N, H]`` predicting them."""
+    n = flat_hidden.shape[0]
     lm_head = model.get_output_embeddings()  # the tied embedding module when tie_word_embeddings
 
     needs_grad = torch.is_grad_enabled() and (
         flat_hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters())
     )
     if checkpoint_logits is None:  # only where keeping every chunk's logits for backward would cost real memory
-        checkpoint_logits = B * T * lm_head.weight.shape[0] > CHECKPOINT_MIN_LOGITS  # weight [V, H]
+        checkpoint_logits = n * lm_head.weight.shape[0] > CHECKPOINT_MIN_LOGITS  # weight [V, H]
     logps, entropies = [], []
-    for start in range(0, B * T, chunk_size):
+    for start in range(0, n, chunk_size):
         rows = slice(start, start + chunk_size)
         args = (flat_hidden[rows], flat_targets[rows], lm_head, temperature, compute_entropy)
         if needs_grad and checkpoint_logits:
@@ -139,7 +177,9 @@ def _score(
             chunk_logps, chunk_entropy = _chunk_logps(*args)
         logps.append(chunk_logps)  # [n]
         entropies.append(chunk_entropy)  # [n] or a placeholder scalar
-    per_token_logps = torch.cat(logps).view(B, T)  # [B, T]
-    entropy = torch.cat(entropies).view(B, T) if compute_entropy else None  # [B, T]
+    if not logps:  # nothing scored (an empty packed micro-batch)
+        empty = flat_hidden.new_zeros((0,), dtype=torch.float32) + flat_hidden.sum() * 0  # keeps the graph for backward
+        return empty, empty.detach() if compute_entropy else None
+    per_token_logps = torch.cat(logps)  # [N]
+    entropy = torch.cat(entropies) if compute_entropy else None  # [N]
     return per_token_logps, entropy
-

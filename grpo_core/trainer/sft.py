@@ -10,7 +10,8 @@ its ``per_device_train_batch_size x gradient_accumulation_steps`` rows (token-we
 micro-batch-weighted), so ``group_by_length`` may cut the step's rows into micro-batches in length order
 (less padding) without changing the gradient. The cross-entropy is ``-log p`` from
 ``grpo_core.trainer.logprobs.compute_token_logps``: the LM head runs ``logprob_chunk_size`` rows at a time, so the
-``[B, L, V]`` fp32 logits never exist.
+``[B, L, V]`` fp32 logits never exist. ``padding_free`` packs each micro-batch's rows into one sequence instead
+(``grpo_core/trainer/packing.py``; ``max_tokens_per_batch`` cuts micro-batches by packed tokens): the same loss.
 
 Everything else is the skeleton GRPO uses (``grpo_core.trainer.skeleton``): AdamW with weight-decay
 groups, the schedule, verified atomic checkpoints (``output_dir/checkpoint-{step}``, whose
@@ -37,9 +38,10 @@ import torch
 from transformers import AutoTokenizer
 
 from grpo_core.config import SFTConfig
-from grpo_core.trainer.logprobs import compute_token_logps
+from grpo_core.trainer.logprobs import compute_packed_logps, compute_token_logps
 from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
 from grpo_core.trainer.fsdp import is_sharded
+from grpo_core.trainer.packing import pack_rows, token_budget_batches
 from grpo_core.trainer.prompts import PromptStream, encode_prompt
 from grpo_core.trainer.skeleton import (
     TrainingRun,
@@ -102,6 +104,26 @@ def completion_token_loss(
     mask = mask[:, first:]  # [B, T]
     loss = -(logps * mask).sum() / num_tokens
     return loss, {"tokens": float(mask.sum())}
+
+
+def packed_completion_token_loss(
+    model: torch.nn.Module,
+    examples: list[tuple[list[int], list[int]]],
+    device: torch.device,
+    *,
+    num_tokens: int,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``completion_token_loss`` of ``(input_ids, labels)`` rows packed into one sequence (``padding_free``).
+
+    The same sum of ``-log p`` over label tokens divided by ``num_tokens``; only label positions reach the LM head.
+    """
+    rows = [torch.tensor(ids) for ids, _ in examples]
+    # Off-by-one: token t (t >= 1) is scored when labels[t] is set; pack_rows reads it at position t - 1.
+    scored = [torch.nonzero(torch.tensor(labels[1:]) != IGNORE_INDEX).flatten() + 1 for _, labels in examples]
+    packed = pack_rows(rows, scored).to(device)
+    logps, _ = compute_packed_logps(model, packed, chunk_size=chunk_size)  # [K]
+    return -logps.sum() / num_tokens, {"tokens": float(logps.numel())}
 
 
 def count_label_tokens(labels: list[int]) -> int:
@@ -177,12 +199,22 @@ def _accumulate_gradients(model: torch.nn.Module, rows: list[tuple[list[int], li
     local = shard(list(range(len(rows))), ctx)  # this rank's contiguous share, in stream order
     if config.group_by_length:  # shortest first: each micro-batch pads to its own longest row
         local = sorted(local, key=lambda i: len(rows[i][0]))
-    for mb in micro_batches(local, config.per_device_train_batch_size, ctx if sharded else None):
-        batch = collate([rows[i] for i in mb or [0]], pad_id)  # [] = FSDP filler: run, add 0
-        batch = {k: v.to(ctx.device) for k, v in batch.items()}
+    lockstep = ctx if sharded else None
+    if config.padding_free and config.max_tokens_per_batch is not None:
+        batches = token_budget_batches(local, [len(rows[i][0]) - 1 for i in local], config.max_tokens_per_batch,
+                                       lockstep)
+    else:
+        batches = micro_batches(local, config.per_device_train_batch_size, lockstep)
+    for mb in batches:
+        examples = [rows[i] for i in mb or [0]]  # [] = FSDP filler: run, add 0
         with autocast(config, ctx.device):
-            loss, _ = completion_token_loss(model, batch["input_ids"], batch["attention_mask"], batch["labels"],
-                                            num_tokens=max(num_tokens, 1), chunk_size=config.logprob_chunk_size)
+            if config.padding_free:
+                loss, _ = packed_completion_token_loss(model, examples, ctx.device, num_tokens=max(num_tokens, 1),
+                                                       chunk_size=config.logprob_chunk_size)
+            else:
+                batch = {k: v.to(ctx.device) for k, v in collate(examples, pad_id).items()}
+                loss, _ = completion_token_loss(model, batch["input_ids"], batch["attention_mask"], batch["labels"],
+                                                num_tokens=max(num_tokens, 1), chunk_size=config.logprob_chunk_size)
         if not mb:  # every forward of a sharded model is a collective: join it, contribute nothing
             (loss * 0.0).backward()
             continue

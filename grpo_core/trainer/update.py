@@ -5,6 +5,8 @@ and the chunks are run ``num_iterations`` (mu) times. Within a chunk each rank t
 sequences in micro-batches of ``per_device_train_batch_size``; every micro-batch loss is divided by
 the chunk's GLOBAL sequence/token totals (``compute_policy_loss(num_sequences=, num_tokens=)``), so
 the summed gradients over micro-batches and ranks are exactly the full-batch gradient.
+``padding_free`` packs each micro-batch's rows into one sequence (``trainer/packing.py``; micro-batches by the
+token budget ``max_tokens_per_batch`` when set): the log-probs return in the padded layout, so the loss is unchanged.
 
 Old log-probs are computed once before the first update when the batch is reused (mu > 1 or several
 optimiser steps per generation); otherwise the ratio is 1 and the loss detaches (TRL does the same).
@@ -30,10 +32,11 @@ import torch
 
 from grpo_core.config import GRPOConfig, needs_reference
 from grpo_core.generation import Rollout
-from grpo_core.trainer.logprobs import compute_completion_logps, compute_token_logps
+from grpo_core.trainer.logprobs import compute_completion_logps, compute_packed_logps, compute_token_logps
 from grpo_core.trainer.loss import compute_policy_loss, compute_sampling_correction
 from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
 from grpo_core.trainer.fsdp import is_sharded
+from grpo_core.trainer.packing import pack_rows, token_budget_batches
 from grpo_core.trainer.skeleton import autocast, optimizer_step
 
 
@@ -96,8 +99,11 @@ def _token_logps(
 
     Rows that share a prompt (a GRPO group) run it once (``compute_completion_logps``) unless
     ``share_prompt_forward`` is off, gradient checkpointing is on (no cache in training) or the model is
-    FSDP-sharded (one forward per backward keeps its hooks simple).
+    FSDP-sharded (one forward per backward keeps its hooks simple). ``padding_free``: the rows packed into one
+    sequence (``_packed_token_logps``).
     """
+    if config.padding_free:
+        return _packed_token_logps(model, batch, idx, config, device, compute_entropy)
     prompt_mask = batch.prompt_mask[idx]  # [b, Lp]
     first = int(prompt_mask.any(0).float().argmax()) if prompt_mask.any() else prompt_mask.shape[1]
     t = max(1, int(batch.completion_mask[idx].sum(1).max()))
@@ -124,6 +130,42 @@ def _token_logps(
     return logps, entropy, t
 
 
+def _packed_token_logps(
+    model: torch.nn.Module, batch: TrainBatch, idx: list[int], config: GRPOConfig, device: torch.device,
+    compute_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """``_token_logps`` with rows ``idx`` packed (prompt + completion each, no padding; ``trainer/packing.py``).
+
+    Each row runs its own prompt (no prompt sharing: a packed row attends only to itself). The log-probs come
+    back in the padded ``[b, T']`` layout, 0 on padding, so the loss and its normalisers are the padded path's.
+    """
+    rows, scored = [], []
+    for i in idx:
+        prompt = batch.prompt_ids[i][batch.prompt_mask[i].bool()]  # [Lp_i]
+        k = int(batch.completion_mask[i].sum())  # |o_i|
+        rows.append(torch.cat([prompt, batch.completion_ids[i, :k]]))  # [Lp_i + |o_i|]
+        scored.append(torch.arange(len(prompt), len(prompt) + k))  # the completion tokens
+    t = max(1, max(len(s) for s in scored))
+    packed = pack_rows(rows, scored).to(device)
+    with autocast(config, device):
+        logps, entropy = compute_packed_logps(
+            model, packed, temperature=config.sampling.temperature, chunk_size=config.logprob_chunk_size,
+            compute_entropy=compute_entropy,
+        )  # [K]
+    entropy = packed.unpack(entropy, len(idx), t) if entropy is not None else None  # [b, T']
+    return packed.unpack(logps, len(idx), t), entropy, t  # [b, T']
+
+
+def _micro_batches(batch: TrainBatch, idx: list[int], config: GRPOConfig, lockstep: DistContext | None
+                   ) -> list[list[int]]:
+    """Rows ``idx`` in micro-batches: by the packed-token budget ``max_tokens_per_batch`` when set, else of
+    ``per_device_train_batch_size`` rows."""
+    if config.padding_free and config.max_tokens_per_batch is not None:
+        lengths = (batch.prompt_mask[idx].sum(1) + batch.completion_mask[idx].sum(1) - 1).tolist()  # fed tokens
+        return token_budget_batches(idx, lengths, config.max_tokens_per_batch, lockstep)
+    return micro_batches(idx, config.per_device_train_batch_size, lockstep)
+
+
 @torch.no_grad()
 def compute_batch_logps(
     model: torch.nn.Module, batch: TrainBatch, idx: list[int], config: GRPOConfig, device: torch.device,
@@ -132,7 +174,7 @@ def compute_batch_logps(
     """Log-probs ``[N, Tc]`` of rows ``idx`` under ``model`` (other rows 0), micro-batch by micro-batch."""
     out = torch.zeros(batch.completion_ids.shape)  # [N, Tc]
     lockstep = ctx if ctx is not None and is_sharded(model) else None
-    for mb in micro_batches(idx, config.per_device_train_batch_size, lockstep):
+    for mb in _micro_batches(batch, idx, config, lockstep):
         logps, _, t = _token_logps(model, batch, mb or [0], config, device)  # [] = FSDP filler: run, discard
         if mb:
             out[mb, :t] = logps.float().cpu()  # [b, T']
@@ -177,14 +219,13 @@ def optimise(
         batch.ref_logps = compute_batch_logps(ref_model, batch, local_idx, config, ctx.device, ctx)
         reference_s = time.perf_counter() - start
 
-    bs = config.per_device_train_batch_size
     sharded = is_sharded(model)
     for iteration in range(config.num_iterations):
         for chunk in chunks:
             num_sequences = len(chunk)
             num_tokens = max(1, int(batch.loss_mask[chunk].sum()))
             step_loss = 0.0
-            for mb in micro_batches(shard(chunk, ctx), bs, ctx if sharded else None):
+            for mb in _micro_batches(batch, shard(chunk, ctx), config, ctx if sharded else None):
                 first_pass = iteration == 0
                 logps, entropy, t = _token_logps(model, batch, mb or chunk[:1], config, ctx.device, first_pass)  # [b, T']
                 if not mb:  # FSDP filler: this rank has fewer sequences; join the collectives, add 0

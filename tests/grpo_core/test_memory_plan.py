@@ -160,3 +160,18 @@ def test_the_reference_model_is_planned_exactly_when_the_kl_term_needs_it():
     assert plan(0.04).components["reference"] == 4 * SMALL_PARAMS
     assert plan(0.0).components["reference"] == 0
     assert plan_training("s", "sft", SFTConfig(), SMALL, hw).components["reference"] == 0
+
+
+def test_a_packed_micro_batch_plans_its_token_budget():
+    """padding_free with max_tokens_per_batch: activations of the budget's tokens (or one full row when longer),
+    not per_device_train_batch_size padded rows."""
+    shape, hw = KNOWN_SHAPES["Qwen/Qwen2.5-7B"], Hardware(gpus=8, gpu_memory=80 * GiB)
+    base = dict(bf16=True, gradient_checkpointing=True, per_device_train_batch_size=8, max_length=4096)
+    padded = plan_training("cold_start_sft", "sft", SFTConfig(**base), shape, hw)
+    packed = plan_training("cold_start_sft", "sft", SFTConfig(**base, padding_free=True, max_tokens_per_batch=8192),
+                           shape, hw)
+    assert padded.components["activations"] == activation_bytes(shape, 8, 4096, bf16=True, checkpointing=True)
+    assert packed.components["activations"] == activation_bytes(shape, 1, 8192, bf16=True, checkpointing=True)
+    short = plan_training("cold_start_sft", "sft", SFTConfig(**base, padding_free=True, max_tokens_per_batch=1024),
+                          shape, hw)  # a 4096-token row still trains alone
+    assert short.components["activations"] == activation_bytes(shape, 1, 4096, bf16=True, checkpointing=True)
