@@ -33,7 +33,6 @@ import torch
 from transformers import AutoTokenizer
 
 from grpo_core.config import EvalConfig, GRPOConfig, TrackingInfo, needs_reference
-from grpo_core.evaluation.during_rl import heldout_slice, rl_eval_config
 from grpo_core.generation import GenerationBackend, backend_kind, backend_options, make_backend
 from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.rewards.scoring import resolve_reward
@@ -174,6 +173,9 @@ def train_grpo(
     check_inputs(config, ctx, train_rows, reward_funcs)
     heldout = None
     if config.eval_steps is not None:
+        # here, not at the top: evaluation.heldout imports trainer.prompts, whose package imports this module
+        from grpo_core.evaluation.during_rl import heldout_slice, rl_eval_config
+
         if not eval_rows:
             raise ValueError("eval_steps is set but no held-out rows were given: pass eval_rows=[{prompt, answer}, "
                              "...] to train_grpo (the pipeline passes prepare_data's eval.parquet) or remove eval_steps")

@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from grpo_core.config import EvalConfig, GRPOConfig
-from grpo_core.evaluation.during_rl import evaluate_during_rl
 from grpo_core.generation import GenerationBackend, release_memory
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.trainer.async_rollouts import NextRollouts
@@ -185,6 +184,8 @@ class GRPOSteps:
         if not self.evaluates_at(step) or not self.ctx.is_main:
             return {}
         assert self.heldout is not None
+        from grpo_core.evaluation.during_rl import evaluate_during_rl  # not at the top: see train_grpo's import
+
         metrics = evaluate_during_rl(self.heldout.config, self.backend, self.tokenizer, self.heldout.rows)
         logger.info("step %d held-out accuracy %.3f pass@1 %.3f (%.1fs)", step, metrics.get("eval/accuracy", math.nan),
                     metrics.get("eval/pass@1", math.nan), metrics["time/eval"])

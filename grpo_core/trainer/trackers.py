@@ -74,8 +74,6 @@ class Table:
 
 
 class WandbTracker:
-    name = "wandb"
-
     def __init__(self, info: TrackingInfo, root: Path, run_name: str, config: dict[str, Any]) -> None:
         import wandb
 
@@ -103,8 +101,6 @@ MLFLOW_NAME = re.compile(r"[^A-Za-z0-9_\-. :/]")
 
 class MlflowTracker:
     """MLflow through ``MlflowClient`` (no global active run): experiment = the pipeline run, a run per stage."""
-
-    name = "mlflow"
 
     def __init__(self, info: TrackingInfo, root: Path, run_name: str, config: dict[str, Any]) -> None:
         from mlflow import MlflowClient
@@ -150,17 +146,20 @@ def mlflow_key(key: str) -> str:
     return MLFLOW_NAME.sub("_", key.replace("@", "_at_"))
 
 
+_OWN_TRACKIO_DIR: str | None = None  # the TRACKIO_DIR this module set (a user's own setting wins over ours)
+
+
 class TrackioTracker:
     """Trackio, local by default. Trackio reads its directory once per process (``TRACKIO_DIR`` at import); a
     later call in the same process points its storage at this call's directory."""
 
-    name = "trackio"
-
     def __init__(self, info: TrackingInfo, root: Path, run_name: str, config: dict[str, Any]) -> None:
-        root = Path(os.environ.get("TRACKIO_DIR") or root)
+        global _OWN_TRACKIO_DIR
+        user_dir = os.environ.get("TRACKIO_DIR")
+        root = Path(user_dir) if user_dir and user_dir != _OWN_TRACKIO_DIR else root
         root.mkdir(parents=True, exist_ok=True)
-        if "trackio" not in sys.modules:
-            os.environ["TRACKIO_DIR"] = str(root)
+        if "trackio" not in sys.modules:  # read once, at import
+            os.environ["TRACKIO_DIR"] = _OWN_TRACKIO_DIR = str(root)
         import trackio
 
         for module in (sys.modules.get("trackio.utils"), sys.modules.get("trackio.sqlite_storage"), trackio):
@@ -208,7 +207,7 @@ class Trackers:
                  history: list[dict[str, Any]]) -> None:
         root = Path(info.dir) if info.dir else output_dir / "trackers"
         run_name = info.name or output_dir.name
-        self.open: list[Any] = []
+        self.open: list[tuple[str, Any]] = []
         for name in (n for n in report_to if n in OPENERS):
             fresh = not (root / name).exists()
             try:
@@ -221,29 +220,29 @@ class Trackers:
                 logger.warning("report_to: could not start %s (%s: %s); training goes on without it", name,
                                type(e).__name__, scrub(str(e)))
                 continue
-            self.open.append(tracker)
+            self.open.append((name, tracker))
             if fresh and history:  # a resumed run in a fresh directory: the steps before the checkpoint first
-                self._call(tracker, lambda t: [t.log(row["step"], numeric({k: v for k, v in row.items() if k != "step"}))
-                                                 for row in history])
+                self._call(name, tracker, lambda t: [t.log(row["step"], numeric({k: v for k, v in row.items()
+                                                                                 if k != "step"})) for row in history])
 
-    def _call(self, tracker: Any, fn: Callable[[Any], Any]) -> None:
+    def _call(self, name: str, tracker: Any, fn: Callable[[Any], Any]) -> None:
         try:
             fn(tracker)
         except Exception as e:  # noqa: BLE001 - a tracker failing mid-run is dropped, not fatal
-            logger.warning("report_to: %s failed (%s: %s); dropped for the rest of the run", tracker.name,
+            logger.warning("report_to: %s failed (%s: %s); dropped for the rest of the run", name,
                            type(e).__name__, scrub(str(e)))
-            self.open.remove(tracker)
+            self.open.remove((name, tracker))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         values = numeric(metrics)
-        for tracker in list(self.open):
-            self._call(tracker, lambda t: t.log(step, values))
+        for name, tracker in list(self.open):
+            self._call(name, tracker, lambda t: t.log(step, values))
 
     def log_table(self, step: int, key: str, table: Table) -> None:
-        for tracker in list(self.open):
-            self._call(tracker, lambda t: t.log_table(step, key, table))
+        for name, tracker in list(self.open):
+            self._call(name, tracker, lambda t: t.log_table(step, key, table))
 
     def close(self) -> None:
-        for tracker in list(self.open):
-            self._call(tracker, lambda t: t.close())
+        for name, tracker in list(self.open):
+            self._call(name, tracker, lambda t: t.close())
         self.open = []
