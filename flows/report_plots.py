@@ -1,6 +1,7 @@
 """The report's plots (PNG, matplotlib Agg): reward, accuracy and completion length over GRPO steps, and
 reflection rate with each RL stage's candidate aha step. RL stages follow one another on a shared step
-axis (final_rl continues after grpo_train)."""
+axis (final_rl continues after grpo_train). A stage run with ``eval_steps`` adds its held-out evaluations
+(``eval/accuracy``, ``eval/reflection_rate``) as points on the same axis, to the accuracy and reflection plots."""
 
 from __future__ import annotations
 
@@ -9,6 +10,15 @@ from typing import Any
 
 from flows.report_emergence import REFLECTION_KEY
 from flows.report_tables import ACCURACY_KEYS, LENGTH_KEYS, first_metric
+
+HELDOUT_ACCURACY = ("eval/accuracy",)
+HELDOUT_REFLECTION = ("eval/reflection_rate",)
+
+
+def series(hist: list[dict[str, Any]], keys: tuple[str, ...], offset: int) -> list[tuple[int, float]]:
+    """``(offset + step, value)`` of the rows that hold one of ``keys`` (rows without it are skipped)."""
+    points = [(offset + h["step"], first_metric(h, keys)) for h in hist]
+    return [(x, y) for x, y in points if y is not None]
 
 
 def plot_histories(histories: dict[str, list[dict[str, Any]]], out_dir: Path) -> dict[str, Path]:
@@ -24,11 +34,12 @@ def plot_histories(histories: dict[str, list[dict[str, Any]]], out_dir: Path) ->
                               ("length", LENGTH_KEYS, "mean completion length (tokens)")):
         fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
         offset = 0
-        for stage, hist in histories.items():
-            points = [(offset + h["step"], first_metric(h, keys)) for h in hist]
-            points = [(x, y) for x, y in points if y is not None]
+        for i, (stage, hist) in enumerate(histories.items()):
+            points = series(hist, keys, offset)
             if points:
-                ax.plot(*zip(*points), marker="." if len(points) < 40 else None, label=stage)
+                ax.plot(*zip(*points), color=f"C{i}", marker="." if len(points) < 40 else None, label=stage)
+            if name == "accuracy" and (held := series(hist, HELDOUT_ACCURACY, offset)):  # eval_steps
+                ax.plot(*zip(*held), "o--", color=f"C{i}", label=f"{stage} held-out greedy accuracy")
             offset += max((h["step"] for h in hist), default=0)
         ax.set_xlabel("GRPO step (final_rl continues after grpo_train)")
         ax.set_ylabel(label)
@@ -55,12 +66,13 @@ def plot_reflection(histories: dict[str, list[dict[str, Any]]], aha: dict[str, i
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
     offset = 0
     for i, (stage, hist) in enumerate(histories.items()):
-        for keys, style, label in (((REFLECTION_KEY,), "-", "reflection rate"), (ACCURACY_KEYS, ":", "accuracy reward")):
-            points = [(offset + h["step"], first_metric(h, keys)) for h in hist]
-            points = [(x, y) for x, y in points if y is not None]
+        for keys, style, label in (((REFLECTION_KEY,), "-", "reflection rate"), (ACCURACY_KEYS, ":", "accuracy reward"),
+                                   (HELDOUT_REFLECTION, "s--", "held-out reflection rate"),
+                                   (HELDOUT_ACCURACY, "o--", "held-out greedy accuracy")):
+            points = series(hist, keys, offset)
             if points:
-                ax.plot(*zip(*points), style, color=f"C{i}", marker="." if len(points) < 40 else None,
-                        label=f"{stage} {label}")
+                marker = None if "held-out" in label else "." if len(points) < 40 else None
+                ax.plot(*zip(*points), style, color=f"C{i}", marker=marker, label=f"{stage} {label}")
         if aha.get(stage) is not None:
             ax.axvline(offset + aha[stage], color=f"C{i}", linestyle="--", label=f"{stage} aha? step {aha[stage]}")
         offset += max((h["step"] for h in hist), default=0)

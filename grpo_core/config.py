@@ -60,7 +60,11 @@ class OptimConfig(_Strict):
         "fp32 when it names none); training runs on fp32 weights and checkpoints keep them, for exact resume")
     logging_steps: int = Field(1, gt=0, description="log (metrics.jsonl, TensorBoard, progress) every N steps and at "
                                "the last; SFT logs the mean loss of the N steps, GRPO the Nth step's metrics")
-    report_to: list[Literal["jsonl", "tensorboard"]] = ["jsonl", "tensorboard"]
+    report_to: list[Literal["jsonl", "tensorboard", "wandb", "mlflow", "trackio"]] = Field(
+        ["jsonl", "tensorboard"], description="where per-step metrics go (TRL's names): jsonl = output_dir/"
+        "metrics.jsonl, tensorboard = output_dir/runs, wandb / mlflow / trackio = one tracker run per training call "
+        "(grpo_core/trainer/trackers.py; the packages are the `tracking` extra; one missing or unreachable is a "
+        "warning, never a failed run)")
     torch_num_threads: int | None = Field(None, gt=0, description="torch.set_num_threads; None leaves torch's default")
     logprob_chunk_size: int = Field(1024, gt=0, description="rows of logits turned into log-probs at once (the loss "
                                     "never holds [B, L, V] logits)")
@@ -424,6 +428,18 @@ class GRPOConfig(OptimConfig, PaddingFreeConfig):
     )
     vllm_importance_sampling_clip_min: float | None = Field(None, gt=0, description="C_min; None = no lower bound")
 
+    # --- what is logged beside the metrics (TRL's names) ---
+    log_completions_steps: int | None = Field(
+        None, gt=0, description="every N steps (and at max_steps) log a table of the step's sampled completions: "
+        "prompt, completion, each reward function's score, source (output_dir/completions.jsonl under jsonl, a "
+        "table in each tracker); None = never")
+    eval_steps: int | None = Field(
+        None, gt=0, description="every N steps evaluate the policy on a fixed held-out slice (greedy accuracy, "
+        "pass@1, emergence features; grpo_core/evaluation/during_rl.py), logged as eval/... in that step's row; "
+        "needs held-out rows (train_grpo's eval_rows; the pipeline passes prepare_data's eval.parquet); None = never")
+    eval_samples: int = Field(64, gt=0, description="held-out prompts in the fixed slice eval_steps evaluates "
+                              "(the first N verifiable rows)")
+
     # --- memory (logprob_chunk_size is in OptimConfig) ---
     share_prompt_forward: bool = Field(
         True, description="run each prompt once per micro-batch for its G completions (training and reference "
@@ -497,6 +513,9 @@ class GRPOConfig(OptimConfig, PaddingFreeConfig):
                 "loss_type='bnpo' normalises by each micro-batch's own tokens, so a token budget "
                 f"(max_tokens_per_batch={self.max_tokens_per_batch}) would change the loss: remove max_tokens_per_batch "
                 "(padding_free then packs micro-batches of per_device_train_batch_size rows) or pick another loss_type")
+        if self.eval_steps is not None and self.async_rollouts:
+            raise ValueError("eval_steps evaluates with the trainer's sampler, which async_rollouts hands to its own "
+                             "process; set async_rollouts: false or remove eval_steps (evaluate runs after the stage)")
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
             raise ValueError(
                 f"epsilon_high ({self.epsilon_high}) < epsilon ({self.epsilon}); clip-higher needs epsilon_high >= epsilon"
@@ -909,3 +928,20 @@ def needs_reference(config: GRPOConfig) -> bool:
     ``async_rollouts`` with ``async_reference_on_sampler`` (``trainer/async_rollouts.py``); with ``beta: 0`` no
     reference model is loaded anywhere."""
     return config.beta > 0.0
+
+
+class TrackingInfo(_Strict):
+    """Who a training call is, for the experiment trackers of ``report_to`` (``grpo_core/trainer/trackers.py``):
+    the pipeline passes its run, stage and lineage here; a notebook may pass nothing. Never part of a fingerprint
+    (it names where results go, not what they are)."""
+
+    project: str = Field("r1-pipeline", min_length=1, description="W&B project (WANDB_PROJECT wins when set)")
+    group: str | None = Field(None, description="the pipeline run: W&B group, MLflow experiment, trackio project; "
+                              "None = project")
+    name: str | None = Field(None, description="the tracker run's name (the stage); None = output_dir's name")
+    run_key: str | None = Field(None, description="stable across retries of one stage (run, stage, fingerprint): "
+                                "the W&B run id, an MLflow tag a retry finds its run by, trackio's run name suffix")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="logged with the resolved config as the "
+                                     "run's metadata: run, stage, version, fingerprint, parents")
+    dir: str | None = Field(None, description="where tracker files go (W&B offline runs, the MLflow file store, "
+                            "trackio's database); None = output_dir/trackers")

@@ -84,7 +84,11 @@ def execute(spec: TrainingSpec, emit: Emit) -> dict[str, Any]:
     # On CUDA: fail before loading anything when the plan does not fit (tasks/plan.py; `r1 plan` prints it)
     check_stage_memory(spec.stage, spec.kind, spec.config, spec.model_path)
     rows = read_parquet(Path(spec.rows_path))
-    extra = {"eval_rows": read_parquet(Path(spec.eval_rows_path))} if spec.eval_rows_path else {}
+    extra: dict[str, Any] = {"tracking": spec.tracking}
+    if spec.eval_rows_path:
+        extra["eval_rows"] = read_parquet(Path(spec.eval_rows_path))
+    if spec.eval_config is not None:
+        extra["eval_config"] = spec.eval_config
     train = TRAINERS[spec.kind].train_function()
     metrics = train(spec.config, spec.model_path, rows, out, resume=True, callbacks=callbacks, **extra)
     return {"metrics": _plain(metrics or {}), "resumed_from": spec.resumed_from}

@@ -200,9 +200,13 @@ def _fmt(v: Any) -> Any:
 class Progress:
     """A Prefect progress artifact for a training stage, updated from the trainer's step callback."""
 
+    SHOWN = ("reward", "loss")
+    HELDOUT = ("eval/accuracy", "eval/pass@1", "eval/reflection_rate")  # eval_steps: shown until the next one
+
     def __init__(self, run: str, stage: str) -> None:
         self.id = None
         self.last = -1.0
+        self.heldout: dict[str, Any] = {}
         if not in_prefect_run():
             return
         try:
@@ -215,13 +219,17 @@ class Progress:
 
     def update(self, step: int, max_steps: int, metrics: dict[str, Any] | None = None) -> None:
         pct = 100.0 * step / max(1, max_steps)
-        if self.id is None or (pct - self.last < 1.0 and step < max_steps):
+        fresh = {k: v for k, v in (metrics or {}).items() if k in self.HELDOUT}
+        if fresh:  # a held-out evaluation: shown now and with every update until the next one
+            self.heldout = {**fresh, "eval_step": step}
+        if self.id is None or (pct - self.last < 1.0 and step < max_steps and not fresh):
             return
         self.last = pct
         try:
             from prefect.artifacts import update_progress_artifact
 
-            shown = {k: _fmt(v) for k, v in (metrics or {}).items() if k in ("reward", "loss", "eval/accuracy")}
+            shown = {k: _fmt(v) for k, v in {**(metrics or {}), **self.heldout}.items()
+                     if k in self.SHOWN + self.HELDOUT or k == "eval_step"}
             update_progress_artifact(self.id, pct, description=f"step {step}/{max_steps} {shown}")
         except Exception:  # noqa: BLE001
             pass
@@ -276,8 +284,8 @@ class StageContext:
             return str(self.fetch(data, "base_model"))
         return str(self.config.model.name_or_path)
 
-    def begin(self) -> StageWriter:
-        return self.store.begin(self.run, self.stage)
+    def begin(self, version: str | None = None) -> StageWriter:
+        return self.store.begin(self.run, self.stage, version)
 
     def cleanup(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)

@@ -94,6 +94,10 @@ class RunSettings(_Strict):
     torch_num_threads: int | None = Field(
         None, gt=0, description="torch.set_num_threads in every stage (the flow's process and the training children); "
         "None leaves torch's default. The one home of the setting: a stage section's own is moved here, with a warning")
+    tracking_dir: str | None = Field(
+        None, min_length=1, description="where the trackers of a training section's report_to (wandb, mlflow, "
+        "trackio) write, for every stage of every run (W&B offline runs, the MLflow file store, trackio's database); "
+        "None = the stage's own trainer folder, committed with the stage as its trackers/ output")
 
 
 class PipelineSections(_Strict):

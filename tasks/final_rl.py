@@ -8,7 +8,7 @@ from __future__ import annotations
 from tasks.common import StageContext, stage_task
 from tasks.manifest import StageRef
 from tasks.prepare_data import check_source_rows
-from tasks.training import train_and_commit
+from tasks.training import heldout_inputs, train_and_commit
 
 
 @stage_task("final_rl")
@@ -16,4 +16,5 @@ def final_rl(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> StageR
     check_source_rows(ctx, ctx.config.final_rl, parents["prepare_data"])
     return train_and_commit(ctx, kind="grpo", section=ctx.config.final_rl,
                             model_path=str(ctx.fetch(parents["sft_consolidate"], "model")),
-                            rows_path=ctx.fetch(parents["prepare_data"], "train.parquet"), parents=parents, fp=fp)
+                            rows_path=ctx.fetch(parents["prepare_data"], "train.parquet"), parents=parents, fp=fp,
+                            **heldout_inputs(ctx, ctx.config.final_rl, parents["prepare_data"]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from tasks.common import StageContext, stage_task
 from tasks.manifest import StageRef
 from tasks.prepare_data import check_source_rows
-from tasks.training import train_and_commit
+from tasks.training import heldout_inputs, train_and_commit
 
 
 @stage_task("grpo_train")
@@ -18,4 +18,5 @@ def grpo_train(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> Stag
     check_source_rows(ctx, ctx.config.grpo_train, parents["prepare_data"])
     return train_and_commit(ctx, kind="grpo", section=ctx.config.grpo_train,
                             model_path=str(ctx.fetch(parents["cold_start_sft"], "model")),
-                            rows_path=ctx.fetch(parents["prepare_data"], "train.parquet"), parents=parents, fp=fp)
+                            rows_path=ctx.fetch(parents["prepare_data"], "train.parquet"), parents=parents, fp=fp,
+                            **heldout_inputs(ctx, ctx.config.grpo_train, parents["prepare_data"]))

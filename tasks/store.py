@@ -96,7 +96,8 @@ class StoreStalled(StoreError):
     has waited its whole limit already, so the stage fails within it."""
 
 
-def _new_version() -> str:
+def new_version() -> str:
+    """A new output version: UTC time + random (sorts by time)."""
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(3)
 
 
@@ -445,8 +446,10 @@ class Store:
             pass
 
     # ---- stage outputs ------------------------------------------------------------------------------
-    def begin(self, run: str, stage: str) -> "StageWriter":
-        return StageWriter(self, run, stage, _new_version())
+    def begin(self, run: str, stage: str, version: str | None = None) -> "StageWriter":
+        """A writer of a new output of ``stage``; ``version``: one drawn earlier with ``new_version`` (a training
+        stage names it in its trackers' lineage before it commits), else a new one."""
+        return StageWriter(self, run, stage, version or new_version())
 
     def runs(self) -> list[str]:
         return sorted(n for n in self._ls(self.root) if not n.startswith((".", "_")))

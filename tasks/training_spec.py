@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal, NamedTuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, SerializationInfo, ValidationInfo, field_serializer, field_validator
 
-from grpo_core.config import GRPOConfig, RewardConfig, SFTConfig
+from grpo_core.config import EvalConfig, GRPOConfig, RewardConfig, SFTConfig, TrackingInfo
 
 TrainerKind = Literal["sft", "grpo", "reward"]  # the stage table's kinds that train (tasks/stages.py)
 TrainerConfig = Union[SFTConfig, GRPOConfig, RewardConfig]
@@ -26,8 +26,8 @@ TrainerConfig = Union[SFTConfig, GRPOConfig, RewardConfig]
 class Trainer(NamedTuple):
     """A trainer kind: its config class, and its train function by name (``module:function``, imported in the
     training child only, so that reading the table costs no torch import). Every train function is called as
-    ``train(config, model_path, rows, output_dir, resume=True, callbacks=[...])``, plus ``eval_rows=`` when the
-    spec carries held-out rows."""
+    ``train(config, model_path, rows, output_dir, resume=True, callbacks=[...], tracking=...)``, plus ``eval_rows=``
+    when the spec carries held-out rows and ``eval_config=`` when it carries their scoring (GRPO's eval_steps)."""
 
     config: type[TrainerConfig]
     train: str
@@ -65,7 +65,12 @@ class TrainingSpec(BaseModel):
     config: TrainerConfig = Field(description="validated as TRAINERS[kind].config; serialised with its set fields")
     model_path: str = Field(description="the starting model: a local folder or a hub name")
     rows_path: str = Field(description="the training rows (parquet)")
-    eval_rows_path: str | None = Field(None, description="reward: the held-out pairs, if any")
+    eval_rows_path: str | None = Field(None, description="reward: the held-out pairs, if any; grpo: the held-out "
+                                       "prompts of eval_steps")
+    eval_config: EvalConfig | None = Field(None, description="grpo with eval_steps: how the held-out slice is scored "
+                                           "(the pipeline's evaluate section)")
+    tracking: TrackingInfo = Field(default_factory=TrackingInfo, description="run, stage and lineage for the "
+                                   "trackers of report_to")
     output_dir: str
     store: str = Field(description="the store URL that receives checkpoints")
     run: str

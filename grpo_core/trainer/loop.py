@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 from transformers import AutoTokenizer
 
-from grpo_core.config import GRPOConfig, needs_reference
+from grpo_core.config import EvalConfig, GRPOConfig, TrackingInfo, needs_reference
 from grpo_core.generation import GenerationBackend, backend_kind, backend_options, make_backend
 from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.rewards.scoring import resolve_reward
@@ -50,7 +50,7 @@ from grpo_core.trainer.skeleton import (
     seed_everything,
     start_process,
 )
-from grpo_core.trainer.step import GRPOSteps
+from grpo_core.trainer.step import GRPOSteps, HeldOut
 
 logger = logging.getLogger(__name__)
 
@@ -157,14 +157,31 @@ def train_grpo(
     reward_funcs: RewardFuncs | None = None,
     resume: bool = True,
     callbacks: list[Any] | None = None,
+    eval_rows: list[dict[str, Any]] | None = None,
+    eval_config: EvalConfig | None = None,
+    tracking: TrackingInfo | None = None,
 ) -> dict[str, Any]:
     """Train ``model_path`` with GRPO on ``train_rows`` (``{"prompt": messages | str, ...columns}``).
 
     Writes checkpoints, ``metrics.jsonl``, TensorBoard events and ``final/`` (model + tokenizer) under
     ``output_dir``; returns the last step's metrics. Under ``torchrun`` the processes split each step.
+    ``eval_rows`` (held-out ``{prompt, answer, ...}`` rows) and ``eval_config`` (how they are scored, see
+    ``evaluation.during_rl.rl_eval_config``) serve ``config.eval_steps``; ``tracking`` names the run for the
+    trackers of ``report_to``.
     """
     ctx = start_process(config)
     check_inputs(config, ctx, train_rows, reward_funcs)
+    heldout = None
+    if config.eval_steps is not None:
+        # here, not at the top: evaluation.heldout imports trainer.prompts, whose package imports this module
+        from grpo_core.evaluation.during_rl import heldout_slice, rl_eval_config
+
+        if not eval_rows:
+            raise ValueError("eval_steps is set but no held-out rows were given: pass eval_rows=[{prompt, answer}, "
+                             "...] to train_grpo (the pipeline passes prepare_data's eval.parquet) or remove eval_steps")
+        eval_cfg = rl_eval_config(config, eval_config)
+        general = eval_config.general_sources if eval_config is not None else []
+        heldout = HeldOut(eval_cfg, heldout_slice(eval_rows, config.eval_samples, general))
     output_dir = Path(output_dir)
     prepare_output_dir(output_dir, ctx, resume)
     seed_everything(config.seed)
@@ -179,7 +196,8 @@ def train_grpo(
     num_updates = (config.steps_per_generation or 1) * config.num_iterations
     initial = {"step": 0, "stream_position": 0, "optimizer_steps": 0, "log_history": []}
     with TrainingRun.start("grpo", config, ctx, output_dir, model, tokenizer, loaded, max_steps=config.max_steps,
-                           optimizer_steps=config.max_steps * num_updates, state=initial, callbacks=callbacks) as run:
+                           optimizer_steps=config.max_steps * num_updates, state=initial, callbacks=callbacks,
+                           tracking=tracking) as run:
         state = run.state
         backend, sampling_correction = make_sampler(config, ctx, model, tokenizer, model_path,
                                                     loaded.path if loaded else model_path)
@@ -188,7 +206,7 @@ def train_grpo(
             next_rollouts = NextRollouts(backend, tokenizer, mixture, config, ctx)  # type: ignore[arg-type]
             next_rollouts.load_state(state.pop("next_rollouts", []))
         steps = GRPOSteps(config, ctx, run, model, ref_model, tokenizer, mixture, backend, next_rollouts,
-                          sampling_correction=sampling_correction, num_dropped=num_dropped)
+                          sampling_correction=sampling_correction, num_dropped=num_dropped, heldout=heldout)
         metrics: dict[str, Any] = state["log_history"][-1] if state["log_history"] else {}
         try:
             for step in range(state["step"] + 1, config.max_steps + 1):
@@ -198,6 +216,8 @@ def train_grpo(
                 advantages, group_metrics = steps.advantages(rollouts, rewards)
                 update_metrics = steps.optimise(step, rollouts, advantages, timings)
                 metrics = steps.log(rollouts, rewards, group_metrics, update_metrics, timings, start)
+                metrics.update(steps.evaluate(step))  # eval_steps: the held-out slice, no training RNG drawn
+                steps.log_completions(step, rollouts, rewards)  # log_completions_steps: a table of the completions
                 steps.save(step, rollouts, metrics)
             run.finish(model_path)
         finally:

@@ -1,8 +1,11 @@
-"""Per-step metrics with TRL's names, written as JSON lines and TensorBoard scalars.
+"""Per-step metrics with TRL's names, written as JSON lines, TensorBoard scalars and to the experiment trackers.
 
 ``output_dir/metrics.jsonl`` holds one object per step (``{"step": N, ...}``). On resume it is
 rewritten from the checkpoint's history, so a step run after the checkpoint and before a crash never
-appears twice; TensorBoard events past the resumed step are purged (``purge_step``).
+appears twice; TensorBoard events past the resumed step are purged (``purge_step``). W&B, MLflow and Trackio
+(``report_to``) are ``trainer/trackers.py``. Completion tables (GRPO's ``log_completions_steps``) go to
+``output_dir/completions.jsonl`` (one object per completion, with its ``step``; cut back to the resumed step
+like ``metrics.jsonl``) under ``jsonl``, and to each tracker as the table ``completions``.
 
 ``tokens_per_second`` counts prompt + completion tokens of every generated sequence over the step's
 wall time (generation, rewards and training together).
@@ -24,8 +27,10 @@ from typing import Any, Sequence
 
 import torch
 
+from grpo_core.config import TrackingInfo
 from grpo_core.evaluation.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES, emergence_metrics
 from grpo_core.generation import Rollout
+from grpo_core.trainer.trackers import Table, Trackers
 
 logger = logging.getLogger(__name__)
 
@@ -58,18 +63,17 @@ def completion_metrics(rollouts: list[Rollout], reflection_phrases: Sequence[str
 class MetricsWriter:
     """Append-only per-step metrics; construct with the resumed history to drop anything after it."""
 
-    def __init__(self, output_dir: Path, report_to: list[str], history: list[dict[str, Any]], resumed_step: int) -> None:
+    def __init__(self, output_dir: Path, report_to: list[str], history: list[dict[str, Any]], resumed_step: int,
+                 *, config: dict[str, Any] | None = None, tracking: TrackingInfo | None = None) -> None:
         self.path = output_dir / "metrics.jsonl"
+        self.completions = output_dir / "completions.jsonl"
         self.jsonl = "jsonl" in report_to
+        history = [row for row in history if row["step"] <= resumed_step]
         if self.jsonl:
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            with open(tmp, "w") as f:
-                for row in history:
-                    if row["step"] <= resumed_step:
-                        f.write(json.dumps(row) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            rewrite_jsonl(self.path, history)
+            if self.completions.exists():
+                kept = [json.loads(line) for line in self.completions.read_text().splitlines() if line.endswith("}")]
+                rewrite_jsonl(self.completions, [r for r in kept if r["step"] <= resumed_step])
         self.tb = None
         if "tensorboard" in report_to:
             try:
@@ -78,19 +82,59 @@ class MetricsWriter:
                 logger.warning("tensorboard is not installed; writing metrics.jsonl only")
             else:
                 self.tb = SummaryWriter(str(output_dir / "runs"), purge_step=resumed_step + 1 if resumed_step else None)
+        self.trackers = Trackers(report_to, tracking or TrackingInfo(), output_dir, config or {}, history)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         if self.jsonl:
-            with open(self.path, "a") as f:
-                f.write(json.dumps({"step": step, **metrics}) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            append_jsonl(self.path, [{"step": step, **metrics}])
         if self.tb is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     self.tb.add_scalar(key, value, step)
             self.tb.flush()
+        self.trackers.log(step, metrics)
+
+    def write_table(self, step: int, table: Table) -> None:
+        """A completion table at ``step``: ``completions.jsonl`` (under jsonl) and every tracker."""
+        if self.jsonl:
+            append_jsonl(self.completions, [{"step": step, **dict(zip(table.columns, row))} for row in table.rows])
+        self.trackers.log_table(step, "completions", table)
 
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        self.trackers.close()
+
+
+def rewrite_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    """``path`` holding exactly ``rows``, replaced atomically."""
+    tmp = path.with_suffix(".jsonl.tmp")
+    with open(tmp, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    with open(path, "a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def completion_table(rollouts: list[Rollout], rows: list[dict[str, Any]], rewards_per_func: torch.Tensor,
+                     reward_names: list[str], rewards: torch.Tensor, num_generations: int, tokenizer: Any
+                     ) -> Table:
+    """One row per completion: prompt (decoded), completion, each reward function's score (None where it gave
+    none), the combined reward and the row's source; ``rows`` holds one dataset row per group."""
+    columns = ["prompt", "completion", *[f"reward/{n}" for n in reward_names], "reward", "source"]
+    out = []
+    for i, r in enumerate(rollouts):
+        row = rows[i // num_generations]
+        scores = [None if math.isnan(v) else float(v) for v in rewards_per_func[i].tolist()]
+        out.append([tokenizer.decode(r.prompt_ids, skip_special_tokens=True), r.text, *scores,
+                    float(rewards[i]), str(row.get("source", ""))])
+    return Table(columns, out)

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from grpo_core.config import RewardConfig
+from grpo_core.config import RewardConfig, TrackingInfo
 from grpo_core.rewards.reward_model import REWARD_STATS_FILE, conversation_ids, pad_right, set_pad_token
 from grpo_core.trainer.checkpoint import load_latest_checkpoint, write_json
 from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
@@ -167,7 +167,8 @@ def resolve_max_steps(config: RewardConfig, num_pairs: int) -> int:
 
 def train_reward_model(config: RewardConfig, model_path: str | Path, rows: list[dict[str, Any]],
                        output_dir: str | Path, *, eval_rows: list[dict[str, Any]] | None = None,
-                       resume: bool = True, callbacks: list[Any] | None = None) -> dict[str, Any]:
+                       resume: bool = True, callbacks: list[Any] | None = None,
+                       tracking: TrackingInfo | None = None) -> dict[str, Any]:
     """Train a reward model on ``rows`` ``{prompt, chosen, rejected[, margin][, source]}``; the model (with
     ``reward_stats.json``) in ``output_dir/final``. ``eval_rows`` None: ``eval_fraction`` of ``rows`` held out.
 
@@ -199,7 +200,7 @@ def train_reward_model(config: RewardConfig, model_path: str | Path, rows: list[
     initial = {"step": 0, "log_history": [], "window": []}  # (loss, accuracy) of the steps since the last log
 
     with TrainingRun.start(NAME, config, ctx, output_dir, model, tokenizer, loaded, max_steps=max_steps,
-                           optimizer_steps=max_steps, state=initial, callbacks=callbacks) as run:
+                           optimizer_steps=max_steps, state=initial, callbacks=callbacks, tracking=tracking) as run:
         state = run.state
         for step in range(state["step"] + 1, max_steps + 1):
             batch = [train_pairs[i] for i in stream.rows_at((step - 1) * per_step, per_step)]

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
-from grpo_core.config import SFTConfig
+from grpo_core.config import SFTConfig, TrackingInfo
 from grpo_core.trainer.logprobs import compute_packed_logps, compute_token_logps
 from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
 from grpo_core.trainer.fsdp import is_sharded
@@ -140,7 +140,8 @@ def resolve_max_steps(config: SFTConfig, num_rows: int) -> int:
 
 
 def train_sft(config: SFTConfig, model_path: str | Path, rows: list[dict[str, Any]], output_dir: str | Path, *,
-              resume: bool = True, callbacks: list[Any] | None = None) -> dict[str, Any]:
+              resume: bool = True, callbacks: list[Any] | None = None,
+              tracking: TrackingInfo | None = None) -> dict[str, Any]:
     """Fine-tune ``model_path`` on ``rows`` ``{prompt, completion}``; final model in ``output_dir/final``.
 
     Returns final metrics: ``train/loss`` (mean of the last logging window), ``train/steps``,
@@ -167,7 +168,7 @@ def train_sft(config: SFTConfig, model_path: str | Path, rows: list[dict[str, An
     initial = {"step": 0, "log_history": [], "loss_window": []}  # losses of the steps since the last logged one
 
     with TrainingRun.start("sft", config, ctx, output_dir, model, tokenizer, loaded, max_steps=max_steps,
-                           optimizer_steps=max_steps, state=initial, callbacks=callbacks) as run:
+                           optimizer_steps=max_steps, state=initial, callbacks=callbacks, tracking=tracking) as run:
         state = run.state
         for step in range(state["step"] + 1, max_steps + 1):
             batch = [encoded[i] for i in stream.rows_at((step - 1) * per_step, per_step)]

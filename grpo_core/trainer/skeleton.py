@@ -36,7 +36,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
-from grpo_core.config import OptimConfig
+from grpo_core.config import OptimConfig, TrackingInfo
 from grpo_core.trainer.checkpoint import (
     LoadedCheckpoint,
     list_checkpoints,
@@ -55,6 +55,7 @@ from grpo_core.trainer.fsdp import (
     load_sharded_model,
 )
 from grpo_core.trainer.metrics import MetricsWriter
+from grpo_core.trainer.trackers import Table
 from grpo_core.trainer.optim import build_optimizer, build_scheduler
 
 logger = logging.getLogger(__name__)
@@ -217,22 +218,24 @@ class TrainingRun:
 
     def __init__(self, name: str, config: OptimConfig, ctx: DistContext, output_dir: Path, model: torch.nn.Module,
                  tokenizer: Any, optimizer: torch.optim.Optimizer, scheduler: Any, state: dict[str, Any],
-                 max_steps: int, callbacks: list[Any]) -> None:
+                 max_steps: int, callbacks: list[Any], tracking: TrackingInfo | None = None) -> None:
         self.name, self.config, self.ctx, self.output_dir = name, config, ctx, output_dir
         self.model, self.tokenizer, self.optimizer, self.scheduler = model, tokenizer, optimizer, scheduler
         self.state, self.max_steps, self.callbacks = state, max_steps, callbacks
         self.config_json = config.model_dump(mode="json")
-        self.writer = (MetricsWriter(output_dir, config.report_to, state["log_history"], state["step"])
-                       if ctx.is_main else None)
+        self.writer = (MetricsWriter(output_dir, config.report_to, state["log_history"], state["step"],
+                                     config=self.config_json, tracking=tracking) if ctx.is_main else None)
         self.progress = ProgressLog(name, max_steps, state["step"])
 
     @classmethod
     def start(cls, name: str, config: OptimConfig, ctx: DistContext, output_dir: Path, model: torch.nn.Module,
               tokenizer: Any, loaded: LoadedCheckpoint | None, *, max_steps: int, optimizer_steps: int,
-              state: dict[str, Any], callbacks: list[Any] | None = None) -> "TrainingRun":
+              state: dict[str, Any], callbacks: list[Any] | None = None, tracking: TrackingInfo | None = None
+              ) -> "TrainingRun":
         """Optimiser and schedule (over ``optimizer_steps``), restored with ``state`` and the RNGs from ``loaded``.
 
         ``state`` is the fresh run's trainer state; it must hold ``step`` (0) and ``log_history`` ([]).
+        ``tracking``: who this run is for the trackers of ``report_to`` (``trainer/trackers.py``).
         """
         optimizer = build_optimizer(model, config)
         scheduler = build_scheduler(optimizer, config, optimizer_steps)
@@ -249,7 +252,7 @@ class TrainingRun:
                 logger.warning("resuming %s with a changed config: %s", loaded.path, changed)
             logger.info("resumed from %s at step %d", loaded.path, state["step"])
         return cls(name, config, ctx, output_dir, model, tokenizer, optimizer, scheduler, state, max_steps,
-                   list(callbacks or []))
+                   list(callbacks or []), tracking)
 
     def end_step(self, step: int, metrics: dict[str, Any] | None, **progress: float) -> None:
         """Close ``step``: log ``metrics`` (None: not a logging step), the progress line (``progress``: its
@@ -265,6 +268,11 @@ class TrainingRun:
                 call_callbacks(self.callbacks, "on_step", step, self.max_steps, metrics)
         if self.saves_at(step):
             self.save_checkpoint(step)
+
+    def log_table(self, step: int, table: Table) -> None:
+        """A completion table at ``step`` (rank 0 writes it: ``completions.jsonl`` and the trackers)."""
+        if self.ctx.is_main:
+            self.writer.write_table(step, table)
 
     def saves_at(self, step: int) -> bool:
         """Whether ``end_step(step)`` writes a checkpoint (every ``save_steps`` and at ``max_steps``)."""

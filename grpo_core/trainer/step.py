@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from grpo_core.config import GRPOConfig
+from grpo_core.config import EvalConfig, GRPOConfig
 from grpo_core.generation import GenerationBackend, release_memory
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.trainer.async_rollouts import NextRollouts
 from grpo_core.trainer.distributed import DistContext, gather_objects
 from grpo_core.trainer.loss import combine_rewards, compute_group_advantages
-from grpo_core.trainer.metrics import completion_metrics, reward_metrics
+from grpo_core.trainer.metrics import completion_metrics, completion_table, reward_metrics
 from grpo_core.trainer.mixture import Mixture, per_source_scale, source_labels, source_reward_metrics
 from grpo_core.trainer.rollouts import ScoredGroups, collect_step_groups, generate_groups
 from grpo_core.trainer.skeleton import TrainingRun
@@ -50,16 +51,25 @@ class StepRewards:
     train: torch.Tensor  # [N] of StepRollouts.groups
 
 
+@dataclass
+class HeldOut:
+    """What ``eval_steps`` evaluates: the fixed held-out slice and how it is scored (``evaluation/during_rl.py``)."""
+
+    config: EvalConfig
+    rows: list[dict[str, Any]]
+
+
 class GRPOSteps:
     """The phases of a GRPO step, on the objects ``train_grpo`` set up once."""
 
     def __init__(self, config: GRPOConfig, ctx: DistContext, run: TrainingRun, model: torch.nn.Module,
                  ref_model: torch.nn.Module | None, tokenizer: Any, mixture: Mixture, backend: GenerationBackend,
-                 next_rollouts: NextRollouts | None, *, sampling_correction: bool, num_dropped: int) -> None:
+                 next_rollouts: NextRollouts | None, *, sampling_correction: bool, num_dropped: int,
+                 heldout: HeldOut | None = None) -> None:
         self.config, self.ctx, self.run = config, ctx, run
         self.model, self.ref_model, self.tokenizer = model, ref_model, tokenizer
         self.mixture, self.backend, self.next_rollouts = mixture, backend, next_rollouts
-        self.sampling_correction, self.num_dropped = sampling_correction, num_dropped
+        self.sampling_correction, self.num_dropped, self.heldout = sampling_correction, num_dropped, heldout
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.num_updates = (config.steps_per_generation or 1) * config.num_iterations  # optimiser steps per step
 
@@ -165,6 +175,33 @@ class GRPOSteps:
             metrics["dynamic_sampling/kept_groups"] = float(len(rollouts.groups))
         return metrics
 
+    def evaluates_at(self, step: int) -> bool:
+        return self.heldout is not None and step % (self.config.eval_steps or 1) == 0
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """``eval/...`` of the policy after ``step`` on the held-out slice, every ``eval_steps`` (rank 0 only; the
+        sampler holds the updated weights); {} on other steps and ranks."""
+        if not self.evaluates_at(step) or not self.ctx.is_main:
+            return {}
+        assert self.heldout is not None
+        from grpo_core.evaluation.during_rl import evaluate_during_rl  # not at the top: see train_grpo's import
+
+        metrics = evaluate_during_rl(self.heldout.config, self.backend, self.tokenizer, self.heldout.rows)
+        logger.info("step %d held-out accuracy %.3f pass@1 %.3f (%.1fs)", step, metrics.get("eval/accuracy", math.nan),
+                    metrics.get("eval/pass@1", math.nan), metrics["time/eval"])
+        return metrics
+
+    def log_completions(self, step: int, rollouts: StepRollouts, rewards: StepRewards) -> None:
+        """Every ``log_completions_steps`` (and at ``max_steps``): the step's generated completions as a table
+        (rank 0's groups), to ``completions.jsonl`` and the trackers."""
+        every = self.config.log_completions_steps
+        if every is None or not (step % every == 0 or step == self.config.max_steps):
+            return
+        generated = rollouts.generated
+        self.run.log_table(step, completion_table(generated.rollouts, generated.rows, generated.rewards_per_func,
+                                                  self.mixture.reward_names, rewards.generated,
+                                                  self.config.sampling.num_generations, self.tokenizer))
+
     def _reward_events(self) -> dict[str, float]:
         """The reward functions' event counts (timeouts, parse failures, ...) summed over every rank."""
         counts: dict[str, float] = {}
@@ -181,6 +218,6 @@ class GRPOSteps:
         state["optimizer_steps"] += self.num_updates
         logger.debug("step %d/%d reward %.3f loss %.4f (%.2fs)", step, self.config.max_steps,
                      metrics["reward"], metrics["loss"], metrics["time/step"])
-        logged = step % self.config.logging_steps == 0 or step == self.config.max_steps
+        logged = step % self.config.logging_steps == 0 or step == self.config.max_steps or self.evaluates_at(step)
         self.run.end_step(step, metrics if logged else None, loss=metrics["loss"], reward=metrics["reward"],
                           lr=metrics["learning_rate"])

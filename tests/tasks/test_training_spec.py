@@ -149,3 +149,18 @@ def test_grpo_refuses_gradient_accumulation_steps_naming_section_and_what_to_set
     assert message.startswith(f"{path}:5: final_rl.gradient_accumulation_steps: Value error, "
                               "gradient_accumulation_steps (4) does nothing in GRPO")
     assert "per_device_train_batch_size" in message and "cold_start_sft" not in message  # SFT accumulates
+
+
+def test_the_heldout_scoring_and_tracking_lineage_cross_to_the_child_intact():
+    from grpo_core.config import TrackingInfo
+
+    config = load_config(ROOT / "configs" / "tiny-cpu.yaml")  # evaluate names the reward_model stage's model
+    grpo = trainer_config("grpo", config.grpo_train.model_copy(update={"eval_steps": 25}), torch_num_threads=1)
+    scoring = config.evaluate.model_copy(update={"rm_reward": None, "benchmarks": []})  # tasks.training.heldout_inputs
+    tracking = TrackingInfo(group="r", name="grpo_train", run_key="r-grpo_train-abc",
+                            metadata={"run": "r", "parents": {"prepare_data": {"version": "v1"}}})
+    spec = spec_of("grpo", grpo).model_copy(update={"eval_rows_path": "eval.parquet", "eval_config": scoring,
+                                                    "tracking": tracking})
+    child = TrainingSpec.model_validate_json(spec.model_dump_json())
+    assert child.config.eval_steps == 25 and child.eval_config == scoring and child.tracking == tracking
+    assert child.eval_config.general_sources == ["helpful", "unsafe"]  # the slice leaves the general rows out
