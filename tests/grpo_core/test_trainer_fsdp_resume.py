@@ -13,14 +13,13 @@ The two-process run is this file under torchrun:
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -66,12 +65,12 @@ def run(model_dir: str, output_dir: str, strategy: str, resume: bool) -> None:
 
 
 def _kill_torchrun_after_line(model_dir: Path, output_dir: Path, line: int) -> None:
-    """Start the 2-rank run, SIGKILL its whole process group (torchrun and both ranks) at a random moment after
-    metrics.jsonl has ``line`` rows."""
+    """Start the 2-rank run, SIGKILL torchrun and both ranks at a random moment after metrics.jsonl has ``line`` rows
+    (torchrun starts each rank in a session of its own: killing torchrun's group alone leaves them running)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__,
          str(model_dir), str(output_dir)],
-        env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     deadline = time.time() + 300
     while len(read_metrics(output_dir)) < line:
@@ -79,8 +78,13 @@ def _kill_torchrun_after_line(model_dir: Path, output_dir: Path, line: int) -> N
         assert time.time() < deadline, "the 2-rank run made no progress"
         time.sleep(0.02)
     time.sleep(random.uniform(0.0, 0.6))  # in the next step: generating, training or writing shards
-    os.killpg(proc.pid, signal.SIGKILL)
+    ranks = psutil.Process(proc.pid).children(recursive=True)
+    assert len(ranks) >= 2, ranks
+    proc.kill()
+    for rank in ranks:
+        rank.kill()
     proc.wait()
+    psutil.wait_procs(ranks, timeout=30)
 
 
 def _values(row: dict) -> dict:
