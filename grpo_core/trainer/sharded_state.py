@@ -56,11 +56,31 @@ def load_model_state(model: nn.Module, folder: Path) -> None:
 
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
-    """Restore ``optimizer`` (over ``model``'s parameters, sharded or not) from ``folder``.
-
-    ``get_optimizer_state_dict`` first creates the (empty) state with one zero-gradient step at lr 0, which leaves
-    the weights unchanged; DCP then overwrites every moment and the step counts.
-    """
+    """Restore ``optimizer`` (over ``model``'s parameters, sharded or not) from ``folder``: its state is created
+    empty (``_create_adam_state``), then DCP overwrites every moment and step count in place."""
+    _create_adam_state(optimizer)
     state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
     dcp.load(state, checkpoint_id=folder)
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
+
+
+def _create_adam_state(optimizer: torch.optim.Optimizer) -> None:
+    """Adam(W)'s per-parameter state as zeros, for DCP to load into.
+
+    ``get_optimizer_state_dict`` would create it with one zero-gradient step at lr 0: correct, but the gradients
+    are one more copy of the weights (at 2 ranks the resume peak went from ~0.58 to ~0.67 of the full state).
+    Other optimizers keep that path.
+    """
+    if optimizer.state or not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return
+    for group in optimizer.param_groups:
+        on_param = group.get("capturable") or group.get("fused")  # where Adam itself keeps ``step``
+        for p in group["params"]:
+            if not p.requires_grad:
+                continue
+            state = optimizer.state[p]
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if on_param else None)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if group.get("amsgrad"):
+                state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
