@@ -4,6 +4,8 @@ Layout of ``output_dir/checkpoint-N`` (loadable with ``from_pretrained`` as is):
 
     model.safetensors, config.json, generation_config.json, tokenizer files   (save_pretrained)
     optimizer.pt, scheduler.pt, rng_state.pt (python, numpy, torch, cuda)
+    state/               instead of model.safetensors and optimizer.pt under FSDP: each rank's shards of both
+                         (``torch.distributed.checkpoint``, see ``sharded_state.py``); not loadable by from_pretrained
     trainer_state.json   step, prompt-stream position, optimiser steps, metrics history
     grpo_config.json     the resolved trainer config (config.json is the model's; sft_config.json for SFT)
     manifest.json        sha256 of every file above; written last, it marks the checkpoint complete
@@ -29,6 +31,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from grpo_core.trainer.sharded_state import STATE_DIR, has_sharded_state
+
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
@@ -44,7 +48,7 @@ class LoadedCheckpoint:
     path: Path
     model: torch.nn.Module
     trainer_state: dict[str, Any]
-    optimizer: dict[str, Any]
+    optimizer: dict[str, Any] | None  # None: in the DCP shards under path/state (``sharded_state``)
     scheduler: dict[str, Any]
     rng: dict[str, Any]
     config: dict[str, Any]
@@ -115,19 +119,27 @@ def save_checkpoint(
     model_state_dict: dict[str, torch.Tensor] | None = None,
     optimizer_state_dict: dict[str, Any] | None = None,
     config_name: str = "grpo_config.json",
+    sharded_state: bool = False,
 ) -> Path:
     """Write ``checkpoint-{step}`` atomically, then delete all but the newest ``save_total_limit``.
 
     ``model_state_dict``/``optimizer_state_dict``: full states gathered from a sharded (FSDP) model;
-    default: the model's and optimizer's own. ``config_name``: the file holding ``config``.
+    default: the model's and optimizer's own. ``sharded_state``: every rank has already written its shards of
+    both into ``temp_checkpoint_dir(output_dir, step)/state`` (``sharded_state.save_sharded_state``); only the
+    model's config is written beside them. ``config_name``: the file holding ``config``.
     """
     final = output_dir / f"checkpoint-{step}"
-    tmp = output_dir / f".tmp-checkpoint-{step}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state_dict)
+    tmp = temp_checkpoint_dir(output_dir, step)
+    if sharded_state:
+        model.config.save_pretrained(tmp)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(tmp)
+    else:
+        reset_dir(tmp)
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state_dict)
+        torch.save(optimizer_state_dict if optimizer_state_dict is not None else optimizer.state_dict(),
+                   tmp / "optimizer.pt")
     tokenizer.save_pretrained(tmp)
-    torch.save(optimizer_state_dict if optimizer_state_dict is not None else optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng_state.pt")
     write_json(tmp / "trainer_state.json", trainer_state)
@@ -144,6 +156,17 @@ def save_checkpoint(
     for _, old in list_checkpoints(output_dir)[:-save_total_limit]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def temp_checkpoint_dir(output_dir: Path, step: int) -> Path:
+    """Where ``checkpoint-{step}`` is written before its rename."""
+    return output_dir / f".tmp-checkpoint-{step}"
+
+
+def reset_dir(path: Path) -> None:
+    """``path`` as a new empty folder (a half-written one from a killed run is removed)."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
 
 
 def verify_checkpoint(path: Path) -> dict[str, Any]:
@@ -175,11 +198,13 @@ def _load(file: Path, reader: Callable[[Path], Any]) -> Any:
 def load_checkpoint(path: Path, load_model: Callable[[Path], torch.nn.Module],
                     config_name: str = "grpo_config.json") -> LoadedCheckpoint:
     verify_checkpoint(path)
+    sharded = has_sharded_state(path)  # the optimizer's shards are read once the optimizer exists
     return LoadedCheckpoint(
         path=path,
-        model=_load(path / "model.safetensors", lambda _: load_model(path)),
+        model=_load(path / (STATE_DIR if sharded else "model.safetensors"), lambda _: load_model(path)),
         trainer_state=_load(path / "trainer_state.json", lambda f: json.loads(f.read_text())),
-        optimizer=_load(path / "optimizer.pt", lambda f: torch.load(f, map_location="cpu", weights_only=True)),
+        optimizer=None if sharded else _load(path / "optimizer.pt",
+                                             lambda f: torch.load(f, map_location="cpu", weights_only=True)),
         scheduler=_load(path / "scheduler.pt", lambda f: torch.load(f, map_location="cpu", weights_only=True)),
         rng=_load(path / "rng_state.pt", lambda f: torch.load(f, map_location="cpu", weights_only=False)),
         config=_load(path / config_name, lambda f: json.loads(f.read_text())),

@@ -38,8 +38,19 @@ class DistContext:
         return self.world_size > 1
 
 
+def process_group_backend(device: torch.device) -> str:
+    """``init_process_group``'s backend: gloo on CPU; on CUDA, NCCL for CUDA tensors and gloo beside it for CPU ones.
+
+    CPU tensors meet collectives on GPU machines too: ``fsdp_cpu_offload`` keeps gradient shards as CPU DTensors,
+    so gradient clipping all-reduces their norms on the CPU, and checkpoint gathers and DCP's plan exchange run on
+    CPU tensors; an NCCL-only group fails there (pytorch#148532; torchtune#1977 adds the gloo group the same way).
+    """
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
 def init_distributed() -> DistContext:
-    """Join the torchrun process group when ``WORLD_SIZE`` > 1 (gloo on CPU, NCCL on CUDA)."""
+    """Join the torchrun process group when ``WORLD_SIZE`` > 1 (``process_group_backend``: gloo on CPU; NCCL with a
+    gloo group beside it on CUDA)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -49,7 +60,7 @@ def init_distributed() -> DistContext:
     else:
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend=process_group_backend(device))
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 

@@ -25,11 +25,12 @@ the global sequence/token totals, so the summed gradient is the single-process f
 as on the ``ddp`` path. Every forward is a collective, so every rank must run the same number of
 micro-batches (``distributed.micro_batches(lockstep=True)`` pads with empty ones).
 
-Checkpoints keep the single-process file format, so a checkpoint resumes under either strategy and
-any process count: full weights gathered to rank 0 for ``save_pretrained``, and the optimizer state
-in ``torch.optim.Optimizer.state_dict()``'s own layout (integer parameter ids) with full tensors.
-Departure from torch.distributed.checkpoint's ``get_optimizer_state_dict``: that keys by parameter
-name, which the ``ddp`` path's ``optimizer.load_state_dict`` cannot read.
+Checkpoints on one host are sharded (``trainer/sharded_state.py``: each rank writes and reads its own shards
+with torch.distributed.checkpoint, which reshards to any process count, one unsharded process included). Across
+hosts, where each rank's ``output_dir`` is its own disk, they keep the single-process file format: full weights
+gathered to rank 0 for ``save_pretrained``, and the optimizer state in ``torch.optim.Optimizer.state_dict()``'s
+own layout (integer parameter ids) with full tensors (``gather_optimizer_state``); a single-process checkpoint
+resumes under FSDP through ``load_full_optimizer_state``. ``output_dir/final`` is always gathered.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from grpo_core.generation import GenerationBackend, Rollout
 from grpo_core.trainer.distributed import DistContext
+from grpo_core.trainer.sharded_state import load_model_state
 from grpo_core.trainer.weights import TensorEntry, index_weights, read_tensor
 
 logger = logging.getLogger(__name__)
@@ -70,12 +72,14 @@ def shard_model(model: nn.Module, ctx: DistContext, *, bf16: bool = False, cpu_o
 
 
 def load_sharded_model(path: str | Path, ctx: DistContext, *, bf16: bool = False, cpu_offload: bool = False,
-                       gradient_checkpointing: bool = False, trainable: bool = True) -> nn.Module:
+                       gradient_checkpointing: bool = False, trainable: bool = True,
+                       state_dir: Path | None = None) -> nn.Module:
     """``AutoModelForCausalLM`` from ``path``, built on the meta device, sharded, then filled tensor by tensor.
 
     Rank 0 reads each tensor from the safetensors files (``trainer.weights``), every rank receives it by
     broadcast and keeps its own shard; so a process holds its shards plus one full tensor at a time, and a
     machine never more than one full copy. Weights are fp32 whatever the file's dtype (master weights).
+    ``state_dir``: a sharded checkpoint's DCP folder instead (``path`` gives the config): each rank reads its slices.
     """
     config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
@@ -93,8 +97,12 @@ def load_sharded_model(path: str | Path, ctx: DistContext, *, bf16: bool = False
             for module in model.modules():
                 for name, buffer in module.named_buffers(recurse=False):
                     module._buffers[name] = buffer.to(ctx.device)
-        _load_weights(model, path, ctx)
-    return _make_root(model, ctx)
+        if state_dir is None:
+            _load_weights(model, path, ctx)
+    model = _make_root(model, ctx)
+    if state_dir is not None:
+        load_model_state(model, state_dir)
+    return model
 
 
 def _shard_device(ctx: DistContext, cpu_offload: bool) -> torch.device:
@@ -221,7 +229,7 @@ def gather_optimizer_state(optimizer: torch.optim.Optimizer, ctx: DistContext) -
     return {"state": state, "param_groups": packed["param_groups"]} if ctx.is_main else None
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+def load_full_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
     """Load a full (single-process layout) optimizer state into an optimizer over sharded parameters."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     state: dict[int, dict[str, Any]] = {}

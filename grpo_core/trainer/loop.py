@@ -41,6 +41,7 @@ from grpo_core.trainer.distributed import DistContext
 from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded
 from grpo_core.trainer.mixture import Mixture
 from grpo_core.trainer.prompts import all_dropped_error, encode_prompts
+from grpo_core.trainer.sharded_state import has_sharded_state
 from grpo_core.trainer.skeleton import (
     TrainingRun,
     load_model,
@@ -122,7 +123,11 @@ def reference_on_sampler(config: GRPOConfig) -> bool:
 def make_sampler(config: GRPOConfig, ctx: DistContext, model: torch.nn.Module, tokenizer: Any,
                  model_path: str | Path, start_path: str | Path) -> tuple[GenerationBackend, bool]:
     """``(backend, sampling_correction)``: the generation backend on the policy's weights (``start_path``: where
-    they were loaded from) and whether its log-probs differ from the trainer's (then the loss is corrected)."""
+    they were loaded from) and whether its log-probs differ from the trainer's (then the loss is corrected).
+    A sharded checkpoint is no ``from_pretrained`` folder: the backend starts from ``model_path`` and is then sent
+    the policy's weights, as after every update."""
+    push_now = has_sharded_state(start_path)
+    start_path = model_path if push_now else start_path
     kind = backend_kind(config.sampling.use_vllm)
     opts = backend_options(config.sampling, kind, ctx.device, seed=config.seed, bf16=config.bf16,
                            model_config=model.config)
@@ -142,6 +147,8 @@ def make_sampler(config: GRPOConfig, ctx: DistContext, model: torch.nn.Module, t
         backend = ReplicaBackend(make_backend("hf", str(start_path), model=replica, tokenizer=tokenizer, **opts), replica)
     else:
         backend = make_backend(kind, str(start_path), model=model, tokenizer=tokenizer, **opts)
+    if push_now:
+        backend.update_weights(model)
     # The transformers backend on the trainer's own module (same weights, same autocast) reports the
     # trainer's log-probs: its weights would be 1 but for float rounding, so the correction is skipped.
     sampler_is_trainer = kind == "hf" and not is_sharded(model) and not config.async_rollouts

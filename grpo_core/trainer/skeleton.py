@@ -42,8 +42,10 @@ from grpo_core.trainer.checkpoint import (
     list_checkpoints,
     load_latest_checkpoint,
     remove_temp_checkpoints,
+    reset_dir,
     save_checkpoint,
     set_rng_state,
+    temp_checkpoint_dir,
     write_json,
 )
 from grpo_core.trainer.distributed import DistContext, all_reduce_gradients, barrier, init_distributed
@@ -51,8 +53,16 @@ from grpo_core.trainer.fsdp import (
     gather_model_state,
     gather_optimizer_state,
     is_sharded,
-    load_optimizer_state,
+    load_full_optimizer_state,
     load_sharded_model,
+)
+from grpo_core.trainer.sharded_state import (
+    STATE_DIR,
+    all_ranks_on_one_host,
+    has_sharded_state,
+    load_model_state,
+    load_optimizer_state,
+    save_sharded_state,
 )
 from grpo_core.trainer.metrics import MetricsWriter
 from grpo_core.trainer.trackers import Table
@@ -125,10 +135,17 @@ def load_trained_model(path: Path | str, config: OptimConfig, ctx: DistContext, 
     rank 0's reads) under ``uses_fsdp``, else a full replica on ``ctx.device``; in train mode with gradient
     checkpointing (when configured) if ``trainable``, else frozen in eval mode (the reference model)."""
     checkpointing = config.gradient_checkpointing and trainable
+    state_dir = Path(path) / STATE_DIR if has_sharded_state(path) else None  # a sharded (DCP) checkpoint
     if uses_fsdp(config, ctx):
         return load_sharded_model(path, ctx, bf16=config.bf16, cpu_offload=config.fsdp_cpu_offload,
-                                  gradient_checkpointing=checkpointing, trainable=trainable)
-    model = load_model(path, ctx.device)
+                                  gradient_checkpointing=checkpointing, trainable=trainable, state_dir=state_dir)
+    if state_dir is not None:  # unsharded: built from the config, every tensor read whole from the shards
+        from transformers import AutoConfig
+
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32).to(ctx.device)
+        load_model_state(model, state_dir)
+    else:
+        model = load_model(path, ctx.device)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train(trainable).requires_grad_(trainable)
@@ -240,8 +257,10 @@ class TrainingRun:
         optimizer = build_optimizer(model, config)
         scheduler = build_scheduler(optimizer, config, optimizer_steps)
         if loaded:
-            if is_sharded(model):
-                load_optimizer_state(optimizer, loaded.optimizer)
+            if loaded.optimizer is None:  # a sharded checkpoint: each rank reads its own slices
+                load_optimizer_state(model, optimizer, loaded.path / STATE_DIR)
+            elif is_sharded(model):  # a single-process (or multi-host) checkpoint: every rank reads it whole
+                load_full_optimizer_state(optimizer, loaded.optimizer)
             else:
                 optimizer.load_state_dict(loaded.optimizer)
             scheduler.load_state_dict(loaded.scheduler)
@@ -279,15 +298,24 @@ class TrainingRun:
         return step % self.config.save_steps == 0 or step == self.max_steps
 
     def save_checkpoint(self, step: int) -> None:
+        """Rank 0 writes ``checkpoint-{step}``; under FSDP every rank first writes its shards of weights and
+        optimizer state into it (on one host: ``sharded_state``), or joins the gathers (across hosts)."""
         full_model, full_optim = None, None
-        if is_sharded(self.model):  # every rank joins the gathers; rank 0 writes
+        sharded = is_sharded(self.model) and all_ranks_on_one_host(self.ctx.world_size)
+        if sharded:
+            folder = temp_checkpoint_dir(self.output_dir, step)
+            if self.ctx.is_main:
+                reset_dir(folder)
+            barrier(self.ctx)
+            save_sharded_state(self.model, self.optimizer, folder / STATE_DIR)
+        elif is_sharded(self.model):  # every rank joins the gathers; rank 0 writes
             full_model, full_optim = gather_model_state(self.model), gather_optimizer_state(self.optimizer, self.ctx)
         if self.ctx.is_main:
             path = save_checkpoint(
                 self.output_dir, step, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
                 scheduler=self.scheduler, trainer_state=self.state, config=self.config_json,
                 save_total_limit=self.config.save_total_limit, model_state_dict=full_model,
-                optimizer_state_dict=full_optim, config_name=config_file(self.name),
+                optimizer_state_dict=full_optim, config_name=config_file(self.name), sharded_state=sharded,
             )
             call_callbacks(self.callbacks, "on_checkpoint", step, path)
         barrier(self.ctx)

@@ -1,4 +1,4 @@
-# python tests/benchmarks/fetch_verify_cost.py [--repeat 30]
+# python tests/benchmarks/fetch_verify_cost.py [--repeat 30] [--quick]
 """What checking fetched files against their manifests costs on the embedded default (configs/tiny-cpu.yaml).
 
 Commits one prepare_data output of the embedded default to a local store in a temporary folder, then
@@ -32,7 +32,10 @@ FETCHES = {"base_model": 9, "train.parquet": 4, "cold_start.parquet": 2, "eval.p
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--quick", action="store_true", help="one repeat (what the test of every benchmark runs)")
     args = ap.parse_args()
+    if args.quick:
+        args.repeat = 1
 
     import tasks.store as store_module
     from tasks.config import load_config

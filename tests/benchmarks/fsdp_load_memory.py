@@ -2,6 +2,7 @@
 
     python tests/benchmarks/fsdp_load_memory.py                       # ~1B-parameter Qwen2-shaped, 2 ranks
     python tests/benchmarks/fsdp_load_memory.py --preset 0.5b --how replicated
+    python tests/benchmarks/fsdp_load_memory.py --quick                # the small preset (~48M)
 
 Saves a random Qwen2-shaped model (fp32 safetensors) once to a temp folder, then runs ``torchrun
 --nproc_per_node N`` with this file as each rank. A rank resets its RSS high-water mark after its imports and
@@ -91,7 +92,10 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--model-dir", help="reuse a folder saved by an earlier run of this preset")
     parser.add_argument("--glibc-default", action="store_true", help="leave glibc's dynamic mmap threshold on")
+    parser.add_argument("--quick", action="store_true", help="the small preset (what the tests run)")
     args = parser.parse_args()
+    if args.quick:
+        args.preset = "small"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     if not args.glibc_default:  # see the module docstring

@@ -1,4 +1,5 @@
-"""FSDP2 (distributed_strategy="fsdp") on 2 CPU processes (gloo) trains like 1 unsharded process.
+"""FSDP2 (distributed_strategy="fsdp") on 2 CPU processes (gloo) trains like 1 unsharded process, and resumes from
+its sharded checkpoints (and in one process from them).
 
 The two-process run is this file under torchrun (it trains 2 steps, then resumes to step 4):
 
@@ -77,11 +78,12 @@ def test_fsdp_two_processes_match_one_and_resume_from_their_checkpoints(tmp_path
         if name in w1:
             torch.testing.assert_close(tensor, w1[name], atol=1e-4, rtol=0)
     assert set(w1) == set(load_file(tmp_path / "fsdp" / "final" / "model.safetensors"))
-    optim = torch.load(tmp_path / "fsdp" / "checkpoint-4" / "optimizer.pt", weights_only=True)
-    shapes = sorted(tuple(s["exp_avg"].shape) for s in optim["state"].values())
-    assert shapes == sorted(tuple(p.shape) for p in final.parameters())  # full, unsharded moments
+    # Checkpoints are sharded (DCP): one file per rank holding its shards of weights and Adam moments.
+    checkpoint = tmp_path / "fsdp" / "checkpoint-4"
+    assert sorted(p.name for p in (checkpoint / "state").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert not (checkpoint / "optimizer.pt").exists() and not (checkpoint / "model.safetensors").exists()
 
-    # An FSDP checkpoint resumes in a single unsharded process and continues the same curve.
+    # An FSDP checkpoint resumes in a single unsharded process (DCP reshards) and continues the same curve.
     (tmp_path / "mixed").mkdir()
     shutil.copytree(tmp_path / "fsdp" / "checkpoint-2", tmp_path / "mixed" / "checkpoint-2")
     run(str(model_dir), str(tmp_path / "mixed"), 4, "ddp", resume=True)
@@ -95,7 +97,7 @@ def check_helpers() -> None:
 
     from grpo_core.trainer.logprobs import compute_token_logps
     from grpo_core.trainer.distributed import init_distributed
-    from grpo_core.trainer.fsdp import gather_model_state, gather_optimizer_state, load_optimizer_state, shard_model
+    from grpo_core.trainer.fsdp import gather_model_state, gather_optimizer_state, load_full_optimizer_state, shard_model
 
     torch.set_num_threads(1)
     ctx = init_distributed()
@@ -128,7 +130,7 @@ def check_helpers() -> None:
         saved = [saved]
         torch.distributed.broadcast_object_list(saved, src=0)
         fresh = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        load_optimizer_state(fresh, saved[0])
+        load_full_optimizer_state(fresh, saved[0])
         for p in model.parameters():
             for key in ("exp_avg", "exp_avg_sq"):
                 torch.testing.assert_close(fresh.state[p][key].to_local(), optimizer.state[p][key].to_local())
