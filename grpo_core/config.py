@@ -256,35 +256,71 @@ SCOPE_HELP = ("what the reward sees of a completion: summary = the text after th
 REWARD_MODEL_STAGE = "reward_model"  # `model: reward_model` names the run's committed reward_model stage output
 
 
-class RewardModelSpec(_Strict):
+class _ServedSpec(_Strict):
+    """Where a reward model or judge runs: in this process (no ``url``), or behind an OpenAI-compatible server
+    (``url``; grpo_core.rewards.served) such as ``vllm serve``, so a judge larger than the trainer's GPU runs
+    elsewhere. The key is read from the environment variable ``api_key_env`` names, never written in a config."""
+
+    url: str | None = Field(None, description="base URL of an OpenAI-compatible server (vllm serve), e.g. "
+                            "http://judge-host:8000; `model` then names the served model (--served-model-name)")
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="name of the "
+                                    "environment variable holding the server's API key (sent as a Bearer token)")
+    max_failed_calls: int | None = Field(3, gt=0, description="with url: stop the run when this many calls in a "
+                                         "row got no answer from the server; None = never, only count errors")
+
+    @field_validator("url")
+    @classmethod
+    def _plain_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"url must be http://host:port or https://host (the server's root), got {url!r}")
+        if parts.username or parts.password or parts.query:
+            raise ValueError("url must not carry credentials or a query: it is written to manifests and logs; put "
+                             "the key in an environment variable and name it in api_key_env")
+        return url.rstrip("/").removesuffix("/v1")  # routes (/v1/chat/completions, /classify) are added to it
+
+    @model_validator(mode="after")
+    def _key_needs_url(self) -> "_ServedSpec":
+        if self.api_key_env is not None and self.url is None:
+            raise ValueError("api_key_env is the key of a server: set url too (or drop api_key_env)")
+        return self
+
+
+class RewardModelSpec(_ServedSpec):
     """A ``reward_funcs`` entry ``{reward_model: {model: ..., scope: ...}}``: an
     ``AutoModelForSequenceClassification`` (num_labels=1) scoring (prompt, response) through its chat template
-    (grpo_core.rewards.reward_model)."""
+    (grpo_core.rewards.reward_model), or the same model served by vLLM's ``/classify`` route (``url``)."""
 
     type: Literal["reward_model"] = "reward_model"
     model: str = Field(..., min_length=1, description="'reward_model' (the run's reward_model stage output), "
-                       "or a local folder / hub name of a sequence-classification checkpoint")
+                       "or a local folder / hub name of a sequence-classification checkpoint; with url, the served "
+                       "model's name")
     name: str = Field("reward_model", min_length=1, description="metric name: rewards/{name}/mean, ...")
     scope: Scope = Field("summary", description=SCOPE_HELP)
     normalize: bool = Field(False, description="(score - mean) / std with the model's reward_stats.json "
                             "(written by the reward_model stage), else running statistics of the scores so far")
-    batch_size: int = Field(16, gt=0, description="sequences per forward pass")
+    batch_size: int = Field(16, gt=0, description="sequences per forward pass; with url, requests in flight")
     max_length: int = Field(1024, gt=0, description="tokens of prompt + response; longer ones are cut on the right (TRL)")
     device: str | None = Field(None, description="e.g. cuda:1; None = the last visible GPU, else the CPU")
     timeout: float = Field(60.0, gt=0, description="seconds per call; rows not scored by then score None (counted)")
 
 
-class JudgeSpec(_Strict):
+class JudgeSpec(_ServedSpec):
     """A ``reward_funcs`` entry ``{judge: {model: ..., rubric: ...}}``: an instruction model prompted with a
-    rubric whose written score is parsed (grpo_core.rewards.judge)."""
+    rubric whose written score is parsed (grpo_core.rewards.judge), in process or over chat completions (``url``)."""
 
     type: Literal["judge"] = "judge"
-    model: str = Field(..., min_length=1, description="local folder or hub name of an instruction (chat) model")
+    model: str = Field(..., min_length=1, description="local folder or hub name of an instruction (chat) model; "
+                       "with url, the served model's name")
     name: str = Field("judge", min_length=1, description="metric name: rewards/{name}/mean, ...")
     rubric: Literal["helpfulness", "harmlessness"] = "helpfulness"
     scope: Scope = Field("summary", description=SCOPE_HELP)
     max_new_tokens: int = Field(128, gt=0)
-    batch_size: int = Field(8, gt=0)
+    batch_size: int = Field(8, gt=0, description="verdicts per generate call; with url, requests in flight")
     max_length: int = Field(2048, gt=0, description="judge prompt tokens; a longer response keeps its start and end")
     device: str | None = Field(None, description="e.g. cuda:1; None = the last visible GPU, else the CPU")
     timeout: float = Field(120.0, gt=0, description="seconds per call; rows not judged by then score None (counted)")

@@ -268,6 +268,8 @@ def reward_entry_problem(entry: Any, config: "PipelineConfig") -> str | None:
             return None
         return (f"unknown reward function {entry!r}; registered: {', '.join(reward_names())} "
                 "(register your own with grpo_core.rewards.register_reward('name'))")
+    if isinstance(entry, (RewardModelSpec, JudgeSpec)) and entry.url is not None:
+        return None  # `model` names what the server serves; nothing local to check
     if isinstance(entry, RewardModelSpec) and entry.model == REWARD_MODEL_STAGE:
         if config.reward_model is None:
             return ("model: reward_model names the reward_model stage, which this config does not run; add a "

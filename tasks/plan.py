@@ -56,10 +56,10 @@ def stage_section(config: PipelineConfig, stage: str, kind: str) -> Any:
 
 
 def section_scorers(section: BaseModel, kind: str, shape_of: Any) -> list[Scorer]:
-    """The reward models and judges ``section`` loads, one per load: an RL stage loads each distinct metric name
+    """The reward models and judges ``section`` loads (not those served over ``url``), one per load: an RL stage loads each distinct metric name
     once (``trainer/mixture.py`` keys entries by name, so two names on one path are two copies); a sampling stage
     or evaluation loads every entry in turn. ``shape_of(model)`` sizes an entry's model."""
-    specs = [v for v in walk_fields(section) if isinstance(v, (RewardModelSpec, JudgeSpec))]
+    specs = [v for v in walk_fields(section) if isinstance(v, (RewardModelSpec, JudgeSpec)) and v.url is None]  # url: served elsewhere
     if kind == "grpo":
         specs = list({s.name: s for s in reversed(specs)}.values())[::-1]  # the first entry of each name
     return [Scorer(s.name, s.type, shape_of(s.model), s.batch_size, s.max_length,

@@ -60,7 +60,7 @@ class RewardModelStageConfig(RewardConfig):
 
 def is_stage_reference(value: Any) -> bool:
     """``value`` is a reward entry naming the reward_model stage's output (``model: reward_model``)."""
-    return isinstance(value, RewardModelSpec) and value.model == REWARD_MODEL_STAGE
+    return isinstance(value, RewardModelSpec) and value.model == REWARD_MODEL_STAGE and value.url is None  # url: a served name
 
 
 def walk_fields(value: Any) -> Iterator[Any]:

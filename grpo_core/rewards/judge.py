@@ -185,12 +185,17 @@ class JudgeReward:
         return self.tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
 
     def check_parses(self) -> None:
-        """Raise once ``max_unparsed`` verdicts came back and not one of them held a score."""
-        limit = self.spec.max_unparsed
-        if limit is not None and self.parsed == 0 and self.seen >= limit:
-            raise JudgeNeverParses(
-                f"judge {self.__name__} ({self.spec.model}): none of its first {self.seen} verdicts held a score "
-                f"the parser reads ('Rating: [[7]]', 'Score: 7/10', {{\"score\": 7}}); last verdict: "
-                f"{self.last_unparsed[:200]!r}. Use an instruction-tuned judge model, raise max_new_tokens, or set "
-                f"max_unparsed: null to only count them (rewards/{self.__name__}/unparsed)"
-            )
+        check_parses(self.spec, self.seen, self.parsed, self.last_unparsed)
+
+
+def check_parses(spec: JudgeSpec, seen: int, parsed: int, last_unparsed: str) -> None:
+    """Raise ``JudgeNeverParses`` once ``spec.max_unparsed`` verdicts came back and not one of them held a score."""
+    limit = spec.max_unparsed
+    if limit is not None and parsed == 0 and seen >= limit:
+        where = f"{spec.model} at {spec.url}" if spec.url else spec.model
+        raise JudgeNeverParses(
+            f"judge {spec.name} ({where}): none of its first {seen} verdicts held a score "
+            f"the parser reads ('Rating: [[7]]', 'Score: 7/10', {{\"score\": 7}}); last verdict: "
+            f"{last_unparsed[:200]!r}. Use an instruction-tuned judge model, raise max_new_tokens, or set "
+            f"max_unparsed: null to only count them (rewards/{spec.name}/unparsed)"
+        )

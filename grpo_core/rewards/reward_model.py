@@ -186,11 +186,17 @@ class RewardModelReward:
         return self.normalize(scores) if self.spec.normalize else scores
 
     def normalize(self, scores: list[float | None]) -> list[float | None]:
-        """``(s - mean) / std``: the model's ``reward_stats.json`` when it has one, else every score seen so far."""
-        if self.stats is not None:
-            mean, std = float(self.stats["mean"]), float(self.stats["std"])
-        else:
-            self.moments.update([s for s in scores if s is not None])
-            mean, std = self.moments.mean, self.moments.std
-        std = std if std > 1e-6 else 1.0
-        return [None if s is None else (s - mean) / std for s in scores]
+        return normalize_scores(scores, self.stats, self.moments)
+
+
+def normalize_scores(scores: list[float | None], stats: dict[str, Any] | None,
+                     moments: RunningMoments) -> list[float | None]:
+    """``(s - mean) / std``: ``stats`` (a model's ``reward_stats.json``) when given, else every score seen so far
+    (``moments``, updated here). None stays None."""
+    if stats is not None:
+        mean, std = float(stats["mean"]), float(stats["std"])
+    else:
+        moments.update([s for s in scores if s is not None])
+        mean, std = moments.mean, moments.std
+    std = std if std > 1e-6 else 1.0
+    return [None if s is None else (s - mean) / std for s in scores]

@@ -34,12 +34,16 @@ class ScoredCompletion(Protocol):
 
 def resolve_reward(reward: Any) -> tuple[RewardFunc, str]:
     """``(function, name)`` of a ``reward_funcs`` entry: a registered name, a reward model or judge (a
-    ``RewardModelSpec`` / ``JudgeSpec``, or its YAML mapping ``{reward_model: {model: ...}}``, loaded here), or a
-    callable (named by its ``__name__``)."""
+    ``RewardModelSpec`` / ``JudgeSpec``, or its YAML mapping ``{reward_model: {model: ...}}``, loaded here or, with
+    ``url``, a client of its server), or a callable (named by its ``__name__``)."""
     if isinstance(reward, str):
         return get_reward_funcs([reward])[0], reward
     if isinstance(reward, dict):
         reward = TypeAdapter(RewardSpec).validate_python(normalize_reward_entry(reward))
+    if isinstance(reward, (RewardModelSpec, JudgeSpec)) and reward.url is not None:
+        from grpo_core.rewards.served import served_reward
+
+        return served_reward(reward), reward.name
     if isinstance(reward, RewardModelSpec):
         from grpo_core.rewards.reward_model import RewardModelReward
 
