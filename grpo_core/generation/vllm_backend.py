@@ -223,6 +223,24 @@ class VLLMBackend:
         # Without this, prompts whose blocks are cached keep the old weights' keys/values.
         self.llm.reset_prefix_cache()
 
+    def weights_digest(self, names: list[str]) -> dict[str, tuple[str, str]]:
+        """``{name: (dtype, sha256)}`` of the engine's parameters ``names`` (unfused ones; the LoRA sync check,
+        grpo_core/trainer/weight_sync.py); tensor parallel > 1 shards them, so only TP 1 answers."""
+        if self.tp_group is not None:
+            return {}
+        self.wake_up()
+        return self.llm.collective_rpc(_worker_digests, args=(list(names),))[0]
+
+
+def _worker_digests(worker: Any, names: list[str]) -> dict[str, tuple[str, str]]:
+    """Run inside a vLLM worker (``collective_rpc``): ``{name: (dtype, sha256)}`` of its parameters ``names``."""
+    from grpo_core.trainer.weight_sync import tensor_digest
+
+    runner = worker.model_runner
+    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    params = dict(model.named_parameters())
+    return {n: (str(params[n].dtype), tensor_digest(params[n])) for n in names if n in params}
+
 
 def check_tp_world(tensor_parallel_size: int) -> None:
     """TP > 1 needs torchrun with a multiple of ``tensor_parallel_size`` processes (external_launcher)."""

@@ -47,6 +47,7 @@ from grpo_core.trainer.checkpoint import (
     write_json,
 )
 from grpo_core.trainer.distributed import DistContext, all_reduce_gradients, barrier, init_distributed
+from grpo_core.trainer.lora import ADAPTER_DIR, is_peft_model, load_lora_model, merged_state_dict, save_adapter
 from grpo_core.trainer.fsdp import (
     gather_model_state,
     gather_optimizer_state,
@@ -145,11 +146,23 @@ def load_policy(
     in train mode, with gradient checkpointing when configured, FSDP-sharded under ``uses_fsdp`` (``load_trained_model``)."""
     if config.distributed_strategy == "fsdp" and not uses_fsdp(config, ctx):
         logger.info("distributed_strategy='fsdp' in a single process: training unsharded")
-    loaded = None
-    if resume:
-        loaded = load_latest_checkpoint(output_dir, lambda p: load_trained_model(p, config, ctx), config_file(name))
-    model = loaded.model if loaded else load_trained_model(model_path, config, ctx)
-    return model, loaded
+    load = lambda p: load_trained_model(p, config, ctx)  # noqa: E731
+    if config.use_peft:  # a checkpoint holds the adapters: the base comes from model_path (trainer/lora.py)
+        check_peft_strategy(config, ctx)
+        load = lambda p: load_lora_model(model_path, config, ctx.device, adapter=p)  # noqa: E731
+    loaded = load_latest_checkpoint(output_dir, load, config_file(name)) if resume else None
+    if loaded:
+        return loaded.model, loaded
+    model = load_lora_model(model_path, config, ctx.device) if config.use_peft else load(model_path)
+    return model, None
+
+
+def check_peft_strategy(config: OptimConfig, ctx: DistContext) -> None:
+    """LoRA trains in one process or under DDP (the adapters' gradients summed); FSDP sharding is refused."""
+    if uses_fsdp(config, ctx):
+        raise ValueError(f"use_peft under FSDP ({ctx.world_size} processes, distributed_strategy="
+                         f"{config.distributed_strategy}) is not supported: the frozen base is small enough to "
+                         "replicate; set distributed_strategy: ddp")
 
 
 def autocast(config: OptimConfig, device: torch.device) -> contextlib.AbstractContextManager:
@@ -314,7 +327,11 @@ def save_final_model(model: torch.nn.Module, tokenizer: Any, path: Path, state_d
     ``dtype`` when given (config.json's ``dtype`` says so), the model itself left as it is."""
     tmp = path.with_name(f".tmp-{path.name}")
     shutil.rmtree(tmp, ignore_errors=True)
-    recast = dtype is not None and dtype != model.dtype
+    adapted = None
+    if is_peft_model(model):  # LoRA: the merged model as a plain folder, the adapter beside it (trainer/lora.py)
+        adapted, model, state_dict = model, model.get_base_model(), merged_state_dict(model)
+        dtype = dtype or torch.float32  # merged tensors are fp32 whatever the frozen base's dtype
+    recast = dtype is not None and (dtype != model.dtype or adapted is not None)
     if recast:
         state_dict = cast_state_dict(model.state_dict() if state_dict is None else state_dict, dtype)
     model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
@@ -324,6 +341,8 @@ def save_final_model(model: torch.nn.Module, tokenizer: Any, path: Path, state_d
         config.update({key: name for key in ("dtype", "torch_dtype") if key in config} or {"dtype": name})
         write_json(tmp / "config.json", config)
     tokenizer.save_pretrained(tmp)
+    if adapted is not None:
+        save_adapter(adapted, tmp / ADAPTER_DIR)
     for name, obj in (json_files or {}).items():
         write_json(tmp / name, obj)
     if path.exists():
