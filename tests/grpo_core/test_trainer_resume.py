@@ -2,7 +2,7 @@
 
 The child process is this file run as a script:
 
-    python tests/grpo_core/test_trainer_resume.py MODEL_DIR OUTPUT_DIR BACKEND
+    python tests/grpo_core/test_trainer_resume.py MODEL_DIR OUTPUT_DIR BACKEND    (hf, vllm, hf-lora)
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def resume_config(backend: str):
 
     # Everything that carries state across steps is on: the reference model (beta), old log-probs and
     # two optimiser steps per generation (Adam moments), warmup + cosine (scheduler), clip-higher.
+    lora = dict(use_peft=True, lora_r=4, lora_alpha=8, lora_dropout=0.1) if backend.endswith("-lora") else {}
     return GRPOConfig(
-        use_vllm=backend == "vllm", max_steps=MAX_STEPS, generation_batch_size=12, num_generations=4,
+        **lora, use_vllm=backend.startswith("vllm"), max_steps=MAX_STEPS, generation_batch_size=12, num_generations=4,
         max_completion_length=8, max_prompt_length=16, per_device_train_batch_size=5, learning_rate=5e-3,
         beta=0.04, num_iterations=2, steps_per_generation=2, epsilon_high=0.28, lr_scheduler_type="cosine",
         warmup_steps=2, weight_decay=0.01, save_steps=2, save_total_limit=2, seed=7, report_to=["jsonl"],
@@ -87,6 +88,13 @@ def _resume_is_exact(tmp_path: Path, backend: str) -> None:
 
 def test_sigkill_resume_is_bit_identical_hf(tmp_path):
     _resume_is_exact(tmp_path, "hf")
+
+
+def test_sigkill_resume_is_bit_identical_lora(tmp_path):
+    """use_peft: the checkpoints hold adapters (the base is rebuilt from the model), dropout on the adapters draws
+    from the restored RNG, the reference is the adapter-disabled policy; the merged final model is bit-identical."""
+    _resume_is_exact(tmp_path, "hf-lora")
+    assert (tmp_path / "killed" / "final" / "adapter" / "adapter_model.safetensors").is_file()
 
 
 @pytest.mark.vllm
