@@ -67,7 +67,7 @@ class OptimConfig(_Strict):
     distributed_strategy: Literal["auto", "ddp", "fsdp"] = Field(
         "auto", description="under torchrun: fsdp = FSDP2 sharded weights, gradients and optimizer state, the model "
         "built on the meta device and loaded by rank 0; ddp = a full replica per rank + gradient all-reduce; auto = "
-        "fsdp whenever more than one rank runs (one process trains unsharded under any setting)",
+        "fsdp whenever more than one rank runs (ddp under use_peft; one process trains unsharded under any setting)",
     )
     fsdp_cpu_offload: bool = Field(False, description="FSDP on GPU: keep the sharded parameters, gradients and "
                                    "optimizer state in CPU memory (CPUOffloadPolicy; the optimizer steps on the CPU)")
@@ -89,6 +89,10 @@ class OptimConfig(_Strict):
         if self.load_in_4bit and not self.use_peft:
             raise ValueError("load_in_4bit quantises the frozen base of a LoRA run (QLoRA); a 4-bit model cannot be "
                              "trained in full: set use_peft: true or drop load_in_4bit")
+        if self.use_peft and self.distributed_strategy == "fsdp":
+            raise ValueError("use_peft with distributed_strategy: fsdp is not supported: under LoRA the frozen base "
+                             "is replicated and only the adapters' gradients are summed; set distributed_strategy: "
+                             "ddp (or auto, which is ddp under use_peft)")
         if isinstance(self.lora_target_modules, list) and not self.lora_target_modules:
             raise ValueError("lora_target_modules is empty: name the modules that get adapters (e.g. [q_proj, "
                              "v_proj]) or use all-linear")

@@ -39,7 +39,6 @@ from grpo_core.trainer.prompts import PromptStream
 from grpo_core.trainer.skeleton import (
     TrainingRun,
     autocast,
-    check_peft_strategy,
     config_file,
     optimizer_step,
     prepare_output_dir,
@@ -193,7 +192,6 @@ def train_reward_model(config: RewardConfig, model_path: str | Path, rows: list[
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     load = lambda p: load_reward_backbone(p, ctx.device)  # noqa: E731
     if config.use_peft:  # LoRA on the backbone, the fresh score head trained in full (trainer/lora.py)
-        check_peft_strategy(config, ctx)
         load = lambda p: load_lora_model(model_path, config, ctx.device, adapter=p, task_type="SEQ_CLS",  # noqa: E731
                                          load_base=_backbone_loader)
     loaded = load_latest_checkpoint(output_dir, load, config_file(NAME)) if resume else None

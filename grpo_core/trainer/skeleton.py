@@ -115,8 +115,8 @@ def resolve_save_dtype(save_dtype: str, base_model: Path | str) -> torch.dtype:
 
 def uses_fsdp(config: OptimConfig, ctx: DistContext) -> bool:
     """FSDP2 under torchrun unless ``distributed_strategy='ddp'`` (``auto`` = fsdp wherever several ranks run);
-    one process has nothing to shard over."""
-    return config.distributed_strategy != "ddp" and ctx.enabled
+    one process has nothing to shard over; LoRA (``use_peft``) replicates its frozen base (DDP on the adapters)."""
+    return config.distributed_strategy != "ddp" and ctx.enabled and not config.use_peft
 
 
 def load_trained_model(path: Path | str, config: OptimConfig, ctx: DistContext, *, trainable: bool = True
@@ -148,21 +148,12 @@ def load_policy(
         logger.info("distributed_strategy='fsdp' in a single process: training unsharded")
     load = lambda p: load_trained_model(p, config, ctx)  # noqa: E731
     if config.use_peft:  # a checkpoint holds the adapters: the base comes from model_path (trainer/lora.py)
-        check_peft_strategy(config, ctx)
         load = lambda p: load_lora_model(model_path, config, ctx.device, adapter=p)  # noqa: E731
     loaded = load_latest_checkpoint(output_dir, load, config_file(name)) if resume else None
     if loaded:
         return loaded.model, loaded
     model = load_lora_model(model_path, config, ctx.device) if config.use_peft else load(model_path)
     return model, None
-
-
-def check_peft_strategy(config: OptimConfig, ctx: DistContext) -> None:
-    """LoRA trains in one process or under DDP (the adapters' gradients summed); FSDP sharding is refused."""
-    if uses_fsdp(config, ctx):
-        raise ValueError(f"use_peft under FSDP ({ctx.world_size} processes, distributed_strategy="
-                         f"{config.distributed_strategy}) is not supported: the frozen base is small enough to "
-                         "replicate; set distributed_strategy: ddp")
 
 
 def autocast(config: OptimConfig, device: torch.device) -> contextlib.AbstractContextManager:
