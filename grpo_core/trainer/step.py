@@ -64,8 +64,8 @@ class GRPOSteps:
         self.sampling_correction, self.num_dropped = sampling_correction, num_dropped
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.num_updates = (config.steps_per_generation or 1) * config.num_iterations  # optimiser steps per step
-        self.probe_names = weight_sync.probe_names(model) if is_peft_model(model) else []
-        if self.probe_names:  # the sampler was built from the base: give it the (resumed) adapters merged
+        self.sync_check = weight_sync.SyncCheck(model) if is_peft_model(model) else None
+        if self.sync_check is not None:  # the sampler was built from the base: give it the (resumed) adapters merged
             self.sync_weights("before the first step (the policy as loaded)")
 
     def generate(self, step: int, timings: dict[str, float]) -> StepRollouts:
@@ -143,8 +143,8 @@ class GRPOSteps:
         """Push the policy's weights to the sampler; under LoRA (merged weights) check it holds them, failing the
         step with a message naming ``sync`` when it does not (``trainer/weight_sync.py``)."""
         weight_sync.push_weights(self.backend, self.model)
-        if self.probe_names:
-            weight_sync.verify_sync(self.backend, self.model, self.probe_names, sync)
+        if self.sync_check is not None:
+            self.sync_check(self.backend, self.model, sync)
 
     def log(self, rollouts: StepRollouts, rewards: StepRewards, group_metrics: dict[str, float],
             update_metrics: dict[str, float], timings: dict[str, float], start: float) -> dict[str, Any]:
@@ -166,7 +166,7 @@ class GRPOSteps:
             "time/reward": timings.get("time/reward", 0.0),
             "time/train": timings["time/train"],
             "time/step": end - start,
-            **({"sampler/weights_verified": 1.0} if self.probe_names else {}),  # else the step would have failed
+            **({"sampler/weights_verified": 1.0} if self.sync_check is not None else {}),  # else the step would have failed
             "tokens_per_second": num_tokens / (end - start),
         }
         if config.async_rollouts:

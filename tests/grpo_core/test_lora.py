@@ -42,14 +42,14 @@ def test_lora_grpo_sampler_holds_every_update(tiny, tmp_path, monkeypatch):
     """Each step's sync is checked against the sampler's own tensors, and the sampler really holds the trained
     (changed) weights: its probes differ from the base's after training."""
     checked: list[str] = []
-    verify = weight_sync.verify_sync
+    verify = weight_sync.SyncCheck.__call__
 
-    def spy(backend, model, names, sync):
-        verify(backend, model, names, sync)
+    def spy(self, backend, model, sync):
+        verify(self, backend, model, sync)
         checked.append(sync)
-        spy.backend, spy.names = backend, names
+        spy.backend, spy.names = backend, self.names
 
-    monkeypatch.setattr(weight_sync, "verify_sync", spy)
+    monkeypatch.setattr(weight_sync.SyncCheck, "__call__", spy)
     from grpo_core.trainer import train_grpo
 
     train_grpo(grpo_config(), tiny, ROWS, tmp_path, reward_funcs=[digit_fraction], resume=False)
@@ -145,3 +145,25 @@ def test_load_in_4bit_is_refused_without_cuda_or_bitsandbytes(tiny):
         GRPOConfig(load_in_4bit=True)
     with pytest.raises(ValueError, match="needs a CUDA GPU.*load_in_4bit: false"):
         load_lora_model(tiny, SFTConfig(**LORA, load_in_4bit=True), torch.device("cpu"))
+
+
+@pytest.mark.vllm
+def test_vllm_sampler_is_checked_by_probe_log_probs(tiny, tmp_path, monkeypatch):
+    """vLLM's CPU backend repacks its linear weights (no tensor to hash): the check compares probe log-probs, and a
+    skipped push is caught there too."""
+    pytest.importorskip("vllm")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    push, calls = weight_sync.push_weights, []
+
+    def skip_second(backend, model):
+        calls.append(1)
+        if len(calls) != 3:
+            push(backend, model)
+
+    monkeypatch.setattr(weight_sync, "push_weights", skip_second)
+    from grpo_core.trainer import train_grpo
+
+    cfg = grpo_config(use_vllm=True, vllm_kv_cache_memory_bytes=16 * 2**20)
+    with pytest.raises(weight_sync.WeightSyncError, match=r"weight sync after step 2 .*log-probs of the probe"):
+        train_grpo(cfg, tiny, ROWS, tmp_path, reward_funcs=[digit_fraction], resume=False)
+    assert [m["sampler/weights_verified"] for m in read_metrics(tmp_path)] == [1.0]  # step 1 synced and verified
