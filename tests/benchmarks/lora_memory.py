@@ -112,11 +112,11 @@ def matmul_gflops(threads: int, n: int = 1024, repeats: int = 10) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 layer, 2 x 256 tokens, 1 repeat, 2 timed steps")
+    parser.add_argument("--quick", action="store_true", help="1 layer, 1 x 128 tokens, 1 repeat, 1 timed step")
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--threads", type=int, default=2)
@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument("--child", choices=METHODS)
     args = parser.parse_args()
     if args.quick:
-        args.layers, args.batch, args.tokens, args.steps, args.repeats = 1, 2, 256, 2, 1
+        args.layers, args.batch, args.tokens, args.steps, args.repeats = 1, 1, 128, 1, 1
     if args.child:
         run_child(args)
         return
