@@ -248,7 +248,7 @@ class VLLMBackend:
 
 def _worker_digests(worker: Any, names: list[str]) -> dict[str, tuple[str, str]]:
     """Run inside a vLLM worker (``collective_rpc``): ``{name: (dtype, sha256)}`` of its parameters ``names``."""
-    from grpo_core.trainer.weight_sync import tensor_digest
+    from grpo_core.generation.base import tensor_digest
 
     runner = worker.model_runner
     model = runner.get_model() if hasattr(runner, "get_model") else runner.model

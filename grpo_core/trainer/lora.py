@@ -30,6 +30,8 @@ from typing import Any
 import torch
 
 from grpo_core.config import OptimConfig
+from grpo_core.generation.base import tensor_digest
+from grpo_core.trainer.dtypes import resolve_save_dtype
 
 ADAPTER_DIR = "adapter"  # final/adapter: the trained adapter beside the merged model
 ADAPTER = "default"  # PEFT's adapter name
@@ -56,8 +58,6 @@ def base_dtype(model_path: str | Path, device: torch.device) -> torch.dtype:
     """The frozen base's dtype: the model's own (config.json) on GPU, fp32 on CPU."""
     if device.type != "cuda":
         return torch.float32
-    from grpo_core.trainer.skeleton import resolve_save_dtype  # lazy: skeleton imports this module
-
     return resolve_save_dtype("auto", model_path)
 
 
@@ -198,7 +198,5 @@ class MergedReplica:
             own[name].copy_(tensor)
 
     def weights_digest(self, names: list[str]) -> dict[str, tuple[str, str]]:
-        from grpo_core.trainer.weight_sync import tensor_digest
-
         own = self.replica.state_dict()
         return {n: (str(own[n].dtype), tensor_digest(own[n])) for n in names if n in own}

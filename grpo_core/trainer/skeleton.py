@@ -47,6 +47,7 @@ from grpo_core.trainer.checkpoint import (
     write_json,
 )
 from grpo_core.trainer.distributed import DistContext, all_reduce_gradients, barrier, init_distributed
+from grpo_core.trainer.dtypes import SAVE_DTYPES, resolve_save_dtype  # noqa: F401 (re-exported)
 from grpo_core.trainer.lora import ADAPTER_DIR, is_peft_model, load_lora_model, merged_state_dict, save_adapter
 from grpo_core.trainer.fsdp import (
     gather_model_state,
@@ -94,23 +95,6 @@ def prepare_output_dir(output_dir: Path, ctx: DistContext, resume: bool) -> None
 
 def load_model(path: Path | str, device: torch.device) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
-
-
-SAVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_save_dtype(save_dtype: str, base_model: Path | str) -> torch.dtype:
-    """The dtype the final model is written in: ``save_dtype``, or (``auto``) the base model's, read from its
-    config.json (``dtype``, or ``torch_dtype`` in older files; fp32 when it names none). The trainer always runs on
-    fp32 weights (``load_model``), so without this a bf16 base would be committed at twice its size."""
-    if save_dtype != "auto":
-        return SAVE_DTYPES[save_dtype]
-    from transformers import AutoConfig
-
-    dtype = AutoConfig.from_pretrained(base_model).dtype
-    if isinstance(dtype, str):
-        dtype = SAVE_DTYPES.get(dtype)
-    return dtype if dtype in SAVE_DTYPES.values() else torch.float32
 
 
 def uses_fsdp(config: OptimConfig, ctx: DistContext) -> bool:

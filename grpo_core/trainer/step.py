@@ -20,7 +20,7 @@ from grpo_core.config import GRPOConfig
 from grpo_core.generation import GenerationBackend, release_memory
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.trainer.async_rollouts import NextRollouts
-from grpo_core.trainer import weight_sync
+import grpo_core.trainer.weight_sync as weight_sync
 from grpo_core.trainer.distributed import DistContext, gather_objects
 from grpo_core.trainer.lora import is_peft_model
 from grpo_core.trainer.loss import combine_rewards, compute_group_advantages

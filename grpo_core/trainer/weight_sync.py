@@ -17,11 +17,11 @@ weights are not the trainer's (``WeightSyncError``):
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch
 
+from grpo_core.generation.base import tensor_digest
 from grpo_core.trainer.lora import MergedWeights, is_peft_model, merged_state_dict
 
 _PREFERRED = ("o_proj", "down_proj")  # never fused by vLLM
@@ -29,12 +29,6 @@ _PREFERRED = ("o_proj", "down_proj")  # never fused by vLLM
 
 class WeightSyncError(RuntimeError):
     """The sampler's weights are not the trainer's after a sync."""
-
-
-def tensor_digest(tensor: torch.Tensor) -> str:
-    """sha256 of a tensor's bytes (contiguous, on the CPU)."""
-    data = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
-    return hashlib.sha256(data.tobytes()).hexdigest()
 
 
 def probe_names(model: torch.nn.Module) -> list[str]:
