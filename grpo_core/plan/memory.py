@@ -14,6 +14,8 @@ the rest from the stage's config section and the hardware. What is counted follo
   implementation, which on GPU allocates one more fp32 state-sized temporary (``sqrt(exp_avg_sq)``), on CPU
   one per tensor; the fused kernel of the unsharded paths allocates none.
 - reference: the fp32 reference model of RL stages with ``beta > 0``, sharded like the policy.
+- LoRA (``use_peft``, ``lora_state_bytes``): the frozen base in its own dtype (QLoRA: 4-bit decoder linears), fp32
+  adapters with gradients and AdamW state, no reference copy, no sharding (DDP on the adapters).
 - activations: per decoder layer and token ``12 h + 4 kv + 4 i`` elements (norm inputs and their fp32 copies,
   q/k/v before and after rotary, attention output, the SwiGLU's gate, up, act and product; an estimate in
   the spirit of Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
@@ -125,6 +127,26 @@ def vllm_bytes(shape: ModelShape, *, device: Device, gpu_memory: int, utilizatio
     return share, share - weights - VLLM_OVERHEAD_BYTES
 
 
+def lora_state_bytes(shape: ModelShape, strategy: Strategy, *, r: int, target_modules: list[str] | str,
+                     device: Device = "cuda", bf16: bool = False, load_in_4bit: bool = False) -> dict[str, int]:
+    """``model_state_bytes`` of a LoRA run (``use_peft``; grpo_core/trainer/lora.py): the frozen base in its own
+    dtype on GPU (fp32 on CPU; QLoRA: its decoder linears at ~0.5 byte each, NF4 plus block scales), no gradients
+    or AdamW state for it, fp32 adapters with their gradients and two AdamW states; no reference model (the
+    adapter-disabled base is the reference). Unsharded: under LoRA several ranks run DDP on the adapters."""
+    p, a = shape.num_params, shape.lora_params(r, target_modules)
+    base_bytes = shape.dtype_bytes if device == "cuda" else 4
+    base = base_bytes * p
+    if load_in_4bit:
+        base = base_bytes * (p - shape.linear_params) + shape.linear_params * 9 // 16  # 4 bits + fp32 absmax / 64
+    autocast_copies = 2 * p if bf16 and device == "cuda" and base_bytes == 4 and not load_in_4bit else 0
+    return {
+        "weights": base + autocast_copies + 4 * a,
+        "gradients": 4 * a * (2 if strategy == "ddp" else 1),  # DDP: the flattened all-reduce buffer
+        "optimizer": 8 * a,
+        "reference": 0,
+    }
+
+
 # ------------------------------------------------------------------------------------------- stage plans
 
 
@@ -192,10 +214,15 @@ def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Har
     """The plan of an SFT (``kind="sft"``, an SFTConfig; ``"reward"``, a RewardConfig, trains the same way) or GRPO
     (``kind="grpo"``, a GRPOConfig) stage, on the device that holds the most of its ``scorers`` (every rank's reward
     models, on the last GPU by default)."""
-    strategy = resolve_strategy(config.distributed_strategy, hw.gpus)
+    peft = config.use_peft
+    strategy = resolve_strategy("ddp" if peft else config.distributed_strategy, hw.gpus)
     rl = kind == "grpo"
-    state = model_state_bytes(shape, strategy, hw.gpus, device=hw.device, bf16=config.bf16,
-                              reference=rl and needs_reference(config), offload=config.fsdp_cpu_offload)
+    if peft:
+        state = lora_state_bytes(shape, strategy, r=config.lora_r, target_modules=config.lora_target_modules,
+                                 device=hw.device, bf16=config.bf16, load_in_4bit=config.load_in_4bit)
+    else:
+        state = model_state_bytes(shape, strategy, hw.gpus, device=hw.device, bf16=config.bf16,
+                                  reference=rl and needs_reference(config), offload=config.fsdp_cpu_offload)
     seq = config.sampling.max_prompt_length + config.sampling.max_completion_length if rl else config.max_length
     batch, scored = config.per_device_train_batch_size, config.sampling.max_completion_length if rl else config.max_length
     budget = getattr(config, "max_tokens_per_batch", None)  # padding_free's token budget (SFT and GRPO only)
@@ -212,7 +239,7 @@ def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Har
     generation, asleep = 0, False
     if rl:
         generation, problems, asleep = _generation_bytes(config.sampling, config.generation_batch_size, config.bf16,
-                                                         shape, hw, strategy)
+                                                         shape, hw, strategy, lora=peft)
         components["generation" + (" (asleep)" if asleep else "")] = 0 if asleep else generation
     overhead = CUDA_CONTEXT_BYTES if hw.device == "cuda" else 0
     components["cuda context"] = overhead
@@ -256,9 +283,9 @@ def _elsewhere(loads: dict[int, ScorerLoad], other: Any) -> dict[str, int]:
 
 
 def _generation_bytes(sampling: SamplingConfig, batch: int, bf16: bool, shape: ModelShape, hw: Hardware,
-                      strategy: str) -> tuple[int, list[str], bool]:
+                      strategy: str, lora: bool = False) -> tuple[int, list[str], bool]:
     """(bytes of the generation backend, problems, whether the engine sleeps while the trainer runs); ``batch``:
-    the sequences the transformers sampler decodes at once."""
+    the sequences the transformers sampler decodes at once; ``lora``: it holds a merged replica of its own."""
     from grpo_core.generation import backend_kind
 
     max_model_len = min(sampling.max_prompt_length + sampling.max_completion_length, shape.max_position_embeddings)
@@ -281,6 +308,8 @@ def _generation_bytes(sampling: SamplingConfig, batch: int, bf16: bool, shape: M
     elem = 2 if bf16 and hw.device == "cuda" else 4
     cache = per_rank * max_model_len * shape.kv_bytes_per_token // 2 * elem
     replica = 4 * shape.num_params if strategy == "fsdp" else 0  # ReplicaBackend: a full copy decodes alone
+    if lora:  # MergedReplica (trainer/lora.py): the merged weights in the base's dtype
+        replica = (shape.dtype_bytes if hw.device == "cuda" else 4) * shape.num_params
     return cache + replica, [], False
 
 
@@ -330,7 +359,7 @@ def plan_stage(stage: str, kind: str, config: Any, shape: ModelShape, hw: Hardwa
         if fitting is not None:
             found.append(_label(fitting))
     if kind != "sampling" and "distributed_strategy: fsdp" not in found:  # more GPUs, sharded over them
-        fsdp = {"distributed_strategy": "fsdp"} if config.distributed_strategy == "ddp" else {}
+        fsdp = {"distributed_strategy": "fsdp"} if config.distributed_strategy == "ddp" and not config.use_peft else {}
         for n in (n for n in GPU_COUNTS if n > hw.gpus):
             if plan(config.model_copy(update=fsdp), dataclasses.replace(hw, gpus=n)).fits:
                 found.append(f"{n} GPUs" + (" with distributed_strategy: fsdp" if fsdp else ""))
@@ -350,7 +379,7 @@ def _candidate_updates(kind: str, config: Any, hw: Hardware) -> list[list[dict[s
     """Per setting that lowers the peak, its values in order of preference (the nearest change first)."""
     out: list[list[dict[str, Any]]] = []
     if kind != "sampling":
-        if hw.gpus > 1 and config.distributed_strategy == "ddp":
+        if hw.gpus > 1 and config.distributed_strategy == "ddp" and not getattr(config, "use_peft", False):
             out.append([{"distributed_strategy": "fsdp"}])
         if not config.gradient_checkpointing:
             out.append([{"gradient_checkpointing": True}])

@@ -29,6 +29,7 @@ class ModelShape:
     head_dim: int = 0  # 0: hidden_size // num_attention_heads
     max_position_embeddings: int = 32768
     qk_norm: bool = False  # Qwen3: an RMSNorm over each head's q and k (head_dim weights each)
+    dtype_bytes: int = 4  # bytes per weight as saved (config.json dtype; fp32 when it names none): a LoRA base's
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -47,8 +48,26 @@ class ModelShape:
             tie_word_embeddings=bool(get("tie_word_embeddings", False)),
             attention_bias=bool(get("attention_bias", model_type == "qwen2")),
             head_dim=get("head_dim") or 0, max_position_embeddings=get("max_position_embeddings") or 32768,
-            qk_norm=model_type.startswith("qwen3"),
+            qk_norm=model_type.startswith("qwen3"), dtype_bytes=_dtype_bytes(get("dtype") or get("torch_dtype")),
         )
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """``(in, out)`` features of each decoder layer's linear module, by name (what LoRA can target)."""
+        h, q, kv, i = self.hidden_size, self.num_attention_heads * self.head_dim, self.kv_dim, self.intermediate_size
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def lora_params(self, r: int, target_modules: list[str] | str) -> int:
+        """Trainable parameters of rank-``r`` adapters on ``target_modules`` (all-linear: every decoder linear;
+        PEFT leaves lm_head out): ``r x (in + out)`` per adapted module."""
+        shapes = self.linear_shapes()
+        names = shapes if target_modules == "all-linear" else [n for n in target_modules if n in shapes]
+        return self.num_hidden_layers * sum(r * sum(shapes[n]) for n in names)
+
+    @property
+    def linear_params(self) -> int:
+        """Weights of every decoder layer's linear modules (what QLoRA quantises to 4 bits)."""
+        return self.num_hidden_layers * sum(a * b for a, b in self.linear_shapes().values())
 
     @property
     def kv_dim(self) -> int:
@@ -76,11 +95,17 @@ class ModelShape:
         return 2 * self.num_hidden_layers * self.kv_dim * 2
 
 
+def _dtype_bytes(dtype: Any) -> int:
+    name = str(dtype or "float32").removeprefix("torch.")
+    return 2 if name in ("bfloat16", "float16") else 4
+
+
 # config.json of the Qwen2.5 family, copied from https://huggingface.co/Qwen/<name>/blob/main/config.json
 # (the Instruct and Math variants share their base model's shapes; Math-7B's context is 4096). Used when the
 # model is not a local folder; a local folder is read with AutoConfig instead.
-_QWEN_SMALL = dict(num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768)
-_QWEN_LARGE = dict(vocab_size=152064, tie_word_embeddings=False, max_position_embeddings=131072)
+_QWEN_SMALL = dict(num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768,
+                   dtype_bytes=2)  # the Qwen2.5 and Qwen3 checkpoints are bfloat16
+_QWEN_LARGE = dict(vocab_size=152064, tie_word_embeddings=False, max_position_embeddings=131072, dtype_bytes=2)
 _KNOWN = {
     "Qwen2.5-0.5B": ModelShape(896, 4864, 24, 14, **_QWEN_SMALL),
     "Qwen2.5-1.5B": ModelShape(1536, 8960, 28, 12, **_QWEN_SMALL),
@@ -93,7 +118,8 @@ _KNOWN = {
 # wide on a 1024 residual). Skywork-Reward-V2-Qwen3-0.6B is it as a Qwen3ForSequenceClassification (the same
 # backbone, a score head instead of the tied lm_head): the reward model the shipped configs name.
 _QWEN3_0_6B = ModelShape(1024, 3072, 28, 16, num_key_value_heads=8, vocab_size=151936, tie_word_embeddings=True,
-                         attention_bias=False, head_dim=128, max_position_embeddings=40960, qk_norm=True)
+                         attention_bias=False, head_dim=128, max_position_embeddings=40960, qk_norm=True,
+                         dtype_bytes=2)
 KNOWN_SHAPES: dict[str, ModelShape] = {
     **{f"Qwen/{k}": v for k, v in _KNOWN.items()},
     **{f"Qwen/{k}-Instruct": v for k, v in _KNOWN.items()},

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_core.config import EvalConfig, GRPOConfig, TrackingInfo, needs_reference
 from grpo_core.generation import GenerationBackend, backend_kind, backend_options, make_backend
@@ -39,6 +39,7 @@ from grpo_core.rewards.scoring import resolve_reward
 from grpo_core.trainer.async_rollouts import NextRollouts, ReferenceLogps, split_cpus
 from grpo_core.trainer.distributed import DistContext
 from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded
+from grpo_core.trainer.lora import MergedReplica, base_dtype
 from grpo_core.trainer.mixture import Mixture
 from grpo_core.trainer.prompts import all_dropped_error, encode_prompts
 from grpo_core.trainer.sharded_state import has_sharded_state
@@ -96,6 +97,9 @@ def check_inputs(config: GRPOConfig, ctx: DistContext, train_rows: list[dict[str
         raise ValueError(f"async_rollouts runs in one training process for now, and this is rank {ctx.rank} of "
                          f"{ctx.world_size} (torchrun); launch one process (R1_NPROC_PER_NODE=1, one node) or set "
                          "async_rollouts: false")
+    if config.use_peft and config.async_rollouts:
+        raise ValueError("use_peft with async_rollouts is not supported yet: the sampler process cannot report its "
+                         "weights for the sync check; set async_rollouts: false (or use_peft: false)")
     if config.sources and reward_funcs is not None:
         raise ValueError("config.sources names each source's reward functions; do not also pass reward_funcs")
     if config.prompts_per_step % ctx.world_size:
@@ -142,6 +146,8 @@ def make_sampler(config: GRPOConfig, ctx: DistContext, model: torch.nn.Module, t
         backend: GenerationBackend = ProcessBackend(kind, str(start_path), timeout=config.async_sampler_timeout,
                                                     torch_num_threads=config.async_sampler_threads, cpus=sampler_cpus,
                                                     annotate=reference, **opts)
+    elif config.use_peft:  # LoRA: the sampler holds the merged weights, pushed and checked (trainer/weight_sync.py)
+        backend = lora_sampler(kind, model_path, ctx.device, tokenizer, opts)
     elif is_sharded(model) and kind == "hf":  # sample from a full replica: a sharded module decodes only in lockstep
         replica = load_model(start_path, ctx.device).eval().requires_grad_(False)
         backend = ReplicaBackend(make_backend("hf", str(start_path), model=replica, tokenizer=tokenizer, **opts), replica)
@@ -151,8 +157,19 @@ def make_sampler(config: GRPOConfig, ctx: DistContext, model: torch.nn.Module, t
         backend.update_weights(model)
     # The transformers backend on the trainer's own module (same weights, same autocast) reports the
     # trainer's log-probs: its weights would be 1 but for float rounding, so the correction is skipped.
-    sampler_is_trainer = kind == "hf" and not is_sharded(model) and not config.async_rollouts
+    sampler_is_trainer = kind == "hf" and not is_sharded(model) and not config.async_rollouts and not config.use_peft
     return backend, config.vllm_importance_sampling_correction and not sampler_is_trainer
+
+
+def lora_sampler(kind: str, model_path: str | Path, device: torch.device, tokenizer: Any,
+                 opts: dict[str, Any]) -> GenerationBackend:
+    """A LoRA run's sampler, built from the base (a checkpoint holds only adapters); ``GRPOSteps`` pushes the
+    merged weights into it before the first step. The transformers sampler gets a replica of its own."""
+    if kind == "vllm":
+        return make_backend("vllm", str(model_path), tokenizer=tokenizer, **opts)
+    replica = AutoModelForCausalLM.from_pretrained(model_path, dtype=base_dtype(model_path, device))
+    replica = replica.to(device).eval().requires_grad_(False)
+    return MergedReplica(make_backend("hf", str(model_path), model=replica, tokenizer=tokenizer, **opts), replica)
 
 
 def train_grpo(
@@ -198,7 +215,8 @@ def train_grpo(
     mixture = build_mixture(config, train_rows, reward_funcs)
     model, loaded = load_policy("grpo", model_path, output_dir, config, ctx, resume=resume)
     ref_model = None
-    if needs_reference(config) and not reference_on_sampler(config):  # only when the KL term is on
+    if needs_reference(config) and not reference_on_sampler(config) and not config.use_peft:  # the KL term is on
+        # (under use_peft the reference is the policy with its adapter disabled: trainer/lora.py reference_view)
         ref_model = load_trained_model(model_path, config, ctx, trainable=False)  # sharded like the policy
     num_updates = (config.steps_per_generation or 1) * config.num_iterations
     initial = {"step": 0, "stream_position": 0, "optimizer_steps": 0, "log_history": []}

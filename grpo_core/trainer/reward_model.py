@@ -34,6 +34,7 @@ from grpo_core.config import RewardConfig, TrackingInfo
 from grpo_core.rewards.reward_model import REWARD_STATS_FILE, conversation_ids, pad_right, set_pad_token
 from grpo_core.trainer.checkpoint import load_latest_checkpoint, write_json
 from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
+from grpo_core.trainer.lora import load_lora_model
 from grpo_core.trainer.prompts import PromptStream
 from grpo_core.trainer.skeleton import (
     TrainingRun,
@@ -71,6 +72,11 @@ def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor, margin:
 def load_reward_backbone(path: str | Path, device: torch.device) -> torch.nn.Module:
     """``AutoModelForSequenceClassification`` with one output from ``path`` (a fresh score head on a causal LM)."""
     return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32).to(device)
+
+
+def _backbone_loader(path: str | Path, **kwargs: Any) -> torch.nn.Module:
+    """``load_lora_model``'s base loader for a reward model: the sequence classifier with one output."""
+    return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **kwargs)
 
 
 def encode_pairs(tokenizer: Any, rows: list[dict[str, Any]], max_length: int) -> list[dict[str, Any]]:
@@ -185,12 +191,20 @@ def train_reward_model(config: RewardConfig, model_path: str | Path, rows: list[
     prepare_output_dir(output_dir, ctx, resume)
     seed_everything(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    loaded = load_latest_checkpoint(output_dir, lambda p: load_reward_backbone(p, ctx.device),
-                                    config_file(NAME)) if resume else None
-    model = loaded.model if loaded else load_reward_backbone(model_path, ctx.device)
+    load = lambda p: load_reward_backbone(p, ctx.device)  # noqa: E731
+    if config.use_peft:  # LoRA on the backbone, the fresh score head trained in full (trainer/lora.py)
+        load = lambda p: load_lora_model(model_path, config, ctx.device, adapter=p, task_type="SEQ_CLS",  # noqa: E731
+                                         load_base=_backbone_loader)
+    loaded = load_latest_checkpoint(output_dir, load, config_file(NAME)) if resume else None
+    if loaded:
+        model = loaded.model
+    elif config.use_peft:
+        model = load_lora_model(model_path, config, ctx.device, task_type="SEQ_CLS", load_base=_backbone_loader)
+    else:
+        model = load(model_path)
     pad_id = set_pad_token(model, tokenizer)
     model.train()
-    if config.gradient_checkpointing:
+    if config.gradient_checkpointing and not config.use_peft:  # load_lora_model turned it on for the base
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     train_pairs = encode_pairs(tokenizer, rows, config.max_length)
     eval_pairs = encode_pairs(tokenizer, eval_rows, config.max_length)

@@ -49,6 +49,8 @@ from grpo_core.trainer.checkpoint import (
     write_json,
 )
 from grpo_core.trainer.distributed import DistContext, all_reduce_gradients, barrier, init_distributed
+from grpo_core.trainer.dtypes import SAVE_DTYPES, resolve_save_dtype  # noqa: F401 (re-exported)
+from grpo_core.trainer.lora import ADAPTER_DIR, is_peft_model, load_lora_model, merged_state_dict, save_adapter
 from grpo_core.trainer.fsdp import (
     gather_model_state,
     gather_optimizer_state,
@@ -106,27 +108,10 @@ def load_model(path: Path | str, device: torch.device) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
 
 
-SAVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_save_dtype(save_dtype: str, base_model: Path | str) -> torch.dtype:
-    """The dtype the final model is written in: ``save_dtype``, or (``auto``) the base model's, read from its
-    config.json (``dtype``, or ``torch_dtype`` in older files; fp32 when it names none). The trainer always runs on
-    fp32 weights (``load_model``), so without this a bf16 base would be committed at twice its size."""
-    if save_dtype != "auto":
-        return SAVE_DTYPES[save_dtype]
-    from transformers import AutoConfig
-
-    dtype = AutoConfig.from_pretrained(base_model).dtype
-    if isinstance(dtype, str):
-        dtype = SAVE_DTYPES.get(dtype)
-    return dtype if dtype in SAVE_DTYPES.values() else torch.float32
-
-
 def uses_fsdp(config: OptimConfig, ctx: DistContext) -> bool:
     """FSDP2 under torchrun unless ``distributed_strategy='ddp'`` (``auto`` = fsdp wherever several ranks run);
-    one process has nothing to shard over."""
-    return config.distributed_strategy != "ddp" and ctx.enabled
+    one process has nothing to shard over; LoRA (``use_peft``) replicates its frozen base (DDP on the adapters)."""
+    return config.distributed_strategy != "ddp" and ctx.enabled and not config.use_peft
 
 
 def load_trained_model(path: Path | str, config: OptimConfig, ctx: DistContext, *, trainable: bool = True
@@ -163,11 +148,14 @@ def load_policy(
     in train mode, with gradient checkpointing when configured, FSDP-sharded under ``uses_fsdp`` (``load_trained_model``)."""
     if config.distributed_strategy == "fsdp" and not uses_fsdp(config, ctx):
         logger.info("distributed_strategy='fsdp' in a single process: training unsharded")
-    loaded = None
-    if resume:
-        loaded = load_latest_checkpoint(output_dir, lambda p: load_trained_model(p, config, ctx), config_file(name))
-    model = loaded.model if loaded else load_trained_model(model_path, config, ctx)
-    return model, loaded
+    load = lambda p: load_trained_model(p, config, ctx)  # noqa: E731
+    if config.use_peft:  # a checkpoint holds the adapters: the base comes from model_path (trainer/lora.py)
+        load = lambda p: load_lora_model(model_path, config, ctx.device, adapter=p)  # noqa: E731
+    loaded = load_latest_checkpoint(output_dir, load, config_file(name)) if resume else None
+    if loaded:
+        return loaded.model, loaded
+    model = load_lora_model(model_path, config, ctx.device) if config.use_peft else load(model_path)
+    return model, None
 
 
 def autocast(config: OptimConfig, device: torch.device) -> contextlib.AbstractContextManager:
@@ -350,7 +338,11 @@ def save_final_model(model: torch.nn.Module, tokenizer: Any, path: Path, state_d
     ``dtype`` when given (config.json's ``dtype`` says so), the model itself left as it is."""
     tmp = path.with_name(f".tmp-{path.name}")
     shutil.rmtree(tmp, ignore_errors=True)
-    recast = dtype is not None and dtype != model.dtype
+    adapted = None
+    if is_peft_model(model):  # LoRA: the merged model as a plain folder, the adapter beside it (trainer/lora.py)
+        adapted, model, state_dict = model, model.get_base_model(), merged_state_dict(model)
+        dtype = dtype or torch.float32  # merged tensors are fp32 whatever the frozen base's dtype
+    recast = dtype is not None and (dtype != model.dtype or adapted is not None)
     if recast:
         state_dict = cast_state_dict(model.state_dict() if state_dict is None else state_dict, dtype)
     model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
@@ -360,6 +352,8 @@ def save_final_model(model: torch.nn.Module, tokenizer: Any, path: Path, state_d
         config.update({key: name for key in ("dtype", "torch_dtype") if key in config} or {"dtype": name})
         write_json(tmp / "config.json", config)
     tokenizer.save_pretrained(tmp)
+    if adapted is not None:
+        save_adapter(adapted, tmp / ADAPTER_DIR)
     for name, obj in (json_files or {}).items():
         write_json(tmp / name, obj)
     if path.exists():

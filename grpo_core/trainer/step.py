@@ -21,7 +21,9 @@ from grpo_core.config import EvalConfig, GRPOConfig
 from grpo_core.generation import GenerationBackend, release_memory
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.trainer.async_rollouts import NextRollouts
+import grpo_core.trainer.weight_sync as weight_sync
 from grpo_core.trainer.distributed import DistContext, gather_objects
+from grpo_core.trainer.lora import is_peft_model
 from grpo_core.trainer.loss import combine_rewards, compute_group_advantages
 from grpo_core.trainer.metrics import completion_metrics, completion_table, reward_metrics
 from grpo_core.trainer.mixture import Mixture, per_source_scale, source_labels, source_reward_metrics
@@ -72,6 +74,9 @@ class GRPOSteps:
         self.sampling_correction, self.num_dropped, self.heldout = sampling_correction, num_dropped, heldout
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.num_updates = (config.steps_per_generation or 1) * config.num_iterations  # optimiser steps per step
+        self.sync_check = weight_sync.SyncCheck(model) if is_peft_model(model) else None
+        if self.sync_check is not None:  # the sampler was built from the base: give it the (resumed) adapters merged
+            self.sync_weights("before the first step (the policy as loaded)")
 
     def generate(self, step: int, timings: dict[str, float]) -> StepRollouts:
         """The step's groups: ``prompts_per_step`` prompts x ``num_generations`` completions, each scored by its
@@ -139,9 +144,17 @@ class GRPOSteps:
             self.next_rollouts.collect(timings, until=None if saves else step + 1)
             if saves:
                 self.run.state["next_rollouts"] = self.next_rollouts.to_state()
-        self.backend.update_weights(self.model)  # the next step samples from the updated policy
+        optimizer_steps = self.run.state["optimizer_steps"] + self.num_updates
+        self.sync_weights(f"after step {step} (optimiser step {optimizer_steps})")  # the next step samples from the updated policy
         timings["time/train"] = time.perf_counter() - start
         return metrics
+
+    def sync_weights(self, sync: str) -> None:
+        """Push the policy's weights to the sampler; under LoRA (merged weights) check it holds them, failing the
+        step with a message naming ``sync`` when it does not (``trainer/weight_sync.py``)."""
+        weight_sync.push_weights(self.backend, self.model)
+        if self.sync_check is not None:
+            self.sync_check(self.backend, self.model, sync)
 
     def log(self, rollouts: StepRollouts, rewards: StepRewards, group_metrics: dict[str, float],
             update_metrics: dict[str, float], timings: dict[str, float], start: float) -> dict[str, Any]:
@@ -163,6 +176,7 @@ class GRPOSteps:
             "time/reward": timings.get("time/reward", 0.0),
             "time/train": timings["time/train"],
             "time/step": end - start,
+            **({"sampler/weights_verified": 1.0} if self.sync_check is not None else {}),  # else the step would have failed
             "tokens_per_second": num_tokens / (end - start),
         }
         if config.async_rollouts:

@@ -23,6 +23,7 @@ log-probs, ``sampling/importance_sampling_ratio/*`` when the weights are applied
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ from grpo_core.trainer.logprobs import compute_completion_logps, compute_packed_
 from grpo_core.trainer.loss import compute_policy_loss, compute_sampling_correction
 from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
 from grpo_core.trainer.fsdp import is_sharded
+from grpo_core.trainer.lora import is_peft_model, reference_view
 from grpo_core.trainer.packing import pack_rows, token_budget_batches
 from grpo_core.trainer.skeleton import autocast, optimizer_step
 
@@ -212,11 +214,13 @@ def optimise(
         batch.old_logps = compute_batch_logps(model, batch, local_idx, config, ctx.device, ctx)
     reference_s = 0.0  # the reference forward's seconds here (0 when the sampler computed them)
     if needs_reference(config) and batch.ref_logps is None:  # else the sampler computed them (async_rollouts)
-        if ref_model is None:
+        if ref_model is None and not is_peft_model(model):
             raise ValueError(f"beta={config.beta} > 0 needs the reference model's log-probs: pass ref_model to "
                              "optimise, or rollouts carrying ref_logprobs (async_reference_on_sampler)")
         start = time.perf_counter()
-        batch.ref_logps = compute_batch_logps(ref_model, batch, local_idx, config, ctx.device, ctx)
+        # LoRA: the reference is the policy with its adapter disabled (no second copy; trainer/lora.py)
+        with contextlib.nullcontext(ref_model) if ref_model is not None else reference_view(model) as reference:
+            batch.ref_logps = compute_batch_logps(reference, batch, local_idx, config, ctx.device, ctx)
         reference_s = time.perf_counter() - start
 
     sharded = is_sharded(model)

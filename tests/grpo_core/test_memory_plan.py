@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
@@ -74,6 +76,21 @@ def test_model_state_single_ddp_fsdp_by_hand():
     assert cpu["optimizer"] == 8 * 326 + 4 * 20 and cpu["weights"] == 4 * 326 + 4 * (88 + 1216)
     off = model_state_bytes(SMALL, "fsdp", 4, device="cuda", bf16=True, offload=True)
     assert off["optimizer"] == 0 and off["weights"] == 2 * (88 + 1216)
+
+
+def test_lora_state_by_hand():
+    # SMALL: h=8, heads 2 (head_dim 4, q 8), kv 1 head (4), i=16, 2 layers. Rank 2 on q_proj (8->8) and
+    # down_proj (16->8): 2 x (16 + 24) = 80 adapter params per layer, 160 in all.
+    from grpo_core.plan.memory import lora_state_bytes
+
+    p, a = SMALL_PARAMS, 160
+    assert SMALL.lora_params(2, ["q_proj", "down_proj"]) == a
+    assert SMALL.lora_params(1, "all-linear") == 2 * (16 + 12 + 12 + 16 + 24 + 24 + 24)  # q k v o gate up down
+    bf16_base = dataclasses.replace(SMALL, dtype_bytes=2)
+    one = lora_state_bytes(bf16_base, "single", r=2, target_modules=["q_proj", "down_proj"], device="cuda")
+    assert one == {"weights": 2 * p + 4 * a, "gradients": 4 * a, "optimizer": 8 * a, "reference": 0}
+    cpu = lora_state_bytes(bf16_base, "ddp", r=2, target_modules=["q_proj", "down_proj"], device="cpu")
+    assert cpu == {"weights": 4 * p + 4 * a, "gradients": 8 * a, "optimizer": 8 * a, "reference": 0}  # fp32 on CPU
 
 
 def test_activations_and_logprob_chunks_by_hand():

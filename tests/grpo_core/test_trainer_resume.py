@@ -2,7 +2,7 @@
 
 The child process is this file run as a script:
 
-    python tests/grpo_core/test_trainer_resume.py MODEL_DIR OUTPUT_DIR BACKEND [EVAL_STEPS]
+    python tests/grpo_core/test_trainer_resume.py MODEL_DIR OUTPUT_DIR BACKEND [EVAL_STEPS]    (BACKEND: hf, vllm, hf-lora)
 
 With ``EVAL_STEPS`` the run also evaluates a held-out slice every that many steps (GRPO's eval_steps): the
 evaluation must not move the training's RNG or state, so resume stays exact and the eval rows match too.
@@ -36,8 +36,9 @@ def resume_config(backend: str, eval_steps: int | None = None):
 
     # Everything that carries state across steps is on: the reference model (beta), old log-probs and
     # two optimiser steps per generation (Adam moments), warmup + cosine (scheduler), clip-higher.
+    lora = dict(use_peft=True, lora_r=4, lora_alpha=8, lora_dropout=0.1) if backend.endswith("-lora") else {}
     return GRPOConfig(
-        use_vllm=backend == "vllm", max_steps=MAX_STEPS, generation_batch_size=12, num_generations=4,
+        **lora, use_vllm=backend.startswith("vllm"), max_steps=MAX_STEPS, generation_batch_size=12, num_generations=4,
         max_completion_length=8, max_prompt_length=16, per_device_train_batch_size=5, learning_rate=5e-3,
         beta=0.04, num_iterations=2, steps_per_generation=2, epsilon_high=0.28, lr_scheduler_type="cosine",
         warmup_steps=2, weight_decay=0.01, save_steps=2, save_total_limit=2, seed=7, report_to=["jsonl"],
@@ -106,6 +107,13 @@ def test_sigkill_resume_is_bit_identical_hf(tmp_path):
 
 def test_sigkill_resume_is_bit_identical_with_eval_steps_hf(tmp_path):
     _resume_is_exact(tmp_path, "hf", eval_steps=3)
+
+
+def test_sigkill_resume_is_bit_identical_lora(tmp_path):
+    """use_peft: the checkpoints hold adapters (the base is rebuilt from the model), dropout on the adapters draws
+    from the restored RNG, the reference is the adapter-disabled policy; the merged final model is bit-identical."""
+    _resume_is_exact(tmp_path, "hf-lora")
+    assert (tmp_path / "killed" / "final" / "adapter" / "adapter_model.safetensors").is_file()
 
 
 @pytest.mark.vllm

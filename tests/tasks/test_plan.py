@@ -45,6 +45,14 @@ def test_plan_7b_on_one_gpu_names_the_first_stage_and_the_fix():
     assert "4 GPUs" in last  # FSDP over 4 x 80 GiB holds the 7B SFT state
 
 
+def test_plan_7b_lora_on_one_gpu_fits():
+    """use_peft: a frozen bf16 base, adapters with their gradients and AdamW state, no reference copy."""
+    result = CliRunner().invoke(app, ["plan", "-c", SEVEN_B.replace("math.yaml", "math-lora.yaml"), "--gpus", "1",
+                                      "--gpu-memory", "80"])
+    assert result.exit_code == 0, result.output
+    assert "every GPU stage fits 1x 80 GiB" in result.output and "reference                  0.00 GiB" in result.output
+
+
 def test_a_model_the_planner_cannot_size_is_one_error_line(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("model: {name_or_path: someone/unknown-model}\n")
