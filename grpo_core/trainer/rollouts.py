@@ -14,7 +14,6 @@ than asked) rather than padding with uninformative ones; with none at all it kee
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -26,6 +25,7 @@ from grpo_core.generation import GenerationBackend, Rollout
 from grpo_core.rewards.scoring import score_completions
 from grpo_core.seeds import derive_seed
 from grpo_core.trainer.distributed import DistContext, gather_objects, shard
+from grpo_core.trainer.loss import flat_groups
 from grpo_core.trainer.mixture import Mixture
 from grpo_core.trainer.prompts import encode_prompts
 
@@ -117,9 +117,9 @@ def score_groups(rollouts: list[Rollout], truncated: list[bool], mixture: Mixtur
 
 
 def informative_groups(rewards: torch.Tensor, num_generations: int) -> list[int]:
-    """Indices of groups whose rewards ``[P*G]`` are not all equal (they have a non-zero advantage)."""
-    std = rewards.view(-1, num_generations).std(dim=1)  # [P]
-    return [g for g, s in enumerate(std.tolist()) if not math.isclose(s, 0.0, abs_tol=1e-8)]
+    """Indices of groups whose rewards ``[P*G]`` are not flat (``loss.flat_groups``: the same test that gives a
+    group 0 advantages, so a group is kept exactly when it carries an advantage)."""
+    return [g for g, flat in enumerate(flat_groups(rewards, num_generations).tolist()) if not flat]
 
 
 def collect_step_groups(
