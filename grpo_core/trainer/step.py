@@ -23,7 +23,13 @@ from grpo_core.trainer.async_rollouts import NextRollouts
 from grpo_core.trainer.distributed import DistContext, gather_objects
 from grpo_core.trainer.loss import combine_rewards, compute_group_advantages
 from grpo_core.trainer.metrics import completion_metrics, reward_metrics
-from grpo_core.trainer.mixture import Mixture, per_source_scale, source_labels, source_reward_metrics
+from grpo_core.trainer.mixture import (
+    Mixture,
+    per_source_scale,
+    source_group_metrics,
+    source_labels,
+    source_reward_metrics,
+)
 from grpo_core.trainer.rollouts import ScoredGroups, collect_step_groups, generate_groups
 from grpo_core.trainer.skeleton import TrainingRun
 from grpo_core.trainer.update import build_train_batch, optimise
@@ -40,6 +46,8 @@ class StepRollouts:
     position: int  # the next free prompt-stream position after this step
     rounds: int  # generation rounds spent (dynamic sampling)
     staleness: int  # async_rollouts: optimiser steps between the sampler's weights and this step's policy
+    informative: int  # groups trained on that carry an advantage
+    short: list[int]  # [S] per source: groups its quota lacked (dynamic sampling, ``collect_step_groups``)
 
 
 @dataclass
@@ -62,6 +70,7 @@ class GRPOSteps:
         self.sampling_correction, self.num_dropped = sampling_correction, num_dropped
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.num_updates = (config.steps_per_generation or 1) * config.num_iterations  # optimiser steps per step
+        self.warned_short: set[str | None] = set()
 
     def generate(self, step: int, timings: dict[str, float]) -> StepRollouts:
         """The step's groups: ``prompts_per_step`` prompts x ``num_generations`` completions, each scored by its
@@ -70,12 +79,27 @@ class GRPOSteps:
         planned = self.next_rollouts.take(step) if self.next_rollouts is not None else None  # async: made earlier
         first, staleness = (planned[0], step - 1 - planned[1]) if planned else (None, 0)
         generate_round = functools.partial(self._generate_round, step=step, timings=timings)
-        groups, generated, position, rounds = collect_step_groups(generate_round, self.run.state["stream_position"],
-                                                                  self.config, self._combine, first=first)
+        collected = collect_step_groups(generate_round, self.run.state["stream_position"], self.config, self._combine,
+                                        first=first, quotas=self.mixture.counts)
+        self._warn_short(step, collected.short)
+        position = collected.position
         if self.next_rollouts is not None:
             position = self._submit_ahead(step, position)
         release_memory(self.backend)  # vllm_enable_sleep_mode: the engine sleeps until update_weights wakes it
-        return StepRollouts(groups, generated, position, rounds, staleness)
+        return StepRollouts(collected.train, collected.generated, position, collected.rounds, staleness,
+                            collected.informative, collected.short)
+
+    def _warn_short(self, step: int, short: list[int]) -> None:
+        """Warn the first time a source of a mixture misses its quota (``mixture/{source}/short`` counts it each step)."""
+        if not self.mixture.mixed:
+            return
+        for name, missing, quota in zip(self.mixture.names, short, self.mixture.counts):
+            if missing and name not in self.warned_short:
+                self.warned_short.add(name)
+                logger.warning("step %d: source %r trained %d of its %d groups a step: the rest were flat after %d "
+                               "extra rounds (max_dynamic_sampling_rounds); other sources do not fill its share, "
+                               "mixture/%s/short counts what it misses each step", step, name, quota - missing, quota,
+                               self.config.max_dynamic_sampling_rounds, name)
 
     def _generate_round(self, position: int, count: int, *, step: int, timings: dict[str, float]) -> ScoredGroups:
         """One round of ``count`` groups from stream ``position`` (``collect_step_groups`` asks for each)."""
@@ -143,6 +167,7 @@ class GRPOSteps:
             **group_metrics,
             **reward_metrics(generated.rewards_per_func, self.mixture.reward_names),
             **source_reward_metrics(rewards.generated, source_labels(generated.rows, G), G),
+            **source_group_metrics(rollouts.groups.rows, self.mixture.names, rollouts.short if config.dynamic_sampling else None),
             **self._reward_events(),
             **completion_metrics(generated.rollouts, config.emergence.reflection_phrases,
                                  config.emergence.backtrack_phrases),
@@ -162,7 +187,7 @@ class GRPOSteps:
             metrics["time/sampler_reference"] = timings.get("time/sampler_annotate", 0.0)
         if config.dynamic_sampling:
             metrics["dynamic_sampling/rounds"] = float(rollouts.rounds)
-            metrics["dynamic_sampling/kept_groups"] = float(len(rollouts.groups))
+            metrics["dynamic_sampling/kept_groups"] = float(rollouts.informative)
         return metrics
 
     def _reward_events(self) -> dict[str, float]:
