@@ -353,6 +353,36 @@ class SourceMix(SourceWeight):
         return self
 
 
+def check_shared_reward_names(sources: list[SourceMix]) -> None:
+    """Refuse two sources' reward entries that share a metric name but differ (model, scope, normalize, ...).
+
+    Within a mixture a name is one reward function: one reward column, one set of ``rewards/{name}/...`` metrics
+    and event counts, and the same entry named by two sources is loaded once and shared (one reward model in
+    memory). Two different entries under one name would otherwise collapse into the first one's model and scope."""
+    seen: dict[str, tuple[str, Any]] = {}
+    for source in sources:
+        for entry in source.reward_funcs:
+            name = reward_entry_name(entry)
+            if name not in seen:
+                seen[name] = (source.name, entry)
+                continue
+            first_source, first = seen[name]
+            if _entry_fields(first) == _entry_fields(entry):
+                continue
+            a, b = _entry_fields(first), _entry_fields(entry)
+            diff = ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+            raise ValueError(
+                f"sources {first_source!r} and {source.name!r} both name a reward {name!r} but the entries differ "
+                f"({diff}); within a mixture a name is one reward function (one reward column, one set of "
+                f"rewards/{name}/ metrics; an entry repeated exactly is shared). Give one of them its own `name:`, "
+                f"e.g. name: {name}_{source.name}")
+
+
+def _entry_fields(entry: Any) -> dict[str, Any]:
+    """A reward entry as comparable fields: a registered name, or a spec's fields."""
+    return {"registered": entry} if isinstance(entry, str) else entry.model_dump()
+
+
 class GRPOConfig(OptimConfig, PaddingFreeConfig):
     """Group Relative Policy Optimisation (the seed's boxed objective and its variants)."""
 
@@ -492,6 +522,7 @@ class GRPOConfig(OptimConfig, PaddingFreeConfig):
             names = [s.name for s in self.sources]
             if len(set(names)) != len(names):
                 raise ValueError(f"sources names a source twice ({names}); give each source once")
+            check_shared_reward_names(self.sources)
         if self.loss_type == "bnpo" and self.max_tokens_per_batch is not None:
             raise ValueError(
                 "loss_type='bnpo' normalises by each micro-batch's own tokens, so a token budget "

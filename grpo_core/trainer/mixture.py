@@ -146,7 +146,8 @@ def weighted_epoch(rows: list[dict[str, Any]], sources: Sequence[Any], seed: int
 
 
 def _key(entry: Any) -> str:
-    """A reward entry's identity within a mixture: a name, or a spec's ``name`` (its metric name)."""
+    """A reward entry's identity within a mixture: a name, or a spec's ``name`` (its metric name); two sources
+    naming one reward share it (``config.check_shared_reward_names`` refuses different entries under one name)."""
     if isinstance(entry, str):
         return entry
     name = getattr(entry, "name", None)

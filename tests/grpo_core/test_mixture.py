@@ -258,3 +258,34 @@ def test_flat_steps_report_no_kept_group_and_each_source_short(tmp_path, tiny_pa
         assert (m["mixture/alpha/trained"], m["mixture/beta/trained"], m["mixture/gamma/trained"]) == (2, 1, 1)
     warned = [r.getMessage() for r in caplog.records if "other sources do not fill its share" in r.getMessage()]
     assert len(warned) == 3 and "source 'alpha' trained 0 of its 2 groups" in warned[0]
+
+
+def test_two_sources_naming_one_reward_differently_are_refused_and_one_entry_is_shared():
+    """Two reward-model entries under one name (here the default `reward_model`) collapsed into the first one's model
+    and scope; they are refused at config load naming both sources, what differs and the fix."""
+    from pydantic import ValidationError
+
+    def rm(model: str, scope: str) -> dict:
+        return {"reward_model": {"model": model, "scope": scope}}
+
+    def sources(a: dict, b: dict) -> list[dict]:
+        return [{"name": "helpful", "reward_funcs": [a]}, {"name": "unsafe", "reward_funcs": [b]}]
+
+    with pytest.raises(ValidationError, match=r"sources 'helpful' and 'unsafe' both name a reward 'reward_model' but "
+                                              r"the entries differ \(model: '/rm/a' vs '/rm/b', scope: 'summary' vs "
+                                              r"'full'\).*name: reward_model_unsafe"):
+        GRPOConfig(sources=sources(rm("/rm/a", "summary"), rm("/rm/b", "full")))
+    with pytest.raises(ValidationError, match="both name a reward 'mix_alpha'.*registered: 'mix_alpha' vs None"):
+        GRPOConfig(sources=sources("mix_alpha", {"judge": {"model": "/judge", "name": "mix_alpha"}}))
+    shared = GRPOConfig(generation_batch_size=16, num_generations=4,
+                        sources=sources(rm("/rm/a", "summary"), rm("/rm/a", "summary")))
+    resolved: list[list] = []
+
+    def resolve(entries):
+        resolved.append(list(entries))
+        return [lambda completions, **kw: [0.0] * len(completions)] * len(entries), [e.name for e in entries]
+
+    rows = [{"prompt": "p", "source": s} for s in ("helpful", "unsafe")]
+    mixture = Mixture(shared, rows, resolve)
+    assert len(resolved[0]) == 1 and mixture.reward_names == ["reward_model"]  # one model, loaded once
+    assert mixture.member.tolist() == [[True], [True]]
