@@ -12,6 +12,9 @@ reward model), tokenized without added special tokens, cut on the right at ``max
 What the model sees of a completion is the spec's ``scope`` (``select_scope``): R1 (section 2.3.4) judged
 helpfulness on the summary only (the text after the reasoning) and harmlessness on the whole response.
 
+``normalize: true`` divides by the model's ``reward_stats.json`` when it has one, else by the running moments of
+every score seen so far; those are state (``state_dict``) that the GRPO trainer keeps in its checkpoints.
+
 Bounded in time: the rows of a call share a ``timeout``; rows whose batch would start after it score None and
 are counted (``rewards/{name}/timeouts``). A failing forward scores its batch None and is counted
 (``rewards/{name}/errors``); a row that cannot be rendered likewise. A path that is not a sequence-classification
@@ -135,6 +138,12 @@ class RunningMoments:
     def std(self) -> float:
         return math.sqrt(self.m2 / self.count) if self.count > 1 else 1.0
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
+
 
 class RewardModelReward:
     """``__call__(prompts, completions, **columns) -> list[float | None]``: the reward model's score of each
@@ -184,6 +193,14 @@ class RewardModelReward:
             for i, s in zip(batch, logits.tolist()):
                 scores[i] = s if math.isfinite(s) else None
         return self.normalize(scores) if self.spec.normalize else scores
+
+    def state_dict(self) -> dict[str, Any]:
+        """The running moments ``normalize`` uses without ``reward_stats.json``: the GRPO trainer checkpoints
+        them, so a resumed run maps a score to the reward the uninterrupted run gives it."""
+        return {"moments": self.moments.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.moments.load_state_dict(state["moments"])
 
     def normalize(self, scores: list[float | None]) -> list[float | None]:
         """``(s - mean) / std``: the model's ``reward_stats.json`` when it has one, else every score seen so far."""

@@ -19,6 +19,7 @@ import torch
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import GenerationBackend, release_memory
 from grpo_core.rewards import pop_reward_stats
+from grpo_core.rewards.scoring import load_reward_states, reward_states
 from grpo_core.trainer.async_rollouts import NextRollouts
 from grpo_core.trainer.distributed import DistContext, gather_objects
 from grpo_core.trainer.loss import combine_rewards, compute_group_advantages
@@ -71,6 +72,18 @@ class GRPOSteps:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.num_updates = (config.steps_per_generation or 1) * config.num_iterations  # optimiser steps per step
         self.warned_short: set[str | None] = set()
+        self._restore_reward_state()
+
+    def _restore_reward_state(self) -> None:
+        """A resumed run's reward functions get back their state (a reward model's running moments under
+        ``normalize``), each rank its own: the same score maps to the same reward as in the uninterrupted run."""
+        saved = self.run.state.get("reward_state")
+        if not saved:
+            return
+        if len(saved) != self.ctx.world_size:
+            logger.warning("the checkpoint holds the reward functions' state of %d processes, this run has %d: each "
+                           "starts from rank 0's", len(saved), self.ctx.world_size)
+        load_reward_states(self.mixture.funcs, saved[self.ctx.rank] if len(saved) == self.ctx.world_size else saved[0])
 
     def generate(self, step: int, timings: dict[str, float]) -> StepRollouts:
         """The step's groups: ``prompts_per_step`` prompts x ``num_generations`` completions, each scored by its
@@ -204,6 +217,8 @@ class GRPOSteps:
         state = self.run.state
         state["stream_position"] = rollouts.position
         state["optimizer_steps"] += self.num_updates
+        if self.run.saves_at(step):  # every rank's reward state (each scores its own share of the groups)
+            state["reward_state"] = gather_objects([reward_states(self.mixture.funcs)], self.ctx)
         logger.debug("step %d/%d reward %.3f loss %.4f (%.2fs)", step, self.config.max_steps,
                      metrics["reward"], metrics["loss"], metrics["time/step"])
         logged = step % self.config.logging_steps == 0 or step == self.config.max_steps

@@ -208,3 +208,35 @@ def test_grpo_trains_on_the_reward_model(trained, tmp_path):
     (step,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert math.isfinite(step["rewards/reward_model/mean"]) and step["rewards/reward_model/std"] > 0
     assert "rewards/reward_model/timeouts" not in step and (tmp_path / "final" / "model.safetensors").is_file()
+
+
+def test_normalize_without_stats_resumes_with_the_running_moments(trained, tmp_path):
+    """`normalize: true` on a model without reward_stats.json divides by the running moments of every score so far;
+    they are in the checkpoint, so a run resumed at step 2 maps the same scores to the same rewards (and ends with
+    the same weights) as the run that never stopped. Without them the resumed run restarts the moments at step 2."""
+    import shutil
+
+    from grpo_core.trainer import train_grpo
+    from tests.grpo_core.run_helpers import assert_same_final_weights
+
+    base, metrics = trained
+    no_stats = tmp_path / "rm"
+    shutil.copytree(metrics["final_path"], no_stats)
+    (no_stats / "reward_stats.json").unlink()
+    config = GRPOConfig(use_vllm=False, max_steps=3, generation_batch_size=8, num_generations=4,
+                        max_completion_length=6, max_prompt_length=48, per_device_train_batch_size=8, beta=0.0,
+                        save_steps=1, report_to=["jsonl"], learning_rate=1e-3, seed=5,
+                        reward_funcs=[{"reward_model": {"model": str(no_stats), "scope": "full", "normalize": True}}])
+    rows = [{"prompt": r["prompt"]} for r in pairs(8, seed=9)]
+    whole = train_grpo(config, base, rows, tmp_path / "whole", resume=False)
+    killed = tmp_path / "killed"
+    train_grpo(config, base, rows, killed, resume=False)
+    state = json.loads((killed / "checkpoint-2" / "trainer_state.json").read_text())
+    (moments,) = state["reward_state"][0]  # rank 0's state of the one reward function
+    assert moments["moments"]["count"] == 2 * 8  # two steps of 2 prompts x 4 completions
+    for gone in ("final", "checkpoint-3"):  # as if killed during step 3
+        shutil.rmtree(killed / gone)
+    resumed = train_grpo(config, base, rows, killed)  # resume=True: from checkpoint-2
+    assert resumed["rewards/reward_model/mean"] == whole["rewards/reward_model/mean"]
+    assert resumed["reward"] == whole["reward"]
+    assert_same_final_weights(tmp_path / "whole", killed)
