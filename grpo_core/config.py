@@ -248,7 +248,8 @@ class SFTConfig(OptimConfig, PaddingFreeConfig):
 
 Scope = Literal["summary", "full"]
 SCOPE_HELP = ("what the reward sees of a completion: summary = the text after the last </think> (R1 judged "
-              "helpfulness on it), full = the whole response, reasoning included (R1 judged harmlessness on it)")
+              "helpfulness on it; without </think> an empty answer, counted as rewards/{name}/no_summary), full = "
+              "the whole response, reasoning included (R1 judged harmlessness on it)")
 REWARD_MODEL_STAGE = "reward_model"  # `model: reward_model` names the run's committed reward_model stage output
 
 

@@ -50,7 +50,8 @@ def test_bradley_terry_gradient_pushes_chosen_up():
 def test_select_scope():
     assert select_scope("<think>plan</think> The answer.", "summary") == "The answer."
     assert select_scope("<think>a</think>b</think> c", "summary") == "c"
-    assert select_scope("no reasoning here", "summary") == "no reasoning here"
+    assert select_scope("no reasoning here", "summary") is None  # no </think>: no summary
+    assert select_scope("<think>cut by the length cap", "summary") is None
     assert select_scope("<think>plan</think> The answer.", "full") == "<think>plan</think> The answer."
 
 
@@ -121,11 +122,27 @@ def test_scope_summary_scores_only_the_part_after_think(trained):
     prompt = pairs(1, seed=2)[0]["prompt"]
     summary = RewardModelReward(RewardModelSpec(model=metrics["final_path"], scope="summary"))
     full = RewardModelReward(RewardModelSpec(model=metrics["final_path"], scope="full"))
-    reasoned = f"<think>{BAD} {BAD} {BAD}</think>{GOOD}"
-    s = summary(prompts=[prompt, prompt], completions=[reasoned, GOOD])
-    f = full(prompts=[prompt, prompt], completions=[reasoned, GOOD])
+    reasoned, unreasoned = f"<think>{BAD} {BAD} {BAD}</think>{GOOD}", f"<think></think>{GOOD}"
+    s = summary(prompts=[prompt, prompt], completions=[reasoned, unreasoned])
+    f = full(prompts=[prompt, prompt], completions=[reasoned, unreasoned])
     assert s[0] == pytest.approx(s[1], abs=1e-5)  # the reasoning is not seen
     assert f[0] != pytest.approx(f[1], abs=1e-3)  # the reasoning is seen
+
+
+def test_scope_summary_without_think_end_scores_an_empty_summary_and_counts_it(trained):
+    """No </think> (reasoning cut by the length cap, or never opened): no summary. It is scored as an empty answer
+    and counted as rewards/{name}/no_summary, never as the whole text (the reasoning judged as the answer)."""
+    _, metrics = trained
+    prompt = pairs(1, seed=2)[0]["prompt"]
+    summary = RewardModelReward(RewardModelSpec(model=metrics["final_path"], name="rm_sum", scope="summary"))
+    pop_reward_stats()
+    s = summary(prompts=[prompt] * 4, completions=[f"<think>{GOOD}", GOOD, "<think>plan</think>", f"<think></think>{GOOD}"])
+    assert s[0] == pytest.approx(s[2], abs=1e-5) and s[1] == pytest.approx(s[2], abs=1e-5)  # the empty summary
+    assert s[3] > s[2] + 1e-3  # a real summary is read
+    assert pop_reward_stats() == {"rewards/rm_sum/no_summary": 2.0}
+    full = RewardModelReward(RewardModelSpec(model=metrics["final_path"], name="rm_full", scope="full"))
+    full(prompts=[prompt], completions=[GOOD])
+    assert pop_reward_stats() == {}  # full scope has nothing to miss
 
 
 def test_reward_model_is_bounded_in_time_and_counts_timeouts(trained):
