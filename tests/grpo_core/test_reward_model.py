@@ -104,7 +104,9 @@ def test_trained_model_is_a_reward_function(trained):
     _, metrics = trained
     rows = pairs(6, seed=1)
     prompts = [r["prompt"] for r in rows] * 2
-    completions = [[{"role": "assistant", "content": r["chosen"]}] for r in rows] + [r["rejected"] for r in rows]
+    # scope: summary (the default) reads the text after </think>
+    completions = ([[{"role": "assistant", "content": f"<think>ok</think>{r['chosen']}"}] for r in rows]
+                   + [f"<think>ok</think>{r['rejected']}" for r in rows])
     fn, name = resolve_reward({"reward_model": {"model": metrics["final_path"], "name": "rm"}})
     assert name == "rm" and fn.__name__ == "rm"
     scores = fn(prompts=prompts, completions=completions)
