@@ -278,7 +278,8 @@ class SFTConfig(OptimConfig, PaddingFreeConfig):
 
 Scope = Literal["summary", "full"]
 SCOPE_HELP = ("what the reward sees of a completion: summary = the text after the last </think> (R1 judged "
-              "helpfulness on it), full = the whole response, reasoning included (R1 judged harmlessness on it)")
+              "helpfulness on it; without </think> an empty answer, counted as rewards/{name}/no_summary), full = "
+              "the whole response, reasoning included (R1 judged harmlessness on it)")
 REWARD_MODEL_STAGE = "reward_model"  # `model: reward_model` names the run's committed reward_model stage output
 
 
@@ -417,6 +418,36 @@ class SourceMix(SourceWeight):
             raise ValueError(f"source {self.name!r}: reward_weights has {len(self.reward_weights)} entries but "
                              f"reward_funcs has {len(self.reward_funcs)}; give one weight per reward function")
         return self
+
+
+def check_shared_reward_names(sources: list[SourceMix]) -> None:
+    """Refuse two sources' reward entries that share a metric name but differ (model, scope, normalize, ...).
+
+    Within a mixture a name is one reward function: one reward column, one set of ``rewards/{name}/...`` metrics
+    and event counts, and the same entry named by two sources is loaded once and shared (one reward model in
+    memory). Two different entries under one name would otherwise collapse into the first one's model and scope."""
+    seen: dict[str, tuple[str, Any]] = {}
+    for source in sources:
+        for entry in source.reward_funcs:
+            name = reward_entry_name(entry)
+            if name not in seen:
+                seen[name] = (source.name, entry)
+                continue
+            first_source, first = seen[name]
+            if _entry_fields(first) == _entry_fields(entry):
+                continue
+            a, b = _entry_fields(first), _entry_fields(entry)
+            diff = ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+            raise ValueError(
+                f"sources {first_source!r} and {source.name!r} both name a reward {name!r} but the entries differ "
+                f"({diff}); within a mixture a name is one reward function (one reward column, one set of "
+                f"rewards/{name}/ metrics; an entry repeated exactly is shared). Give one of them its own `name:`, "
+                f"e.g. name: {name}_{source.name}")
+
+
+def _entry_fields(entry: Any) -> dict[str, Any]:
+    """A reward entry as comparable fields: a registered name, or a spec's fields."""
+    return {"registered": entry} if isinstance(entry, str) else entry.model_dump()
 
 
 class GRPOConfig(OptimConfig, PaddingFreeConfig):
@@ -570,6 +601,7 @@ class GRPOConfig(OptimConfig, PaddingFreeConfig):
             names = [s.name for s in self.sources]
             if len(set(names)) != len(names):
                 raise ValueError(f"sources names a source twice ({names}); give each source once")
+            check_shared_reward_names(self.sources)
         if self.loss_type == "bnpo" and self.max_tokens_per_batch is not None:
             raise ValueError(
                 "loss_type='bnpo' normalises by each micro-batch's own tokens, so a token budget "

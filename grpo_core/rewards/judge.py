@@ -31,7 +31,7 @@ import torch
 
 from grpo_core.config import JudgeSpec
 from grpo_core.rewards.base import completion_text, count_reward_event, last_user_text
-from grpo_core.rewards.reward_model import resolve_device, select_scope
+from grpo_core.rewards.reward_model import resolve_device, scoped_response
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,8 @@ class JudgeReward:
 
     def render(self, prompt: Any, completion: Any) -> str:
         """The judge's prompt text for one (prompt, completion), through its chat template."""
-        question, response = last_user_text(prompt), select_scope(completion_text(completion), self.spec.scope)
+        question = last_user_text(prompt)
+        response = scoped_response(completion_text(completion), self.spec.scope, self.__name__)
         frame = self.tokenizer.apply_chat_template(judge_messages(self.spec.rubric, question, ""),
                                                    add_generation_prompt=True, tokenize=False)
         budget = self.spec.max_length - len(self.tokenizer(frame, add_special_tokens=False)["input_ids"])

@@ -10,7 +10,12 @@ reward model), tokenized without added special tokens, cut on the right at ``max
 ``batch_size`` sequences at a time on the model's own device. The score is ``logits[:, 0]``.
 
 What the model sees of a completion is the spec's ``scope`` (``select_scope``): R1 (section 2.3.4) judged
-helpfulness on the summary only (the text after the reasoning) and harmlessness on the whole response.
+helpfulness on the summary only (the text after the reasoning) and harmlessness on the whole response. A
+response without ``</think>`` has no summary: it is scored as an empty answer and counted
+(``rewards/{name}/no_summary``, ``scoped_response``).
+
+``normalize: true`` divides by the model's ``reward_stats.json`` when it has one, else by the running moments of
+every score seen so far; those are state (``state_dict``) that the GRPO trainer keeps in its checkpoints.
 
 Bounded in time: the rows of a call share a ``timeout``; rows whose batch would start after it score None and
 are counted (``rewards/{name}/timeouts``). A failing forward scores its batch None and is counted
@@ -42,12 +47,23 @@ class NotARewardModel(ValueError):
     """A reward-model path that is not a sequence-classification checkpoint with one output."""
 
 
-def select_scope(text: str, scope: str) -> str:
-    """``summary``: the text after the last ``</think>`` (a response with no reasoning block is all summary);
-    ``full``: the whole response."""
-    if scope == "summary" and THINK_END in text:
-        return text.rsplit(THINK_END, 1)[1].strip()
-    return text
+def select_scope(text: str, scope: str) -> str | None:
+    """``summary``: the text after the last ``</think>``, None when there is none (reasoning cut by the length cap
+    or never closed: no summary); ``full``: the whole response."""
+    if scope != "summary":
+        return text
+    return text.rsplit(THINK_END, 1)[1].strip() if THINK_END in text else None
+
+
+def scoped_response(text: str, scope: str, reward_name: str) -> str:
+    """What a reward model or judge sees of a response (``select_scope``). A response with no summary is seen as
+    an empty one, counted as ``rewards/{name}/no_summary``: never the whole text (its reasoning would be judged as
+    the answer), never None (a missing score combines to 0, the mean of a normalised reward model)."""
+    selected = select_scope(text, scope)
+    if selected is None:
+        count_reward_event(reward_name, "no_summary")
+        return ""
+    return selected
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -135,6 +151,12 @@ class RunningMoments:
     def std(self) -> float:
         return math.sqrt(self.m2 / self.count) if self.count > 1 else 1.0
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
+
 
 class RewardModelReward:
     """``__call__(prompts, completions, **columns) -> list[float | None]``: the reward model's score of each
@@ -162,8 +184,8 @@ class RewardModelReward:
         encoded: dict[int, list[int]] = {}
         for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             try:
-                encoded[i] = conversation_ids(self.tokenizer, prompt, select_scope(completion_text(completion),
-                                                                                  self.spec.scope), self.spec.max_length)
+                response = scoped_response(completion_text(completion), self.spec.scope, self.__name__)
+                encoded[i] = conversation_ids(self.tokenizer, prompt, response, self.spec.max_length)
             except Exception as e:  # noqa: BLE001 - one unrenderable row scores None, counted
                 count_reward_event(self.__name__, "errors")
                 logger.warning("%s: row %d cannot be rendered: %s: %s", self.__name__, i, type(e).__name__, e)
@@ -184,6 +206,14 @@ class RewardModelReward:
             for i, s in zip(batch, logits.tolist()):
                 scores[i] = s if math.isfinite(s) else None
         return self.normalize(scores) if self.spec.normalize else scores
+
+    def state_dict(self) -> dict[str, Any]:
+        """The running moments ``normalize`` uses without ``reward_stats.json``: the GRPO trainer checkpoints
+        them, so a resumed run maps a score to the reward the uninterrupted run gives it."""
+        return {"moments": self.moments.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.moments.load_state_dict(state["moments"])
 
     def normalize(self, scores: list[float | None]) -> list[float | None]:
         return normalize_scores(scores, self.stats, self.moments)

@@ -105,6 +105,22 @@ def score_completions(
     return out
 
 
+def reward_states(reward_funcs: Sequence[RewardFunc]) -> list[dict[str, Any] | None]:
+    """Each function's state to checkpoint: ``state_dict()`` where it has one (a reward model normalising by its
+    running moments), None for a stateless one; a resumed run restores it with ``load_reward_states``."""
+    return [f.state_dict() if hasattr(f, "state_dict") else None for f in reward_funcs]  # type: ignore[attr-defined]
+
+
+def load_reward_states(reward_funcs: Sequence[RewardFunc], states: Sequence[dict[str, Any] | None]) -> None:
+    """Restore what ``reward_states`` saved, function by function (the same functions in the same order)."""
+    if len(states) != len(reward_funcs):
+        raise ValueError(f"the checkpoint holds the state of {len(states)} reward functions, this run has "
+                         f"{len(reward_funcs)}; resume with the reward functions the run started with")
+    for func, state in zip(reward_funcs, states):
+        if state is not None and hasattr(func, "load_state_dict"):
+            func.load_state_dict(state)  # type: ignore[attr-defined]
+
+
 def passes(scores: torch.Tensor, threshold: float = PASS_THRESHOLD) -> list[bool]:
     """Per score ``[B]``: at least ``threshold`` (less ``PASS_TOLERANCE``); NaN (no score) never passes."""
     return (scores >= threshold - PASS_TOLERANCE).tolist()  # NaN compares False

@@ -26,7 +26,10 @@ token's policy term is multiplied by the truncated importance weight ``w = min(p
 the KL term is not weighted, as in TRL.
 
 Departures from the paper formula: the std gets ``+ eps`` (1e-4, as TRL) so constant-reward groups give
-0 advantages instead of NaN; ``|o_i|`` is clamped to >= 1 so an empty completion contributes 0.
+0 advantages instead of NaN; a group whose reward std is below that same ``eps`` is flat (``flat_groups``): its
+advantages are 0, it counts in ``frac_reward_zero_std`` and DAPO dynamic sampling drops it, so float noise (a
+reward model scoring the same text in two batches differs by ~1e-6) is not amplified into a signal;
+``|o_i|`` is clamped to >= 1 so an empty completion contributes 0.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ ScaleRewards = Literal["group", "batch", "none"]
 LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
 SamplingCorrectionMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+ADVANTAGE_EPS = 1e-4  # added to the group std (TRL); a group whose std is below it carries no advantage
 
 
 def combine_rewards(rewards_per_func: Tensor, weights: Tensor | None = None) -> Tensor:
@@ -55,19 +59,26 @@ def combine_rewards(rewards_per_func: Tensor, weights: Tensor | None = None) -> 
     return torch.nansum(rewards_per_func * (weights if weights.dim() == 2 else weights.unsqueeze(0)), dim=1)  # [B]
 
 
+def flat_groups(rewards: Tensor, num_generations: int, eps: float = ADVANTAGE_EPS) -> Tensor:
+    """``[P]`` whether each group of rewards ``[P*G]`` is flat: its std is below ``eps``, the advantage's own
+    epsilon, so its differences are below the scale the advantage resolves (float noise, not signal)."""
+    return rewards.view(-1, num_generations).std(dim=1) < eps  # [P], unbiased std as torch.std / TRL
+
+
 def compute_group_advantages(
-    rewards: Tensor, num_generations: int, scale_rewards: ScaleRewards = "group", eps: float = 1e-4
+    rewards: Tensor, num_generations: int, scale_rewards: ScaleRewards = "group", eps: float = ADVANTAGE_EPS
 ) -> tuple[Tensor, dict[str, float]]:
     """Seed: ``A_i = (r_i - mean_group) / (std_group + eps)``; rewards ``[B]`` with each prompt's G completions contiguous.
 
     ``scale_rewards``: ``group`` (seed), ``batch`` (group mean, one std over the whole batch), ``none``
-    (Dr. GRPO: no std). ``frac_reward_zero_std`` is the share of completions whose group has identical rewards
-    (they get 0 advantage and no gradient), counted on the group std whatever the scaling.
+    (Dr. GRPO: no std). A flat group (``flat_groups``: std below ``eps``) gets 0 advantages whatever the
+    scaling; ``frac_reward_zero_std`` is the share of completions in flat groups (no gradient from them).
     """
     grouped = rewards.view(-1, num_generations)  # [P, G]
     mean = grouped.mean(dim=1).repeat_interleave(num_generations)  # [B]
     group_std = grouped.std(dim=1).repeat_interleave(num_generations)  # [B], unbiased as torch.std / TRL
-    advantages = rewards - mean  # [B]
+    flat = flat_groups(rewards, num_generations, eps).repeat_interleave(num_generations)  # [B]
+    advantages = (rewards - mean).masked_fill(flat, 0.0)  # [B]
     if scale_rewards == "group":
         advantages = advantages / (group_std + eps)
     elif scale_rewards == "batch":
@@ -77,7 +88,7 @@ def compute_group_advantages(
     metrics = {
         "reward": rewards.mean().item(),
         "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
-        "frac_reward_zero_std": torch.isclose(group_std, torch.zeros_like(group_std)).float().mean().item(),
+        "frac_reward_zero_std": flat.float().mean().item(),
     }
     return advantages, metrics
 

@@ -146,7 +146,8 @@ def weighted_epoch(rows: list[dict[str, Any]], sources: Sequence[Any], seed: int
 
 
 def _key(entry: Any) -> str:
-    """A reward entry's identity within a mixture: a name, or a spec's ``name`` (its metric name)."""
+    """A reward entry's identity within a mixture: a name, or a spec's ``name`` (its metric name); two sources
+    naming one reward share it (``config.check_shared_reward_names`` refuses different entries under one name)."""
     if isinstance(entry, str):
         return entry
     name = getattr(entry, "name", None)
@@ -179,4 +180,18 @@ def source_reward_metrics(rewards: torch.Tensor, labels: Sequence[str], num_gene
         out[f"rewards/{name}/mean"] = values.mean().item()
         out[f"rewards/{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
         out[f"mixture/{name}/prompts"] = values.numel() / num_generations
+    return out
+
+
+def source_group_metrics(train_rows: Sequence[dict[str, Any]], names: Sequence[str | None],
+                         short: Sequence[int] | None) -> dict[str, float]:
+    """``mixture/{source}/trained``: the groups of each source the step trained on (``train_rows``: one row per
+    group), beside ``mixture/{source}/prompts`` (generated); with ``short`` (dynamic sampling, one per source of
+    ``names``) ``mixture/{source}/short``: the groups its quota lacked. ``names`` ``[None]``: one source, counted
+    by the rows' source column, no quota beside the step's own."""
+    out = {f"mixture/{name}/trained": 0.0 for name in names if name is not None}
+    for label in source_labels(train_rows, 1):
+        out[f"mixture/{label}/trained"] = out.get(f"mixture/{label}/trained", 0.0) + 1
+    if short is not None and names != [None]:
+        out.update({f"mixture/{name}/short": float(n) for name, n in zip(names, short)})
     return out

@@ -5,19 +5,20 @@ Each rank generates and scores its whole groups (``distributed.shard`` by prompt
 receives every group (``gather_objects``), so what follows (advantages, DAPO filtering, metrics) is
 the same computation whatever the number of processes.
 
-DAPO dynamic sampling (Yu et al. 2025, sec. 3.2): groups whose G rewards are all equal carry no
-advantage; they are dropped and further rounds of ``prompts_per_step`` prompts are generated until
-the step has ``prompts_per_step`` informative groups or ``max_dynamic_sampling_rounds`` extra rounds
-were spent. Departure: when the cap is hit the step trains on the informative groups it has (fewer
-than asked) rather than padding with uninformative ones; with none at all it keeps the first round.
+DAPO dynamic sampling (Yu et al. 2025, sec. 3.2): groups whose G rewards are flat (``loss.flat_groups``)
+carry no advantage; they are dropped and further rounds are generated until the step has
+``prompts_per_step`` informative groups or ``max_dynamic_sampling_rounds`` extra rounds were spent.
+With a data mixture each source refills its own quota (its share of the step): a source near its
+ceiling is not replaced by another source's groups. Departure: when the cap is hit the step trains on
+the informative groups it has (fewer than asked) rather than padding with uninformative ones; with none
+at all it keeps the first round.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -26,6 +27,7 @@ from grpo_core.generation import GenerationBackend, Rollout
 from grpo_core.rewards.scoring import score_completions
 from grpo_core.seeds import derive_seed
 from grpo_core.trainer.distributed import DistContext, gather_objects, shard
+from grpo_core.trainer.loss import flat_groups
 from grpo_core.trainer.mixture import Mixture
 from grpo_core.trainer.prompts import encode_prompts
 
@@ -117,9 +119,47 @@ def score_groups(rollouts: list[Rollout], truncated: list[bool], mixture: Mixtur
 
 
 def informative_groups(rewards: torch.Tensor, num_generations: int) -> list[int]:
-    """Indices of groups whose rewards ``[P*G]`` are not all equal (they have a non-zero advantage)."""
-    std = rewards.view(-1, num_generations).std(dim=1)  # [P]
-    return [g for g, s in enumerate(std.tolist()) if not math.isclose(s, 0.0, abs_tol=1e-8)]
+    """Indices of groups whose rewards ``[P*G]`` are not flat (``loss.flat_groups``: the same test that gives a
+    group 0 advantages, so a group is kept exactly when it carries an advantage)."""
+    return [g for g, flat in enumerate(flat_groups(rewards, num_generations).tolist()) if not flat]
+
+
+@dataclass
+class StepGroups:
+    """What ``collect_step_groups`` gathered for one step."""
+
+    train: ScoredGroups  # the groups trained on
+    generated: ScoredGroups  # every group generated, the dropped ones included
+    position: int  # the next free prompt-stream position
+    rounds: int  # generation rounds spent
+    informative: int  # groups of ``train`` that carry an advantage (0 when the step fell back to a flat round)
+    short: list[int]  # [S] per source: groups its quota still lacked after the last round (dynamic sampling)
+
+
+def source_at(position: int, quotas: Sequence[int]) -> int:
+    """The source of stream ``position`` in the mixture layout: of each block of ``sum(quotas)`` positions the
+    first ``quotas[0]`` are source 0's, the next ``quotas[1]`` source 1's, ... (``trainer/mixture.py``)."""
+    offset = position % sum(quotas)
+    for s, n in enumerate(quotas):
+        if offset < n:
+            return s
+        offset -= n
+    raise AssertionError("unreachable: offset < sum(quotas)")
+
+
+def refill_slices(block: int, quotas: Sequence[int], have: Sequence[int]) -> list[tuple[int, int]]:
+    """``(position, count)`` ranges of block ``block`` (its first position) that belong to the sources still
+    short of their quota, adjacent ranges merged (one generate call each)."""
+    out: list[tuple[int, int]] = []
+    offset = 0
+    for n, h in zip(quotas, have):
+        if h < n:
+            if out and out[-1][0] + out[-1][1] == block + offset:
+                out[-1] = (out[-1][0], out[-1][1] + n)
+            else:
+                out.append((block + offset, n))
+        offset += n
+    return out
 
 
 def collect_step_groups(
@@ -128,26 +168,50 @@ def collect_step_groups(
     config: GRPOConfig,
     combine: Callable[[ScoredGroups], torch.Tensor],
     first: ScoredGroups | None = None,
-) -> tuple[ScoredGroups, ScoredGroups, int, int]:
-    """``(train_groups, all_generated, new_position, rounds)``; ``generate(position, count)`` makes groups,
-    ``combine(groups)`` gives their completions' combined rewards ``[P*G]``; ``first``: the first round's
-    groups when already generated (asynchronous rollouts: their stream positions were taken when they were
-    submitted, so ``position``, the next free one, is not advanced for them)."""
+    quotas: Sequence[int] | None = None,
+) -> StepGroups:
+    """The step's groups (``StepGroups``); ``generate(position, count)`` makes groups, ``combine(groups)`` gives
+    their completions' combined rewards ``[P*G]``; ``first``: the first round's groups when already generated
+    (asynchronous rollouts: their stream positions were taken when they were submitted, so ``position``, the
+    next free one, is not advanced for them); ``quotas``: groups per step of each source in the mixture layout
+    (``Mixture.counts``; None: one source of all ``prompts_per_step``).
+
+    Dynamic sampling fills each source's quota with its own informative groups: a refill round generates, of the
+    next block of positions, only the slices of the sources still short, and a source's informative groups past
+    its quota are dropped. A source still short after ``max_dynamic_sampling_rounds`` trains on what it has;
+    another source's groups never take its place (the step keeps the configured mixture, ``short`` says by how
+    much a source missed it)."""
     P, G = config.prompts_per_step, config.sampling.num_generations
+    quotas = list(quotas or [P])
+    if sum(quotas) != P or position % P:
+        raise ValueError(f"quotas {quotas} must sum to prompts_per_step ({P}) and position {position} start a "
+                         "block of it (the mixture layout)")
     if first is None:
         first = generate(position, P)
         position += P
+    informative = informative_groups(combine(first), G)
     if not config.dynamic_sampling:
-        return first, first, position, 1
-    generated = first
-    kept = first.select(informative_groups(combine(first), G), G)
-    rounds = 1
-    while len(kept) < P and rounds <= config.max_dynamic_sampling_rounds:
-        more = generate(position, P)
+        return StepGroups(first, first, position, 1, len(informative), [0] * len(quotas))
+    have = [0] * len(quotas)
+
+    def take(groups: ScoredGroups, informative: list[int]) -> ScoredGroups:
+        """``groups``' informative groups of the sources with room left, in generation order."""
+        chosen = []
+        for g in informative:
+            s = source_at(groups.positions[g], quotas)
+            if have[s] < quotas[s]:
+                have[s] += 1
+                chosen.append(g)
+        return groups.select(chosen, G)
+
+    generated, kept, rounds = first, take(first, informative), 1
+    while have != quotas and rounds <= config.max_dynamic_sampling_rounds:
+        for start, count in refill_slices(position, quotas, have):
+            more = generate(start, count)
+            generated, kept = generated.extend(more), kept.extend(take(more, informative_groups(combine(more), G)))
         position += P
         rounds += 1
-        generated = generated.extend(more)
-        kept = kept.extend(more.select(informative_groups(combine(more), G), G))
-    if len(kept) == 0:
-        return first, generated, position, rounds
-    return kept.select(list(range(min(P, len(kept)))), G), generated, position, rounds
+    short = [n - h for n, h in zip(quotas, have)]
+    if len(kept) == 0:  # nothing carried an advantage: the first round, whose loss is the KL term alone
+        return StepGroups(first, generated, position, rounds, 0, short)
+    return StepGroups(kept, generated, position, rounds, len(kept), short)

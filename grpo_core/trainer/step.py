@@ -20,13 +20,20 @@ import torch
 from grpo_core.config import EvalConfig, GRPOConfig
 from grpo_core.generation import GenerationBackend, release_memory
 from grpo_core.rewards import pop_reward_stats
+from grpo_core.rewards.scoring import load_reward_states, reward_states
 from grpo_core.trainer.async_rollouts import NextRollouts
 import grpo_core.trainer.weight_sync as weight_sync
 from grpo_core.trainer.distributed import DistContext, gather_objects
 from grpo_core.trainer.lora import is_peft_model
 from grpo_core.trainer.loss import combine_rewards, compute_group_advantages
 from grpo_core.trainer.metrics import completion_metrics, completion_table, reward_metrics
-from grpo_core.trainer.mixture import Mixture, per_source_scale, source_labels, source_reward_metrics
+from grpo_core.trainer.mixture import (
+    Mixture,
+    per_source_scale,
+    source_group_metrics,
+    source_labels,
+    source_reward_metrics,
+)
 from grpo_core.trainer.rollouts import ScoredGroups, collect_step_groups, generate_groups
 from grpo_core.trainer.skeleton import TrainingRun
 from grpo_core.trainer.update import build_train_batch, optimise
@@ -43,6 +50,8 @@ class StepRollouts:
     position: int  # the next free prompt-stream position after this step
     rounds: int  # generation rounds spent (dynamic sampling)
     staleness: int  # async_rollouts: optimiser steps between the sampler's weights and this step's policy
+    informative: int  # groups trained on that carry an advantage
+    short: list[int]  # [S] per source: groups its quota lacked (dynamic sampling, ``collect_step_groups``)
 
 
 @dataclass
@@ -77,6 +86,19 @@ class GRPOSteps:
         self.sync_check = weight_sync.SyncCheck(model) if is_peft_model(model) else None
         if self.sync_check is not None:  # the sampler was built from the base: give it the (resumed) adapters merged
             self.sync_weights("before the first step (the policy as loaded)")
+        self.warned_short: set[str | None] = set()
+        self._restore_reward_state()
+
+    def _restore_reward_state(self) -> None:
+        """A resumed run's reward functions get back their state (a reward model's running moments under
+        ``normalize``), each rank its own: the same score maps to the same reward as in the uninterrupted run."""
+        saved = self.run.state.get("reward_state")
+        if not saved:
+            return
+        if len(saved) != self.ctx.world_size:
+            logger.warning("the checkpoint holds the reward functions' state of %d processes, this run has %d: each "
+                           "starts from rank 0's", len(saved), self.ctx.world_size)
+        load_reward_states(self.mixture.funcs, saved[self.ctx.rank] if len(saved) == self.ctx.world_size else saved[0])
 
     def generate(self, step: int, timings: dict[str, float]) -> StepRollouts:
         """The step's groups: ``prompts_per_step`` prompts x ``num_generations`` completions, each scored by its
@@ -85,12 +107,27 @@ class GRPOSteps:
         planned = self.next_rollouts.take(step) if self.next_rollouts is not None else None  # async: made earlier
         first, staleness = (planned[0], step - 1 - planned[1]) if planned else (None, 0)
         generate_round = functools.partial(self._generate_round, step=step, timings=timings)
-        groups, generated, position, rounds = collect_step_groups(generate_round, self.run.state["stream_position"],
-                                                                  self.config, self._combine, first=first)
+        collected = collect_step_groups(generate_round, self.run.state["stream_position"], self.config, self._combine,
+                                        first=first, quotas=self.mixture.counts)
+        self._warn_short(step, collected.short)
+        position = collected.position
         if self.next_rollouts is not None:
             position = self._submit_ahead(step, position)
         release_memory(self.backend)  # vllm_enable_sleep_mode: the engine sleeps until update_weights wakes it
-        return StepRollouts(groups, generated, position, rounds, staleness)
+        return StepRollouts(collected.train, collected.generated, position, collected.rounds, staleness,
+                            collected.informative, collected.short)
+
+    def _warn_short(self, step: int, short: list[int]) -> None:
+        """Warn the first time a source of a mixture misses its quota (``mixture/{source}/short`` counts it each step)."""
+        if not self.mixture.mixed:
+            return
+        for name, missing, quota in zip(self.mixture.names, short, self.mixture.counts):
+            if missing and name not in self.warned_short:
+                self.warned_short.add(name)
+                logger.warning("step %d: source %r trained %d of its %d groups a step: the rest were flat after %d "
+                               "extra rounds (max_dynamic_sampling_rounds); other sources do not fill its share, "
+                               "mixture/%s/short counts what it misses each step", step, name, quota - missing, quota,
+                               self.config.max_dynamic_sampling_rounds, name)
 
     def _generate_round(self, position: int, count: int, *, step: int, timings: dict[str, float]) -> ScoredGroups:
         """One round of ``count`` groups from stream ``position`` (``collect_step_groups`` asks for each)."""
@@ -166,6 +203,7 @@ class GRPOSteps:
             **group_metrics,
             **reward_metrics(generated.rewards_per_func, self.mixture.reward_names),
             **source_reward_metrics(rewards.generated, source_labels(generated.rows, G), G),
+            **source_group_metrics(rollouts.groups.rows, self.mixture.names, rollouts.short if config.dynamic_sampling else None),
             **self._reward_events(),
             **completion_metrics(generated.rollouts, config.emergence.reflection_phrases,
                                  config.emergence.backtrack_phrases),
@@ -186,7 +224,7 @@ class GRPOSteps:
             metrics["time/sampler_reference"] = timings.get("time/sampler_annotate", 0.0)
         if config.dynamic_sampling:
             metrics["dynamic_sampling/rounds"] = float(rollouts.rounds)
-            metrics["dynamic_sampling/kept_groups"] = float(len(rollouts.groups))
+            metrics["dynamic_sampling/kept_groups"] = float(rollouts.informative)
         return metrics
 
     def evaluates_at(self, step: int) -> bool:
@@ -230,6 +268,8 @@ class GRPOSteps:
         state = self.run.state
         state["stream_position"] = rollouts.position
         state["optimizer_steps"] += self.num_updates
+        if self.run.saves_at(step):  # every rank's reward state (each scores its own share of the groups)
+            state["reward_state"] = gather_objects([reward_states(self.mixture.funcs)], self.ctx)
         logger.debug("step %d/%d reward %.3f loss %.4f (%.2fs)", step, self.config.max_steps,
                      metrics["reward"], metrics["loss"], metrics["time/step"])
         logged = step % self.config.logging_steps == 0 or step == self.config.max_steps or self.evaluates_at(step)

@@ -213,6 +213,27 @@ def test_group_advantages_hand_computed():
     assert m_b["frac_reward_zero_std"] == m_n["frac_reward_zero_std"] == 0.5
 
 
+def test_reward_model_float_noise_is_a_flat_group_for_advantages_and_dynamic_sampling():
+    """A reward model scoring one text in two batches (other padding, other kernels) gives float32 scores that
+    differ by ~1e-6: that group is flat. Dynamic sampling keeps a group exactly when its advantages are non-zero,
+    and it counts in frac_reward_zero_std, for every scaling."""
+    from grpo_core.trainer.rollouts import informative_groups
+
+    G = 8
+    gen = torch.Generator().manual_seed(0)
+    noisy = (4.998 + 2e-6 * torch.randn(G, generator=gen)).float()  # [G] one answer, scored in other batches
+    real = torch.tensor([4.998, 1.2, 4.998, -0.7, 2.5, 4.998, 0.3, 1.1])  # [G] answers the model tells apart
+    rewards = torch.cat([noisy, real])  # [2G]
+    assert noisy.std() > 1e-8  # not exactly equal: a tolerance of 1e-8 took this group for signal
+    assert informative_groups(rewards, G) == [1]
+    for scale in ("group", "batch", "none"):
+        adv, m = compute_group_advantages(rewards, G, scale)
+        assert torch.equal(adv[:G], torch.zeros(G)) and bool((adv[G:] != 0).all()), scale
+        assert m["frac_reward_zero_std"] == 0.5, scale
+    kept = [g for g in range(2) if bool((compute_group_advantages(rewards, G)[0].view(2, G)[g] != 0).any())]
+    assert informative_groups(rewards, G) == kept
+
+
 def test_combine_rewards_weights_and_none():
     per_func = torch.tensor([[1.0, float("nan")], [0.5, 1.0]])
     # row0: 2*1 + (None -> 0) = 2; row1: 2*0.5 + 0.5*1 = 1.5

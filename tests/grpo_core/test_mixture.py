@@ -165,3 +165,127 @@ def test_sft_epoch_takes_each_sources_share():
     assert weighted_epoch(rows, sources, seed=0) == epoch
     with pytest.raises(MixtureError, match="source 'missing' has no SFT rows"):
         weighted_epoch(rows, [SourceWeight(name="missing")], seed=0)
+
+
+# --- quotas under DAPO dynamic sampling: each source refills its own share of the step ---
+
+QUOTA_SOURCES = ("chain", "helpful", "unsafe")  # weights 2 : 1 : 1 of 16 prompts: 8 + 4 + 4 groups a step
+
+
+def quota_config(rounds: int) -> GRPOConfig:
+    return GRPOConfig(generation_batch_size=64, num_generations=4, dynamic_sampling=True,
+                      max_dynamic_sampling_rounds=rounds,
+                      sources=[SourceMix(name="chain", weight=2.0, reward_funcs=["mix_alpha"]),
+                               SourceMix(name="helpful", weight=1.0, reward_funcs=["mix_beta"]),
+                               SourceMix(name="unsafe", weight=1.0, reward_funcs=["mix_gamma"])])
+
+
+def near_ceiling(informative_chain: int, calls: list[tuple[int, int]]):
+    """``generate(position, count)``: of each block's 8 chain groups only the first ``informative_chain`` have
+    a wrong answer (the rest all right: flat); every helpful and unsafe group is informative."""
+    from grpo_core.trainer.rollouts import ScoredGroups
+
+    def generate(position: int, count: int) -> ScoredGroups:
+        calls.append((position, count))
+        positions = list(range(position, position + count))
+        rows, rewards = [], []
+        for p in positions:
+            offset = p % 16
+            source = "chain" if offset < 8 else "helpful" if offset < 12 else "unsafe"
+            rows.append({"prompt": str(p), "source": source})
+            flat = source == "chain" and offset >= informative_chain
+            rewards += [1.0] * 4 if flat else [0.0, 1.0, 1.0, 1.0]
+        rollouts = [Rollout([p], [1], None, False, "") for p in positions for _ in range(4)]
+        return ScoredGroups(positions, rows, rollouts, torch.tensor(rewards)[:, None], [False] * count)
+
+    return generate
+
+
+def _combined(groups) -> torch.Tensor:
+    return groups.rewards_per_func[:, 0]
+
+
+def test_dynamic_sampling_fills_each_sources_quota_with_its_own_groups():
+    from grpo_core.trainer.mixture import source_group_metrics
+    from grpo_core.trainer.rollouts import collect_step_groups
+
+    config = quota_config(rounds=3)
+    mixture = Mixture(config, [{"prompt": "x", "source": s} for s in QUOTA_SOURCES],
+                      lambda entries: ([REWARD_FUNCS[e] for e in entries], list(entries)))
+    assert mixture.counts == [8, 4, 4]
+    calls: list[tuple[int, int]] = []
+    out = collect_step_groups(near_ceiling(3, calls), 0, config, _combined, quotas=mixture.counts)
+    metrics = source_group_metrics(out.train.rows, mixture.names, out.short)
+    weights = [s.weight for s in config.sources]
+    for name, w in zip(QUOTA_SOURCES, weights):  # the configured mixture, within one group
+        assert abs(metrics[f"mixture/{name}/trained"] - 16 * w / sum(weights)) <= 1, metrics
+    assert [metrics[f"mixture/{n}/trained"] for n in QUOTA_SOURCES] == [8, 4, 4]
+    assert [metrics[f"mixture/{n}/short"] for n in QUOTA_SOURCES] == [0, 0, 0] and out.short == [0, 0, 0]
+    assert calls == [(0, 16), (16, 8), (32, 8)]  # refills generate only the short source's slice of a block
+    assert out.rounds == 3 and out.position == 48 and out.informative == 16 and len(out.generated) == 32
+
+
+def test_a_source_that_cannot_fill_its_quota_is_short_never_replaced():
+    from grpo_core.trainer.mixture import source_group_metrics
+    from grpo_core.trainer.rollouts import collect_step_groups
+
+    config = quota_config(rounds=2)
+    names = list(QUOTA_SOURCES)
+    out = collect_step_groups(near_ceiling(1, []), 0, config, _combined, quotas=[8, 4, 4])
+    metrics = source_group_metrics(out.train.rows, names, out.short)
+    # 3 rounds x 1 informative chain group: 3 of its 8, logged short by 5; helpful and unsafe keep 4 each
+    assert [metrics[f"mixture/{n}/trained"] for n in names] == [3, 4, 4]
+    assert metrics["mixture/chain/short"] == 5 and out.short == [5, 0, 0] and out.informative == 11
+    assert Counter(r["source"] for r in out.train.rows) == {"chain": 3, "helpful": 4, "unsafe": 4}
+
+
+def test_flat_steps_report_no_kept_group_and_each_source_short(tmp_path, tiny_path, caplog):
+    """Every reward constant: no group carries an advantage, so kept_groups is 0 (not prompts_per_step), every
+    source is short by its whole quota, and the first time a source is short a warning names it."""
+    register_reward("mix_flat")(lambda completions, **kw: [1.0] * len(completions))
+    try:
+        sources = [SourceMix(name=s, weight=w, reward_funcs=["mix_flat"]) for s, w in zip(SOURCES, (2.0, 1.0, 1.0))]
+        with caplog.at_level("WARNING", logger="grpo_core.trainer.step"):
+            train_grpo(mix_config(sources=sources, dynamic_sampling=True, max_dynamic_sampling_rounds=1, max_steps=2),
+                       tiny_path, ROWS, tmp_path / "run", resume=False)
+    finally:
+        REWARD_FUNCS.pop("mix_flat", None)
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for m in lines:
+        assert m["dynamic_sampling/kept_groups"] == 0 and m["dynamic_sampling/rounds"] == 2
+        assert m["frac_reward_zero_std"] == 1.0
+        assert (m["mixture/alpha/short"], m["mixture/beta/short"], m["mixture/gamma/short"]) == (2, 1, 1)
+        assert (m["mixture/alpha/trained"], m["mixture/beta/trained"], m["mixture/gamma/trained"]) == (2, 1, 1)
+    warned = [r.getMessage() for r in caplog.records if "other sources do not fill its share" in r.getMessage()]
+    assert len(warned) == 3 and "source 'alpha' trained 0 of its 2 groups" in warned[0]
+
+
+def test_two_sources_naming_one_reward_differently_are_refused_and_one_entry_is_shared():
+    """Two reward-model entries under one name (here the default `reward_model`) collapsed into the first one's model
+    and scope; they are refused at config load naming both sources, what differs and the fix."""
+    from pydantic import ValidationError
+
+    def rm(model: str, scope: str) -> dict:
+        return {"reward_model": {"model": model, "scope": scope}}
+
+    def sources(a: dict, b: dict) -> list[dict]:
+        return [{"name": "helpful", "reward_funcs": [a]}, {"name": "unsafe", "reward_funcs": [b]}]
+
+    with pytest.raises(ValidationError, match=r"sources 'helpful' and 'unsafe' both name a reward 'reward_model' but "
+                                              r"the entries differ \(model: '/rm/a' vs '/rm/b', scope: 'summary' vs "
+                                              r"'full'\).*name: reward_model_unsafe"):
+        GRPOConfig(sources=sources(rm("/rm/a", "summary"), rm("/rm/b", "full")))
+    with pytest.raises(ValidationError, match="both name a reward 'mix_alpha'.*registered: 'mix_alpha' vs None"):
+        GRPOConfig(sources=sources("mix_alpha", {"judge": {"model": "/judge", "name": "mix_alpha"}}))
+    shared = GRPOConfig(generation_batch_size=16, num_generations=4,
+                        sources=sources(rm("/rm/a", "summary"), rm("/rm/a", "summary")))
+    resolved: list[list] = []
+
+    def resolve(entries):
+        resolved.append(list(entries))
+        return [lambda completions, **kw: [0.0] * len(completions)] * len(entries), [e.name for e in entries]
+
+    rows = [{"prompt": "p", "source": s} for s in ("helpful", "unsafe")]
+    mixture = Mixture(shared, rows, resolve)
+    assert len(resolved[0]) == 1 and mixture.reward_names == ["reward_model"]  # one model, loaded once
+    assert mixture.member.tolist() == [[True], [True]]

@@ -50,7 +50,8 @@ def test_bradley_terry_gradient_pushes_chosen_up():
 def test_select_scope():
     assert select_scope("<think>plan</think> The answer.", "summary") == "The answer."
     assert select_scope("<think>a</think>b</think> c", "summary") == "c"
-    assert select_scope("no reasoning here", "summary") == "no reasoning here"
+    assert select_scope("no reasoning here", "summary") is None  # no </think>: no summary
+    assert select_scope("<think>cut by the length cap", "summary") is None
     assert select_scope("<think>plan</think> The answer.", "full") == "<think>plan</think> The answer."
 
 
@@ -103,7 +104,9 @@ def test_trained_model_is_a_reward_function(trained):
     _, metrics = trained
     rows = pairs(6, seed=1)
     prompts = [r["prompt"] for r in rows] * 2
-    completions = [[{"role": "assistant", "content": r["chosen"]}] for r in rows] + [r["rejected"] for r in rows]
+    # scope: summary (the default) reads the text after </think>
+    completions = ([[{"role": "assistant", "content": f"<think>ok</think>{r['chosen']}"}] for r in rows]
+                   + [f"<think>ok</think>{r['rejected']}" for r in rows])
     fn, name = resolve_reward({"reward_model": {"model": metrics["final_path"], "name": "rm"}})
     assert name == "rm" and fn.__name__ == "rm"
     scores = fn(prompts=prompts, completions=completions)
@@ -121,11 +124,27 @@ def test_scope_summary_scores_only_the_part_after_think(trained):
     prompt = pairs(1, seed=2)[0]["prompt"]
     summary = RewardModelReward(RewardModelSpec(model=metrics["final_path"], scope="summary"))
     full = RewardModelReward(RewardModelSpec(model=metrics["final_path"], scope="full"))
-    reasoned = f"<think>{BAD} {BAD} {BAD}</think>{GOOD}"
-    s = summary(prompts=[prompt, prompt], completions=[reasoned, GOOD])
-    f = full(prompts=[prompt, prompt], completions=[reasoned, GOOD])
+    reasoned, unreasoned = f"<think>{BAD} {BAD} {BAD}</think>{GOOD}", f"<think></think>{GOOD}"
+    s = summary(prompts=[prompt, prompt], completions=[reasoned, unreasoned])
+    f = full(prompts=[prompt, prompt], completions=[reasoned, unreasoned])
     assert s[0] == pytest.approx(s[1], abs=1e-5)  # the reasoning is not seen
     assert f[0] != pytest.approx(f[1], abs=1e-3)  # the reasoning is seen
+
+
+def test_scope_summary_without_think_end_scores_an_empty_summary_and_counts_it(trained):
+    """No </think> (reasoning cut by the length cap, or never opened): no summary. It is scored as an empty answer
+    and counted as rewards/{name}/no_summary, never as the whole text (the reasoning judged as the answer)."""
+    _, metrics = trained
+    prompt = pairs(1, seed=2)[0]["prompt"]
+    summary = RewardModelReward(RewardModelSpec(model=metrics["final_path"], name="rm_sum", scope="summary"))
+    pop_reward_stats()
+    s = summary(prompts=[prompt] * 4, completions=[f"<think>{GOOD}", GOOD, "<think>plan</think>", f"<think></think>{GOOD}"])
+    assert s[0] == pytest.approx(s[2], abs=1e-5) and s[1] == pytest.approx(s[2], abs=1e-5)  # the empty summary
+    assert s[3] > s[2] + 1e-3  # a real summary is read
+    assert pop_reward_stats() == {"rewards/rm_sum/no_summary": 2.0}
+    full = RewardModelReward(RewardModelSpec(model=metrics["final_path"], name="rm_full", scope="full"))
+    full(prompts=[prompt], completions=[GOOD])
+    assert pop_reward_stats() == {}  # full scope has nothing to miss
 
 
 def test_reward_model_is_bounded_in_time_and_counts_timeouts(trained):
@@ -208,3 +227,35 @@ def test_grpo_trains_on_the_reward_model(trained, tmp_path):
     (step,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert math.isfinite(step["rewards/reward_model/mean"]) and step["rewards/reward_model/std"] > 0
     assert "rewards/reward_model/timeouts" not in step and (tmp_path / "final" / "model.safetensors").is_file()
+
+
+def test_normalize_without_stats_resumes_with_the_running_moments(trained, tmp_path):
+    """`normalize: true` on a model without reward_stats.json divides by the running moments of every score so far;
+    they are in the checkpoint, so a run resumed at step 2 maps the same scores to the same rewards (and ends with
+    the same weights) as the run that never stopped. Without them the resumed run restarts the moments at step 2."""
+    import shutil
+
+    from grpo_core.trainer import train_grpo
+    from tests.grpo_core.run_helpers import assert_same_final_weights
+
+    base, metrics = trained
+    no_stats = tmp_path / "rm"
+    shutil.copytree(metrics["final_path"], no_stats)
+    (no_stats / "reward_stats.json").unlink()
+    config = GRPOConfig(use_vllm=False, max_steps=3, generation_batch_size=8, num_generations=4,
+                        max_completion_length=6, max_prompt_length=48, per_device_train_batch_size=8, beta=0.0,
+                        save_steps=1, report_to=["jsonl"], learning_rate=1e-3, seed=5,
+                        reward_funcs=[{"reward_model": {"model": str(no_stats), "scope": "full", "normalize": True}}])
+    rows = [{"prompt": r["prompt"]} for r in pairs(8, seed=9)]
+    whole = train_grpo(config, base, rows, tmp_path / "whole", resume=False)
+    killed = tmp_path / "killed"
+    train_grpo(config, base, rows, killed, resume=False)
+    state = json.loads((killed / "checkpoint-2" / "trainer_state.json").read_text())
+    (moments,) = state["reward_state"][0]  # rank 0's state of the one reward function
+    assert moments["moments"]["count"] == 2 * 8  # two steps of 2 prompts x 4 completions
+    for gone in ("final", "checkpoint-3"):  # as if killed during step 3
+        shutil.rmtree(killed / gone)
+    resumed = train_grpo(config, base, rows, killed)  # resume=True: from checkpoint-2
+    assert resumed["rewards/reward_model/mean"] == whole["rewards/reward_model/mean"]
+    assert resumed["reward"] == whole["reward"]
+    assert_same_final_weights(tmp_path / "whole", killed)

@@ -259,20 +259,21 @@ def test_dynamic_sampling_drops_flat_groups_and_refills_with_a_cap():
         return _groups(pos, [[1.0, 1.0] if p % 2 == 0 else [0.0, 1.0] for p in pos])
 
     config = GRPOConfig(generation_batch_size=8, num_generations=2, dynamic_sampling=True, max_dynamic_sampling_rounds=3)
-    train, generated, position, rounds = collect_step_groups(generate, 0, config, _combine)
-    assert train.positions == [1, 3, 5, 7] and rounds == 2 and position == 8 and len(generated) == 8
+    out = collect_step_groups(generate, 0, config, _combine)
+    assert out.train.positions == [1, 3, 5, 7] and out.rounds == 2 and out.position == 8 and len(out.generated) == 8
+    assert out.informative == 4 and out.short == [0]
     config = config.model_copy(update={"max_dynamic_sampling_rounds": 1})
     # Only one informative group per round of 4 when 3 of 4 are flat: the cap stops at 2 rounds.
     def sparse(position: int, count: int) -> ScoredGroups:
         pos = list(range(position, position + count))
         return _groups(pos, [[0.0, 1.0] if p % 4 == 1 else [0.0, 0.0] for p in pos])
 
-    train, generated, position, rounds = collect_step_groups(sparse, 0, config, _combine)
-    assert train.positions == [1, 5] and rounds == 2 and position == 8
-    assert torch.equal(train.rewards_per_func[:, 0], torch.tensor([0.0, 1.0, 0.0, 1.0]))
+    out = collect_step_groups(sparse, 0, config, _combine)
+    assert out.train.positions == [1, 5] and out.rounds == 2 and out.position == 8 and out.short == [2]
+    assert torch.equal(out.train.rewards_per_func[:, 0], torch.tensor([0.0, 1.0, 0.0, 1.0]))
     off = config.model_copy(update={"dynamic_sampling": False})
-    train, _, position, rounds = collect_step_groups(sparse, 0, off, _combine)
-    assert train.positions == [0, 1, 2, 3] and rounds == 1 and position == 4
+    out = collect_step_groups(sparse, 0, off, _combine)
+    assert out.train.positions == [0, 1, 2, 3] and out.rounds == 1 and out.position == 4 and out.informative == 1
 
 
 def test_mask_truncated_completions_removes_them_from_the_loss():

@@ -109,9 +109,17 @@ def test_judge_is_bounded_in_time(tiny_judge_path):
 
 def test_long_response_keeps_its_start_and_end(tiny_judge_path):
     fn = JudgeReward(JudgeSpec(model=tiny_judge_path, max_length=600))
-    text = fn.render("q", "START " + "x" * 2000 + " END")
+    text = fn.render("q", "<think>plan</think>START " + "x" * 2000 + " END")
     assert "START" in text and "END" in text and "[...]" in text and "Rating: [[N]]" in text
     assert len(fn.tokenizer(text, add_special_tokens=False)["input_ids"]) <= 600
+
+
+def test_summary_judge_sees_an_empty_answer_without_think_end_and_counts_it(tiny_judge_path):
+    fn = JudgeReward(JudgeSpec(model=tiny_judge_path, name="sum_judge", max_length=900))  # scope: summary
+    pop_reward_stats()
+    assert "plan" not in fn.render("q", "<think>a secret plan, cut by the length cap")
+    assert "The answer" in fn.render("q", "<think>plan</think>The answer")
+    assert pop_reward_stats() == {"rewards/sum_judge/no_summary": 1.0}
 
 
 def test_judge_entry_in_grpo_config():
