@@ -43,7 +43,7 @@ import httpx
 from grpo_core.config import JudgeSpec, RewardModelSpec
 from grpo_core.rewards.base import completion_text, count_reward_event, is_conversational, last_user_text
 from grpo_core.rewards.judge import CUT, JUDGE_TEMPLATE, RUBRICS, check_parses, judge_messages, parse_judge_score
-from grpo_core.rewards.reward_model import RunningMoments, normalize_scores, select_scope
+from grpo_core.rewards.reward_model import RunningMoments, normalize_scores, scoped_response
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class ServedRewardModel(_ServedReward):
 
     def request(self, prompt: Any, completion: Any) -> dict[str, Any]:
         messages = list(prompt) if is_conversational(prompt) else [{"role": "user", "content": str(prompt)}]
-        response = select_scope(completion_text(completion), self.spec.scope)
+        response = scoped_response(completion_text(completion), self.spec.scope, self.__name__)
         return {"model": self.spec.model, "messages": messages + [{"role": "assistant", "content": response}],
                 "use_activation": False, "truncate_prompt_tokens": self.spec.max_length, "truncation_side": "right"}
 
@@ -236,7 +236,7 @@ class ServedJudge(_ServedReward):
 
     def request(self, prompt: Any, completion: Any) -> dict[str, Any]:
         question = last_user_text(prompt)
-        response = cut_middle(select_scope(completion_text(completion), self.spec.scope),
+        response = cut_middle(scoped_response(completion_text(completion), self.spec.scope, self.__name__),
                               self.spec.max_length * CHARS_PER_TOKEN - len(JUDGE_TEMPLATE) - len(question)
                               - len(RUBRICS[self.spec.rubric]))
         return {"model": self.spec.model, "messages": judge_messages(self.spec.rubric, question, response),

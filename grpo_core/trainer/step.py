@@ -88,6 +88,7 @@ class GRPOSteps:
             self.sync_weights("before the first step (the policy as loaded)")
         self.warned_short: set[str | None] = set()
         self._restore_reward_state()
+        pop_reward_stats()  # counts from before this run (another stage or run in this process) are not step 1's
 
     def _restore_reward_state(self) -> None:
         """A resumed run's reward functions get back their state (a reward model's running moments under

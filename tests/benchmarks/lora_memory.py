@@ -1,4 +1,4 @@
-# OMP_WAIT_POLICY=PASSIVE python tests/benchmarks/lora_memory.py            (--quick: 1 layer, short rows)
+# OMP_WAIT_POLICY=PASSIVE python tests/benchmarks/lora_memory.py            (--quick: 1 layer, small vocabulary, short rows)
 """Peak memory and step time of one training step: LoRA (``use_peft``) vs full fine-tuning, measured in one run.
 
 Model: Qwen2.5-0.5B's widths (hidden 896, intermediate 4864, 14 query / 2 key-value heads, vocabulary 151,936,
@@ -112,7 +112,8 @@ def matmul_gflops(threads: int, n: int = 1024, repeats: int = 10) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 layer, 1 x 128 tokens, 1 repeat, 1 timed step")
+    parser.add_argument("--quick", action="store_true", help="1 layer, an 8,192-token vocabulary, 1 x 128 tokens, 1 repeat, "
+                        "1 timed step")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=256)
@@ -124,7 +125,7 @@ def main() -> None:
     parser.add_argument("--child", choices=METHODS)
     args = parser.parse_args()
     if args.quick:
-        args.layers, args.batch, args.tokens, args.steps, args.repeats = 1, 1, 128, 1, 1
+        args.layers, args.batch, args.tokens, args.steps, args.repeats, args.vocab = 1, 1, 128, 1, 1, 8192
     if args.child:
         run_child(args)
         return

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from grpo_core.trainer import distributed
-from grpo_core.trainer.distributed import init_distributed
+from grpo_core.trainer.distributed import init_distributed, process_group_backend
 
 
 def test_backend_string_per_device():

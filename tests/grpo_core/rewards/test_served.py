@@ -61,7 +61,7 @@ def test_requests_are_concurrent_and_bounded_by_batch_size(server):
     server.behaviour.delay_s = 0.3
     fn = ServedJudge(JudgeSpec(model="j", url=server.url, batch_size=3))
     start = time.monotonic()
-    assert fn(prompts=["q"] * 9, completions=["a"] * 9) == pytest.approx([0.7] * 9)
+    assert fn(prompts=["q"] * 9, completions=["</think>a"] * 9) == pytest.approx([0.7] * 9)
     assert server.behaviour.max_in_flight == 3
     assert time.monotonic() - start < 9 * 0.3  # not one after another
 
@@ -70,23 +70,23 @@ def test_unparsed_verdicts_are_counted_and_a_judge_that_never_parses_stops_namin
     server.behaviour.verdict = "I cannot rate this."
     fn = ServedJudge(JudgeSpec(model="j", name="remote", url=server.url, max_unparsed=None))
     pop_reward_stats()
-    assert fn(prompts=["q"] * 3, completions=["a"] * 3) == [None] * 3
+    assert fn(prompts=["q"] * 3, completions=["</think>a"] * 3) == [None] * 3
     assert pop_reward_stats() == {"rewards/remote/unparsed": 3.0}
     strict = ServedJudge(JudgeSpec(model="j", name="remote", url=server.url, max_unparsed=4))
     with pytest.raises(JudgeNeverParses, match=rf"judge remote \(j at {server.url}\): none of its first 4"):
-        strict(prompts=["q"] * 4, completions=["a"] * 4)
+        strict(prompts=["q"] * 4, completions=["</think>a"] * 4)
 
 
 def test_5xx_is_retried_with_backoff_and_4xx_is_not(server):
     server.behaviour.fail_first = 2  # two 503s, then answers
     fn = ServedRewardModel(RewardModelSpec(model="rm", url=server.url, batch_size=1))
     pop_reward_stats()
-    assert fn(prompts=["q"], completions=["a"]) == [1.5]
+    assert fn(prompts=["q"], completions=["</think>a"]) == [1.5]
     assert len(server.behaviour.requests) == 3 and pop_reward_stats() == {}
 
     server.behaviour.requests.clear()
     server.behaviour.fail_first, server.behaviour.fail_status = 10, 400
-    assert fn(prompts=["q", "q"], completions=["a", "b"]) == [None, None]
+    assert fn(prompts=["q", "q"], completions=["</think>a", "</think>b"]) == [None, None]
     assert len(server.behaviour.requests) == 2  # one each: a bad request fails again
     assert pop_reward_stats() == {"rewards/reward_model/errors": 2.0}
 
@@ -95,7 +95,7 @@ def test_a_stopped_server_scores_none_counted_as_errors_within_the_timeout():
     fn = ServedJudge(JudgeSpec(model="j", name="down", url=closed_port_url(), timeout=5.0, batch_size=2))
     pop_reward_stats()
     start = time.monotonic()
-    assert fn(prompts=["q"] * 6, completions=["a"] * 6) == [None] * 6
+    assert fn(prompts=["q"] * 6, completions=["</think>a"] * 6) == [None] * 6
     assert time.monotonic() - start < 5.0
     assert pop_reward_stats() == {"rewards/down/errors": 6.0}
 
@@ -105,7 +105,7 @@ def test_a_slow_server_is_cut_at_the_timeout(server):
     fn = ServedRewardModel(RewardModelSpec(model="rm", name="slow", url=server.url, timeout=0.5))
     pop_reward_stats()
     start = time.monotonic()
-    assert fn(prompts=["q"] * 2, completions=["a"] * 2) == [None, None]
+    assert fn(prompts=["q"] * 2, completions=["</think>a"] * 2) == [None, None]
     assert time.monotonic() - start < 2.0
     assert pop_reward_stats() == {"rewards/slow/timeouts": 2.0}
 
@@ -113,16 +113,16 @@ def test_a_slow_server_is_cut_at_the_timeout(server):
 def test_every_call_failing_raises_naming_the_url_after_max_failed_calls():
     url = closed_port_url()
     fn = ServedJudge(JudgeSpec(model="j", url=url, max_failed_calls=2, timeout=5.0))
-    assert fn(prompts=["q"], completions=["a"]) == [None]  # one failed call: counted, not fatal
+    assert fn(prompts=["q"], completions=["</think>a"]) == [None]  # one failed call: counted, not fatal
     with pytest.raises(RewardServerUnavailable, match=rf"judge judge \(j at {url}\): the server answered none of "
                                                       r"the requests of the last 2 calls .*Connection refused"):
-        fn(prompts=["q"], completions=["a"])
+        fn(prompts=["q"], completions=["</think>a"])
 
 
 def test_a_dead_server_costs_a_bounded_number_of_attempts_per_call(server):
     server.behaviour.fail_first = 10_000  # always 503
     fn = ServedJudge(JudgeSpec(model="j", url=server.url, batch_size=2, timeout=30.0, max_failed_calls=None))
-    assert fn(prompts=["q"] * 40, completions=["a"] * 40) == [None] * 40
+    assert fn(prompts=["q"] * 40, completions=["</think>a"] * 40) == [None] * 40
     assert len(server.behaviour.requests) <= 2 * (1 + RETRIES)  # not 40 x 4: rows not sent fail at once
 
 
@@ -133,7 +133,7 @@ def test_the_key_never_reaches_logs_or_error_messages(server, monkeypatch, caplo
     spec = JudgeSpec(model="j", url=server.url, api_key_env="JUDGE_KEY", max_failed_calls=1)
     fn = ServedJudge(spec)
     with caplog.at_level(logging.DEBUG), pytest.raises(RewardServerUnavailable) as raised:
-        fn(prompts=["q"], completions=["a"])
+        fn(prompts=["q"], completions=["</think>a"])
     assert server.behaviour.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}"  # it was sent
     text = caplog.text + str(raised.value) + repr(raised.value) + spec.model_dump_json()
     assert "HTTP 401 (the server refused the key: check api_key_env)" in text and "***" in text
