@@ -32,7 +32,7 @@ KEY = "sk-vllm-test-key-NOT-FOR-LOGS-91c2"
 START_TIMEOUT_S = 420
 PROMPTS = [[{"role": "user", "content": "How do I fix a bike?"}]] * 3
 COMPLETIONS = [[{"role": "assistant", "content": "<think>hmm</think>Use a wrench."}],
-               [{"role": "assistant", "content": "No."}], [{"role": "assistant", "content": "Ask a shop."}]]
+               [{"role": "assistant", "content": "<think>x</think>No."}], [{"role": "assistant", "content": "<think>y</think>Ask a shop."}]]
 
 
 def start_server(model: Path, name: str, log: Path, *extra: str) -> tuple[subprocess.Popen, str]:
