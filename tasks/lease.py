@@ -136,19 +136,17 @@ class RunLease:
         if holder is None or holder.get("owner") == self.owner:
             return
         if force:
-            if not quiet:
-                log.warning("--force-unlock: taking the lease on run %s from %s", self.run, describe(holder))
+            taking = f"--force-unlock: taking the lease on run {self.run} from {describe(holder)}"
         elif _expires_at(holder) < time.time():
-            if not quiet:
-                log.warning("taking over the stale lease on run %s (%s; expired %s)", self.run,
-                            describe(holder) if holder else f"unreadable {self.store.uri(self.path)}",
-                            _iso(_expires_at(holder)) if holder else "?")
+            taking = (f"taking over the stale lease on run {self.run} ("
+                      f"{describe(holder) if holder else f'unreadable {self.store.uri(self.path)}'}; expired "
+                      f"{_iso(_expires_at(holder)) if holder else '?'})")
         elif process_gone(holder):
-            if not quiet:
-                log.warning("taking over the lease on run %s from %s: that process is gone (same host)", self.run,
-                            describe(holder))
+            taking = f"taking over the lease on run {self.run} from {describe(holder)}: that process is gone (same host)"
         else:
             raise LeaseHeld(self._held_message(holder))
+        if not quiet:
+            log.warning("%s", taking)
 
     def _held_message(self, holder: dict[str, Any]) -> str:
         return (f"run {self.run!r} in {self.store.url} is being written by {describe(holder)}; wait for it to "
