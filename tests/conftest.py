@@ -154,3 +154,11 @@ def black_hole():
     server.close()
     for conn in accepted:
         conn.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with a ``slow`` test run first. ``--dist loadfile`` hands the two workers whole files in collection
+    order, so a file of minutes collected last would run alone at the end while the other worker idles; slow
+    files first and the many short ones after fill both workers to the end (longest-first scheduling)."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: each file keeps its own order

@@ -21,11 +21,12 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = "interrupted"
+GRPO_STEPS = 16  # long enough to be interrupted after its first checkpoint (step 2), short to resume
 
 
 def _config(tmp_path: Path) -> Path:
     cfg = yaml.safe_load((REPO / "configs" / "ci-tiny.yaml").read_text())
-    cfg["grpo_train"].update(max_steps=40, save_steps=2)
+    cfg["grpo_train"].update(max_steps=GRPO_STEPS, save_steps=2)
     cfg["run"].update(isolation="subprocess")  # the trainer in its own process group, as `r1 run` runs it
     path = tmp_path / "long-grpo.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -118,4 +119,4 @@ def test_ctrl_c_stops_in_seconds_cancels_and_resumes(tmp_path):
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     manifests = sorted((store / RUN / "grpo_train").glob("*/manifest.json"))
     manifest = json.loads(manifests[-1].read_text())
-    assert 2 <= manifest["training"]["resumed_from_step"] < 40
+    assert 2 <= manifest["training"]["resumed_from_step"] < GRPO_STEPS

@@ -68,6 +68,7 @@ def one_process(tmp_path_factory) -> tuple[Path, Path]:
     return model_dir, tmp / "one"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_give_the_loss_curve_of_one(one_process, tmp_path, strategy):
     from safetensors.torch import load_file

@@ -59,6 +59,7 @@ def tiny_path(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny"), hidden_size=32, num_layers=2, num_heads=2)
 
 
+@pytest.mark.slow
 def test_async_rollouts_are_one_step_stale_corrected_and_resume_exactly(tmp_path, tiny_path):
     config = async_config(beta=0.04)  # the reference log-probs come from the sampler and ride in the checkpoint
     train_grpo(config, tiny_path, ROWS, tmp_path / "full", reward_funcs=[digit_fraction], resume=False)
@@ -118,6 +119,7 @@ def test_sampler_reference_logps_equal_the_trainers(tiny_path):
     assert float(batch.ref_logps[mask].abs().min()) > 0  # real log-probs, not the padding's zeros
 
 
+@pytest.mark.slow
 def test_reference_on_the_sampler_gives_the_trainers_kl_and_loss(tmp_path, tiny_path):
     runs = {}
     for on_sampler in (True, False):
@@ -131,6 +133,7 @@ def test_reference_on_the_sampler_gives_the_trainers_kl_and_loss(tmp_path, tiny_
         assert sampler["reward"] == trainer["reward"]
 
 
+@pytest.mark.slow
 def test_two_steps_of_staleness_are_logged_and_resume_exactly(tmp_path, tiny_path):
     """async_max_staleness 2: step n trains on rollouts of the weights of step n-3; a checkpoint collects every
     round in flight, so a crash and resume give the same rollouts and the same weights, bit for bit."""

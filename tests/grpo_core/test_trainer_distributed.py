@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 import torch
 
 from tests.grpo_core.run_helpers import read_metrics, run_torchrun
@@ -39,6 +40,7 @@ def run(model_dir: str, output_dir: str) -> None:
     train_grpo(config(), model_dir, ROWS, output_dir, reward_funcs=[digit_fraction], resume=False)
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_loss_curve_of_one(tmp_path):
     from safetensors.torch import load_file
 

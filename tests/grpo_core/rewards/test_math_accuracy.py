@@ -122,6 +122,7 @@ def test_acceptance_example():
     assert math_accuracy(["\\boxed{2}", "x"], answer=[None, "3"]) == [None, 0.0]
 
 
+@pytest.mark.slow
 def test_agreement_with_real_labels(shared_data: Path):
     """Every row of every data set (about 15 s on 2 cores with 2 workers).
 
