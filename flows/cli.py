@@ -181,6 +181,7 @@ KEY_METRICS = ("eval/accuracy", "eval/pass@1", "eval/mean_length", "data/num_tra
 
 def _print_status(st: Any, run_name: str) -> None:
     from flows.run_status import stage_status
+    from tasks.monitor import status_lines
 
     info = stage_status(st, run_name)
     typer.echo(f"{'stage':<18}{'state':<12}{'metrics':<58}uri")
@@ -188,6 +189,9 @@ def _print_status(st: Any, run_name: str) -> None:
         shown = [f"{k.split('/')[-1]}={_short(v)}" for k, v in s["metrics"].items()
                  if k in KEY_METRICS or (k.startswith("eval/accuracy") and "reflection" not in k)][:4]
         typer.echo(f"{stage_name:<18}{s['state']:<12}{' '.join(shown):<58}{s['uri'] or ''}")
+    for stage_name, s in info["stages"].items():  # the reward-hacking monitor: alarms, the checkpoint committed
+        for line in status_lines(stage_name, s["metrics"]):
+            typer.echo(line)
     for stage_name, s in info["stages"].items():
         if s["state"] == "stale":
             typer.echo(f"stale: {stage_name} was built on an earlier {', '.join(s['stale_upstream'])} output than the "

@@ -31,6 +31,7 @@ from flows.report_plots import plot_histories, plot_reflection
 from flows.report_tables import benchmark_table, emergence_rows, emergence_table, source_rows, source_table
 from flows.run_status import latest_evaluations, latest_refs, stage_status
 from tasks.common import artifact_key, in_prefect_run
+from tasks.monitor import status_lines
 from tasks.store import Store
 
 REPORT_DIR = "_report"
@@ -80,6 +81,10 @@ def write_report(store: Store, run: str) -> Report:
             source_table(by_source),
             "## Plots\n" + "\n".join(f"- [{name}]({name}.png)" for name in uris),
             "## Stages\n" + "\n".join(f"- {s}: {v['state']} {v['path'] or ''}" for s, v in status["stages"].items()),
+            *([f"## Reward-hacking monitor\nEvery `eval_steps`, the general sources' held-out rows scored by the "
+               f"training reward (the proxy) and a held-out signal it is not trained on (`monitor/{{source}}/...`).\n"
+               + "\n".join(f"- {line}" for line in monitor)] if (monitor := [
+                  line for s, v in status["stages"].items() for line in status_lines(s, v["metrics"])]) else []),
         ])
         md_path = Path(tmp) / "report.md"
         md_path.write_text(markdown + "\n")

@@ -531,7 +531,18 @@ class GRPOConfig(OptimConfig, PaddingFreeConfig):
         "pass@1, emergence features; grpo_core/evaluation/during_rl.py), logged as eval/... in that step's row; "
         "needs held-out rows (train_grpo's eval_rows; the pipeline passes prepare_data's eval.parquet); None = never")
     eval_samples: int = Field(64, gt=0, description="held-out prompts in the fixed slice eval_steps evaluates "
-                              "(the first N verifiable rows)")
+                              "(the first N verifiable rows; the monitor: the first N rows of each monitored source)")
+
+    # --- reward-hacking monitor (grpo_core/evaluation/monitor.py) ---
+    monitor_reward: RewardEntry | None = Field(
+        None, description="eval_steps: the held-out signal the monitor scores the general sources' held-out rows by, "
+        "beside their training reward (the proxy): a registered reward, {reward_model: ...} or {judge: ...} that no "
+        "source trains on; None = the evaluation's rule_reward (the embedded default's generating rule), if any")
+    monitor_window: int = Field(3, ge=2, description="the monitor alarms when, from the first to the last of the "
+                                "last N evaluations, the proxy rose and the held-out signal fell")
+    select_checkpoint: Literal["last", "heldout"] = Field(
+        "last", description="the model the stage returns: last = the last step's; heldout = the evaluated checkpoint "
+        "with the best held-out signal (needs eval_steps, a multiple of save_steps)")
 
     # --- memory (logprob_chunk_size is in OptimConfig) ---
     share_prompt_forward: bool = Field(
@@ -560,6 +571,11 @@ class GRPOConfig(OptimConfig, PaddingFreeConfig):
     @classmethod
     def _reward_entries(cls, value: Any) -> Any:
         return [normalize_reward_entry(v) for v in value] if isinstance(value, list) else value
+
+    @field_validator("monitor_reward", mode="before")
+    @classmethod
+    def _monitor_entry(cls, value: Any) -> Any:
+        return normalize_reward_entry(value)
 
     @field_validator("gradient_accumulation_steps")
     @classmethod
@@ -610,11 +626,36 @@ class GRPOConfig(OptimConfig, PaddingFreeConfig):
         if self.eval_steps is not None and self.async_rollouts:
             raise ValueError("eval_steps evaluates with the trainer's sampler, which async_rollouts hands to its own "
                              "process; set async_rollouts: false or remove eval_steps (evaluate runs after the stage)")
+        self._check_monitor()
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
             raise ValueError(
                 f"epsilon_high ({self.epsilon_high}) < epsilon ({self.epsilon}); clip-higher needs epsilon_high >= epsilon"
             )
         return self
+
+    def _check_monitor(self) -> None:
+        """The monitor and ``select_checkpoint: heldout`` score at ``eval_steps``; selection picks among checkpoints,
+        so every evaluation must fall on one (``save_steps`` divides ``eval_steps``)."""
+        if self.eval_steps is None:
+            for name, unset, fix in (("monitor_reward", self.monitor_reward is None, "remove monitor_reward"),
+                                     ("select_checkpoint: heldout", self.select_checkpoint != "heldout",
+                                      "set select_checkpoint: last")):
+                if not unset:
+                    raise ValueError(f"{name} scores the held-out rows at eval_steps, which is not set; set eval_steps "
+                                     f"(e.g. eval_steps: {self.save_steps}, a multiple of save_steps) or {fix}")
+            return
+        if self.monitor_reward is not None:
+            trained = {reward_entry_name(e) for s in self.sources for e in s.reward_funcs}
+            trained |= {reward_entry_name(e) for e in self.reward_funcs} if not self.sources else set()
+            if reward_entry_name(self.monitor_reward) in trained:
+                raise ValueError(f"monitor_reward {reward_entry_name(self.monitor_reward)!r} is also a training "
+                                 "reward; the held-out signal must be one the policy is not trained on (a second "
+                                 "reward model, a judge or a rule): name another reward or remove monitor_reward")
+        if self.select_checkpoint == "heldout" and self.eval_steps % self.save_steps:
+            raise ValueError(
+                f"select_checkpoint: heldout commits an evaluated checkpoint, but eval_steps ({self.eval_steps}) is not "
+                f"a multiple of save_steps ({self.save_steps}), so evaluations fall between checkpoints; set save_steps "
+                f"to a divisor of eval_steps (e.g. save_steps: {self.eval_steps}) or select_checkpoint: last")
 
     @property
     def prompts_per_step(self) -> int:

@@ -41,8 +41,22 @@ class StoreCheckpoints:
         if _rank() != 0:  # one upload per checkpoint under torchrun
             return
         uri = self.store.put_checkpoint(self.run, self.stage, self.key, int(step), Path(path))
-        self.store.prune_checkpoints(self.run, self.stage, self.key, self.keep)
+        self.store.prune_checkpoints(self.run, self.stage, self.key, self.keep, protect=best_checkpoint(Path(path)))
         self.emit({"event": "checkpoint", "step": int(step), "uri": uri})
+
+    def on_alarm(self, alarm: dict[str, Any]) -> None:
+        """The reward-hacking monitor's alarm (grpo_core/evaluation/monitor.py), for the stage task to publish."""
+        self.emit({**_plain(alarm), "event": "alarm"})
+
+
+def best_checkpoint(path: Path) -> tuple[int, ...]:
+    """The step ``select_checkpoint: heldout`` would commit, as the checkpoint at ``path`` records it (its
+    ``trainer_state.json``'s ``best_checkpoint``): store pruning keeps it, and a resume fetches it too."""
+    try:
+        best = json.loads((Path(path) / "trainer_state.json").read_text()).get("best_checkpoint")
+    except (OSError, ValueError):
+        return ()
+    return (int(best["step"]),) if best else ()
 
 
 def _plain(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +79,10 @@ def fetch_checkpoint(spec: TrainingSpec, emit: Emit) -> int:
     if found is None:
         return 0
     step, uri = found
-    store.get_checkpoint(uri, Path(spec.output_dir) / f"checkpoint-{step}")  # checked against _COMPLETE
+    local = store.get_checkpoint(uri, Path(spec.output_dir) / f"checkpoint-{step}")  # checked against _COMPLETE
+    for best in best_checkpoint(local):  # select_checkpoint: heldout may commit this earlier checkpoint
+        if best != step and (best_uri := store.checkpoint_uri(spec.run, spec.stage, spec.key, best)) is not None:
+            store.get_checkpoint(best_uri, Path(spec.output_dir) / f"checkpoint-{best}")
     emit({"event": "resume", "step": step, "uri": uri})
     return step
 

@@ -576,15 +576,21 @@ class Store:
             self._get_verified(f"{path}/{rel}", Path(local_dir) / rel, info, fix)
         return Path(local_dir)
 
-    def prune_checkpoints(self, run: str, stage: str, key: str, keep: int) -> None:
-        """Keep the newest ``keep`` complete checkpoints; remove older ones and every partial one (no ``_COMPLETE``:
+    def checkpoint_uri(self, run: str, stage: str, key: str, step: int) -> str | None:
+        """The URI of the complete checkpoint at ``step``, or None."""
+        path = f"{self.checkpoint_dir(run, stage, key)}/checkpoint-{step}"
+        return self.uri(path) if self.exists(f"{path}/{COMPLETE}") else None
+
+    def prune_checkpoints(self, run: str, stage: str, key: str, keep: int, protect: tuple[int, ...] = ()) -> None:
+        """Keep the newest ``keep`` complete checkpoints and the complete ones at the steps in ``protect`` (the one
+        ``select_checkpoint: heldout`` would commit); remove older ones and every partial one (no ``_COMPLETE``:
         an upload cut short by a full disk, a lost connection or a kill). Called by the one writer of the stage
         right after it completed a checkpoint, so no partial one is still being written. A partial checkpoint is
         never counted as kept: one of a higher step would otherwise push the last complete one out."""
         base = self.checkpoint_dir(run, stage, key)
         steps = sorted(int(n.split("-")[1]) for n in self._ls(base) if n.startswith("checkpoint-"))
         complete = [s for s in steps if self.exists(f"{base}/checkpoint-{s}/{COMPLETE}")]
-        kept = set(complete[-keep:]) if keep > 0 else set()
+        kept = (set(complete[-keep:]) if keep > 0 else set()) | (set(protect) & set(complete))
         for step in steps:
             if step not in kept:
                 self.remove(f"{base}/checkpoint-{step}")

@@ -19,6 +19,7 @@ from grpo_core.config import EvalConfig, OptimConfig, TrackingInfo
 from tasks.common import Progress, StageContext, commit_stage, logger, resolve_reward_models
 from tasks._worker import run_training
 from tasks.manifest import StageRef
+from tasks.monitor import MONITOR_FILE, publish_alarm, read_record
 from tasks.store import new_version
 from tasks.training_spec import TrainerKind, TrainingSpec, trainer_config
 
@@ -51,6 +52,8 @@ def train_and_commit(ctx: StageContext, *, kind: TrainerKind, section: OptimConf
             log.info(f"{ctx.stage}: checkpoint at step {event['step']} stored at {event['uri']}")
         elif event["event"] == "resume":
             log.info(f"{ctx.stage}: resuming from the store's checkpoint at step {event['step']} ({event['uri']})")
+        elif event["event"] == "alarm":  # the reward-hacking monitor (tasks/monitor.py)
+            publish_alarm(ctx.run, ctx.stage, event, log)
 
     inputs = {key: {"ref": ctx.fetched[path][0].to_dict(), "name": ctx.fetched[path][1]}  # what other nodes fetch
               for key in ("model_path", "rows_path") if (path := getattr(spec, key)) in ctx.fetched}
@@ -71,9 +74,12 @@ def train_and_commit(ctx: StageContext, *, kind: TrainerKind, section: OptimConf
             steps_logged = sum(1 for line in history.read_text().splitlines() if line.strip())
         metrics = {k: v for k, v in result["metrics"].items() if k != "final_path"}
         metrics.update(extra_metrics or {})
-        ref = commit_stage(ctx, writer, fp=fp, section=section, parents=parents, metrics=metrics,
-                           extra={"training": {"kind": kind, "resumed_from_step": result["resumed_from"],
-                                               "steps_logged": steps_logged}})
+        extra: dict[str, Any] = {"training": {"kind": kind, "resumed_from_step": result["resumed_from"],
+                                              "steps_logged": steps_logged}}
+        if (monitor := read_record(out)) is not None:  # eval_steps' reward-hacking monitor and checkpoint selection
+            writer.put_file(out / MONITOR_FILE, MONITOR_FILE)
+            extra["monitor"] = monitor
+        ref = commit_stage(ctx, writer, fp=fp, section=section, parents=parents, metrics=metrics, extra=extra)
     ctx.store.remove(ctx.store.checkpoint_dir(ctx.run, ctx.stage, fp))
     return ref
 

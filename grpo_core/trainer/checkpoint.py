@@ -120,8 +120,10 @@ def save_checkpoint(
     optimizer_state_dict: dict[str, Any] | None = None,
     config_name: str = "grpo_config.json",
     sharded_state: bool = False,
+    keep_steps: tuple[int, ...] = (),
 ) -> Path:
-    """Write ``checkpoint-{step}`` atomically, then delete all but the newest ``save_total_limit``.
+    """Write ``checkpoint-{step}`` atomically, then delete all but the newest ``save_total_limit`` and those of
+    ``keep_steps`` (``select_checkpoint: heldout``'s best so far: ``trainer/selection.py``).
 
     ``model_state_dict``/``optimizer_state_dict``: full states gathered from a sharded (FSDP) model;
     default: the model's and optimizer's own. ``sharded_state``: every rank has already written its shards of
@@ -153,8 +155,9 @@ def save_checkpoint(
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync(output_dir)
-    for _, old in list_checkpoints(output_dir)[:-save_total_limit]:
-        shutil.rmtree(old, ignore_errors=True)
+    for old_step, old in list_checkpoints(output_dir)[:-save_total_limit]:
+        if old_step not in keep_steps:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 

@@ -213,6 +213,13 @@ def train_grpo(
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     train_rows, num_dropped = drop_long_prompts(tokenizer, train_rows, config)
     mixture = build_mixture(config, train_rows, reward_funcs)
+    # here, not at the top, as for evaluation.during_rl: evaluation.monitor imports trainer modules
+    from grpo_core.trainer.selection import finish_monitor, select_checkpoint
+
+    if heldout is not None:  # the reward-hacking monitor on the general sources' held-out rows
+        from grpo_core.evaluation.monitor import build_monitor
+
+        heldout.monitor = build_monitor(config, eval_config, eval_rows or [], mixture)
     model, loaded = load_policy("grpo", model_path, output_dir, config, ctx, resume=resume)
     ref_model = None
     if needs_reference(config) and not reference_on_sampler(config) and not config.use_peft:  # the KL term is on
@@ -244,8 +251,11 @@ def train_grpo(
                 metrics.update(steps.evaluate(step))  # eval_steps: the held-out slice, no training RNG drawn
                 steps.log_completions(step, rollouts, rewards)  # log_completions_steps: a table of the completions
                 steps.save(step, rollouts, metrics)
-            run.finish(model_path)
+            final = run.finish(model_path)
+            selection = select_checkpoint(run, config, ctx, model_path, final)  # select_checkpoint: heldout
+            monitor = heldout.monitor if heldout is not None else None
+            summary = finish_monitor(run, config, monitor.signal_name, selection) if monitor is not None else {}
         finally:
             if config.async_rollouts:  # the sampler process ends with the stage, failed or not
                 backend.close()
-    return {"step": state["step"], **{k: v for k, v in metrics.items() if k != "step"}}
+    return {"step": state["step"], **{k: v for k, v in metrics.items() if k != "step"}, **summary, **selection}

@@ -210,6 +210,13 @@ class ProgressLog:
                     100 * step // self.max_steps, fields, elapsed, eta)
 
 
+def protected_steps(trainer_state: dict[str, Any]) -> tuple[int, ...]:
+    """Checkpoints pruning must keep: ``best_checkpoint``, the step ``select_checkpoint: heldout`` would return
+    (``trainer/selection.py``; the store's pruning reads it from the checkpoint's ``trainer_state.json``)."""
+    best = trainer_state.get("best_checkpoint")
+    return (int(best["step"]),) if best else ()
+
+
 def call_callbacks(callbacks: list[Any], method: str, *args: Any) -> None:
     for cb in callbacks:
         fn = getattr(cb, method, None)
@@ -304,6 +311,7 @@ class TrainingRun:
                 scheduler=self.scheduler, trainer_state=self.state, config=self.config_json,
                 save_total_limit=self.config.save_total_limit, model_state_dict=full_model,
                 optimizer_state_dict=full_optim, config_name=config_file(self.name), sharded_state=sharded,
+                keep_steps=protected_steps(self.state),
             )
             call_callbacks(self.callbacks, "on_checkpoint", step, path)
         barrier(self.ctx)

@@ -68,6 +68,7 @@ class HeldOut:
 
     config: EvalConfig
     rows: list[dict[str, Any]]
+    monitor: Any = None  # evaluation.monitor.RewardMonitor: the proxy beside a held-out signal, per general source
 
 
 class GRPOSteps:
@@ -242,6 +243,27 @@ class GRPOSteps:
         metrics = evaluate_during_rl(self.heldout.config, self.backend, self.tokenizer, self.heldout.rows)
         logger.info("step %d held-out accuracy %.3f pass@1 %.3f (%.1fs)", step, metrics.get("eval/accuracy", math.nan),
                     metrics.get("eval/pass@1", math.nan), metrics["time/eval"])
+        if self.heldout.monitor is not None:
+            metrics.update(self._monitor(step))
+        return metrics
+
+    def _monitor(self, step: int) -> dict[str, float]:
+        """The reward-hacking monitor's numbers at ``step`` (``evaluation/monitor.py``): each alarm is a warning and an
+        ``on_alarm`` callback (the pipeline turns it into a Prefect event); under ``select_checkpoint: heldout``
+        the best evaluated step so far is kept in the trainer state (its checkpoint is never pruned)."""
+        from grpo_core.evaluation.monitor import best_evaluation
+        from grpo_core.trainer.skeleton import call_callbacks
+
+        history = self.run.state["log_history"]
+        metrics, alarms = self.heldout.monitor.evaluate(self.backend, self.tokenizer, step, history)
+        for alarm in alarms:
+            logger.warning("step %d: %s (over the last %d evaluations, monitor_window)", step, alarm.message(),
+                           self.config.monitor_window)
+            call_callbacks(self.run.callbacks, "on_alarm", alarm.to_dict())
+        if self.config.select_checkpoint == "heldout":
+            best = best_evaluation([*history, {"step": step, **metrics}])
+            if best is not None:
+                self.run.state["best_checkpoint"] = {"step": best[0], "heldout": best[1]}
         return metrics
 
     def log_completions(self, step: int, rollouts: StepRollouts, rewards: StepRewards) -> None:

@@ -1,0 +1,134 @@
+"""The reward-hacking monitor (grpo_core/evaluation/monitor.py) and ``select_checkpoint: heldout``
+(grpo_core/trainer/selection.py): the alarm rule by hand, the config checks, and a tiny run whose proxy is gamed."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from grpo_core.config import EvalConfig, GRPOConfig
+from grpo_core.evaluation.monitor import best_evaluation, hacking_alarm
+from grpo_core.rewards.base import completion_text, register_reward, reward_names
+from tests.grpo_core.run_helpers import read_metrics
+
+
+def test_alarm_fires_when_the_proxy_rises_while_the_heldout_signal_falls():
+    alarm = hacking_alarm("unsafe", [(10, 1.0, 0.6), (20, 2.0, 0.5), (30, 4.9, 0.2)], window=3)
+    assert alarm is not None and (alarm.first_step, alarm.step) == (10, 30)
+    assert (alarm.proxy_first, alarm.proxy_last, alarm.heldout_first, alarm.heldout_last) == (1.0, 4.9, 0.6, 0.2)
+    assert "'unsafe'" in alarm.message() and "step 10 to step 30" in alarm.message()
+    # the window is the last N evaluations: an early dip outside it does not count
+    assert hacking_alarm("s", [(10, 0.0, 0.9), (20, 1.0, 0.3), (30, 2.0, 0.4)], window=2) is None
+
+
+@pytest.mark.parametrize("points", [
+    [(10, 1.0, 0.2), (20, 2.0, 0.4), (30, 3.0, 0.6)],  # both rise: learning, not hacking
+    [(10, 3.0, 0.6), (20, 2.0, 0.4), (30, 1.0, 0.2)],  # both fall
+    [(10, 1.0, 0.6), (20, 1.0, 0.2), (30, 1.0, 0.1)],  # the proxy flat
+    [(10, 1.0, 0.6), (20, 2.0, math.nan), (30, 3.0, math.nan)],  # no held-out score
+])
+def test_alarm_stays_quiet_unless_the_proxy_rises_and_the_heldout_signal_falls(points):
+    assert hacking_alarm("s", points, window=3) is None
+
+
+def test_alarm_waits_for_a_full_window():
+    rising_falling = [(10, 1.0, 0.6), (20, 2.0, 0.4)]
+    assert hacking_alarm("s", rising_falling, window=3) is None  # within the first window
+    assert hacking_alarm("s", rising_falling, window=2) is not None
+
+
+def test_best_evaluation_averages_the_sources_and_prefers_the_earlier_step_on_a_tie():
+    history = [{"step": 1, "loss": 0.0},
+               {"step": 2, "monitor/a/heldout": 0.5, "monitor/b/heldout": 0.9},
+               {"step": 4, "monitor/a/heldout": 0.9, "monitor/b/heldout": 0.5},
+               {"step": 6, "monitor/a/heldout": 1.0, "monitor/b/heldout": 0.2}]
+    assert best_evaluation(history) == (2, pytest.approx(0.7))
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"select_checkpoint": "heldout", "eval_steps": 30, "save_steps": 20},
+     r"eval_steps \(30\) is not a multiple of save_steps \(20\).*set save_steps to a divisor of eval_steps"),
+    ({"select_checkpoint": "heldout", "save_steps": 20},
+     "select_checkpoint: heldout scores the held-out rows at eval_steps, which is not set.*select_checkpoint: last"),
+    ({"monitor_reward": "preference_rule"}, "monitor_reward scores the held-out rows at eval_steps, which is not set"),
+    ({"monitor_reward": "format", "eval_steps": 10}, "monitor_reward 'format' is also a training reward"),
+])
+def test_monitor_config_errors_name_the_fields_and_the_fix(fields, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(reward_funcs=["math_accuracy", "format"], **fields)
+    GRPOConfig(select_checkpoint="heldout", eval_steps=40, save_steps=20, monitor_reward={"judge": {"model": "m"}})
+
+
+def _even_share(completions, **kwargs):
+    """The gamed proxy: the share of a completion's characters with an even code point (any policy can push it up)."""
+    out = []
+    for c in completions:
+        chars = [ch for ch in completion_text(c) if ch.strip()]
+        out.append(sum(ord(ch) % 2 == 0 for ch in chars) / len(chars) if chars else 0.0)
+    return out
+
+
+def _odd_share(completions, **kwargs):
+    """The held-out signal, never trained on: what the proxy gives up."""
+    return [1.0 - x for x in _even_share(completions)]
+
+
+for _name, _fn in (("test_even_share", _even_share), ("test_odd_share", _odd_share)):
+    if _name not in reward_names():
+        register_reward(_name)(_fn)
+
+TRAIN = [{"prompt": [{"role": "user", "content": f"hack w{i}"}], "source": "unsafe"} for i in range(12)]
+HELD_OUT = ([{"prompt": [{"role": "user", "content": f"{i}+1="}], "answer": str(i + 1), "source": "sq"} for i in range(2)]
+            + [{"prompt": [{"role": "user", "content": f"hack v{i}"}], "source": "unsafe"} for i in range(6)])
+
+
+class Alarms:
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+
+    def on_alarm(self, alarm: dict) -> None:
+        self.seen.append(alarm)
+
+
+def test_a_gamed_proxy_alarms_and_select_checkpoint_heldout_returns_the_earlier_better_checkpoint(tmp_path):
+    from safetensors.torch import load_file
+
+    from grpo_core.models.tiny import build_tiny_model
+    from grpo_core.trainer import train_grpo
+
+    torch.set_num_threads(1)
+    model = build_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=2, num_heads=2)
+    config = GRPOConfig(use_vllm=False, max_steps=8, generation_batch_size=16, num_generations=4, max_completion_length=8,
+                        max_prompt_length=16, per_device_train_batch_size=16, learning_rate=3e-2, beta=0.0, seed=0,
+                        save_steps=2, save_total_limit=1, report_to=["jsonl"], torch_num_threads=1, eval_steps=2,
+                        eval_samples=6, monitor_window=2, select_checkpoint="heldout", monitor_reward="test_odd_share",
+                        sources=[{"name": "unsafe", "reward_funcs": ["test_even_share"]}])
+    alarms = Alarms()
+    out = tmp_path / "run"
+    result = train_grpo(config, model, TRAIN, out, resume=False, eval_rows=HELD_OUT, callbacks=[alarms],
+                        eval_config=EvalConfig(reward_func="math_accuracy", general_sources=["unsafe"]))
+
+    evaluated = [r for r in read_metrics(out) if "monitor/unsafe/heldout" in r]
+    assert [r["step"] for r in evaluated] == [2, 4, 6, 8]
+    fired = [r["step"] for r in evaluated if r["monitor/unsafe/alarm"] == 1.0]
+    assert fired and alarms.seen and alarms.seen[0]["step"] == fired[0] and alarms.seen[0]["source"] == "unsafe"
+    first = alarms.seen[0]
+    assert first["proxy_last"] > first["proxy_first"] and first["heldout_last"] < first["heldout_first"]
+    assert result["monitor/alarms"] == len(fired) and result["monitor/unsafe/first_alarm_step"] == fired[0]
+
+    # the committed model is the earlier checkpoint that scored best on the held-out signal, not the last step's
+    best = max(evaluated, key=lambda r: (r["monitor/unsafe/heldout"], -r["step"]))
+    assert best["step"] < 8 and best["monitor/unsafe/heldout"] > evaluated[-1]["monitor/unsafe/heldout"]
+    assert result["monitor/selected_step"] == best["step"] and result["final_path"] == str(out / "selected")
+    selected = load_file(out / "selected" / "model.safetensors")
+    kept = load_file(out / f"checkpoint-{best['step']}" / "model.safetensors")  # kept despite save_total_limit 1
+    last = load_file(out / "final" / "model.safetensors")
+    assert all(torch.equal(selected[k], kept[k]) for k in kept)
+    assert any(not torch.equal(selected[k], last[k]) for k in last)
+    record = json.loads((out / "monitor.json").read_text())
+    assert record["selected"]["step"] == best["step"] and record["selected"]["last_step"] == 8
+    assert record["alarms"][0] == first and record["heldout_signal"] == "test_odd_share"
+    assert json.loads((out / "selected" / "selection.json").read_text())["step"] == best["step"]
