@@ -491,7 +491,7 @@ class GRPOConfig(OptimConfig, PaddingFreeConfig):
     # --- asynchronous rollouts (grpo_core/trainer/async_rollouts.py) ---
     async_rollouts: bool = Field(False, description="generate the next steps' rollouts in a sampler process while step "
                                  "n trains (up to async_max_staleness steps stale, corrected by the sampler importance "
-                                 "weights); one process only")
+                                 "weights); under torchrun each rank runs its own sampler process")
     async_sampler_timeout: float = Field(600.0, gt=0, description="seconds the trainer waits for the sampler process "
                                          "before failing the stage (a dead sampler fails at once)")
     async_sampler_threads: int = Field(1, gt=0, description="torch threads of the sampler process")

@@ -84,7 +84,7 @@ class SharedWeights:
 
     Floating tensors are held in ``dtype`` (the sampler's: the cast happens in the parent's copy); others keep
     theirs. Tied tensors (one storage under two names, e.g. embeddings and LM head) are held once, under both
-    names."""
+    names. An FSDP2-sharded module's tensors are gathered whole at each write (every rank must write at once)."""
 
     def __init__(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
         self.dtype = dtype
@@ -92,7 +92,8 @@ class SharedWeights:
         placed: dict[tuple[int, int, tuple[int, ...]], Slot] = {}  # storage, offset, shape -> its first slot
         self.slots: list[Slot] = []  # every name, as in the module's state_dict (vLLM picks the ones it loads)
         for name, t in state.items():
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+            local = t.to_local() if hasattr(t, "to_local") else t  # an FSDP2 DTensor: its shard names the storage
+            key = (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(t.shape))
             if key in placed:  # a tied tensor: a second name on the same place in the buffer
                 self.slots.append(Slot(name, placed[key].group, placed[key].offset, tuple(t.shape)))
                 continue
@@ -109,7 +110,10 @@ class SharedWeights:
     @torch.no_grad()
     def write(self, state: dict[str, torch.Tensor]) -> None:
         for slot in self.slots:  # a tied tensor is copied twice, to the same place
-            slot.view(self.buffers).copy_(state[slot.name].detach())  # cast and device -> host in one copy
+            tensor = state[slot.name].detach()
+            if hasattr(tensor, "full_tensor"):  # FSDP2: every rank gathers the whole tensor (a collective)
+                tensor = tensor.full_tensor()
+            slot.view(self.buffers).copy_(tensor)  # cast and device -> host in one copy
 
 
 class ProcessBackend:

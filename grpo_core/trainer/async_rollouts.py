@@ -20,8 +20,14 @@ checkpoint carries them and a resumed run trains on exactly the rollouts the uni
 The sampler holds its weights in the trainer's dtype on the trainer's device (``sampler_placement``;
 ``async_sampler_dtype`` / ``async_sampler_device`` to choose others), never in the dtype its checkpoint was saved in:
 a bf16 base and a resumed run's fp32 checkpoint sample alike, which exact resume needs.
-Departure from the issue's plan: one training process only. With k > 1 the trainer waits, each step, for one
-step's rollouts; the deeper queue absorbs steps whose generation or training runs long, it does not add overlap.
+Several training ranks (torchrun): each rank starts its own sampler process (a full replica, on its own device)
+and submits its own share of every round's groups (``group_request`` shards them as the synchronous sampler
+does); ``score_groups`` gathers every rank's groups, so all ranks hold the same received rounds (rank 0's state
+is every rank's) and N ranks train on the rollouts one process would (seeds follow the prompt, not the rank).
+Every rank pushes its weights at the same point (FSDP2 gathers each tensor whole: a collective). On one CPU
+machine every rank pins its sampler to the same last cores (``split_cpus`` sees each rank's whole affinity).
+With k > 1 the trainer waits, each step, for one step's rollouts; the deeper queue absorbs steps whose
+generation or training runs long, it does not add overlap.
 
 Reference log-probs (``ReferenceLogps``, when ``beta > 0`` and ``async_reference_on_sampler``): the reference
 model is frozen, so its log-probs of a rollout do not depend on staleness. The sampler process loads it (the

@@ -93,10 +93,6 @@ def drop_long_prompts(tokenizer: Any, rows: list[dict[str, Any]], config: GRPOCo
 def check_inputs(config: GRPOConfig, ctx: DistContext, train_rows: list[dict[str, Any]],
                  reward_funcs: RewardFuncs | None) -> None:
     """Refuse what cannot train, before any model loads (fail in seconds, not minutes)."""
-    if config.async_rollouts and ctx.enabled:
-        raise ValueError(f"async_rollouts runs in one training process for now, and this is rank {ctx.rank} of "
-                         f"{ctx.world_size} (torchrun); launch one process (R1_NPROC_PER_NODE=1, one node) or set "
-                         "async_rollouts: false")
     if config.use_peft and config.async_rollouts:
         raise ValueError("use_peft with async_rollouts is not supported yet: the sampler process cannot report its "
                          "weights for the sync check; set async_rollouts: false (or use_peft: false)")
