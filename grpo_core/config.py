@@ -491,10 +491,15 @@ class GRPOConfig(OptimConfig, PaddingFreeConfig):
     # --- asynchronous rollouts (grpo_core/trainer/async_rollouts.py) ---
     async_rollouts: bool = Field(False, description="generate the next steps' rollouts in a sampler process while step "
                                  "n trains (up to async_max_staleness steps stale, corrected by the sampler importance "
-                                 "weights); one process only")
+                                 "weights); under torchrun each rank runs its own sampler process")
     async_sampler_timeout: float = Field(600.0, gt=0, description="seconds the trainer waits for the sampler process "
                                          "before failing the stage (a dead sampler fails at once)")
     async_sampler_threads: int = Field(1, gt=0, description="torch threads of the sampler process")
+    async_sampler_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="dtype of the transformers sampler's weights (and of the shared buffer they are pushed "
+        "through); auto = the trainer's (float32), whatever the checkpoint was saved in; vLLM: its dtype when set")
+    async_sampler_device: str | None = Field(
+        None, description="device of the transformers sampler process, e.g. cuda:1; None = the trainer's device")
     async_max_staleness: int = Field(1, ge=1, description="async_rollouts: how many steps ahead the sampler generates "
                                      "(a step trains on rollouts up to this many optimiser steps stale; AReaL's "
                                      "max_head_offpolicyness, verl's one-step-off is 1)")

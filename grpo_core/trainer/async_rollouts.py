@@ -10,15 +10,24 @@ The sampler runs in its own process (``generation.process.ProcessBackend``). Sch
    weights of step n-1 (at step 1: steps 2..k+1, all with the initial weights);
 3. step n trains; then the trainer waits for step n+1's rollouts (bounded by ``async_sampler_timeout``) and
    scores them (at a checkpoint step: every round in flight, so the checkpoint holds them all), keeps them in
-   the trainer state, and pushes its new weights to the sampler (a file).
+   the trainer state, and pushes its new weights to the sampler (shared memory, written in place: no file).
 
 So step n trains on completions ``async/staleness`` optimiser steps stale (0 at step 1, then up to k), corrected by
 the sampler importance weights against the behaviour policy's log-probs (always on here: the sampler is never
 the trainer's own forward). Stream positions are taken in submission order (``stream_position`` is the next
 free one), so they do not depend on k's timing. The received rounds are part of the trainer state, so a
 checkpoint carries them and a resumed run trains on exactly the rollouts the uninterrupted run would have.
-Departure from the issue's plan: one training process only. With k > 1 the trainer waits, each step, for one
-step's rollouts; the deeper queue absorbs steps whose generation or training runs long, it does not add overlap.
+The sampler holds its weights in the trainer's dtype on the trainer's device (``sampler_placement``;
+``async_sampler_dtype`` / ``async_sampler_device`` to choose others), never in the dtype its checkpoint was saved in:
+a bf16 base and a resumed run's fp32 checkpoint sample alike, which exact resume needs.
+Several training ranks (torchrun): each rank starts its own sampler process (a full replica, on its own device)
+and submits its own share of every round's groups (``group_request`` shards them as the synchronous sampler
+does); ``score_groups`` gathers every rank's groups, so all ranks hold the same received rounds (rank 0's state
+is every rank's) and N ranks train on the rollouts one process would (seeds follow the prompt, not the rank).
+Every rank pushes its weights at the same point (FSDP2 gathers each tensor whole: a collective). On one CPU
+machine every rank pins its sampler to the same last cores (``split_cpus`` sees each rank's whole affinity).
+With k > 1 the trainer waits, each step, for one step's rollouts; the deeper queue absorbs steps whose
+generation or training runs long, it does not add overlap.
 
 Reference log-probs (``ReferenceLogps``, when ``beta > 0`` and ``async_reference_on_sampler``): the reference
 model is frozen, so its log-probs of a rollout do not depend on staleness. The sampler process loads it (the
@@ -46,12 +55,23 @@ from grpo_core.config import GRPOConfig
 from grpo_core.generation import Rollout
 from grpo_core.generation.process import ProcessBackend
 from grpo_core.trainer.distributed import DistContext
+from grpo_core.trainer.dtypes import SAVE_DTYPES
 from grpo_core.trainer.mixture import Mixture
 from grpo_core.trainer.rollouts import ScoredGroups, group_request, score_groups
 from grpo_core.trainer.skeleton import load_model
 from grpo_core.trainer.update import build_train_batch, compute_batch_logps
 
 logger = logging.getLogger(__name__)
+
+
+def sampler_placement(config: GRPOConfig, trainer_dtype: torch.dtype, trainer_device: torch.device
+                      ) -> tuple[torch.dtype, torch.device]:
+    """``(dtype, device)`` of the sampler process's weights: ``async_sampler_dtype`` (auto: the trainer's weights',
+    never the checkpoint's own, so a bf16 base and a resumed fp32 checkpoint sample alike) and
+    ``async_sampler_device`` (None: the trainer's device; a CPU trainer's sampler is on the CPU)."""
+    dtype = trainer_dtype if config.async_sampler_dtype == "auto" else SAVE_DTYPES[config.async_sampler_dtype]
+    device = trainer_device if config.async_sampler_device is None else torch.device(config.async_sampler_device)
+    return dtype, device
 
 
 def split_cpus(sampler_threads: int, device: torch.device) -> tuple[set[int] | None, int | None]:

@@ -36,7 +36,7 @@ from grpo_core.config import EvalConfig, GRPOConfig, TrackingInfo, needs_referen
 from grpo_core.generation import GenerationBackend, backend_kind, backend_options, make_backend
 from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.rewards.scoring import resolve_reward
-from grpo_core.trainer.async_rollouts import NextRollouts, ReferenceLogps, split_cpus
+from grpo_core.trainer.async_rollouts import NextRollouts, ReferenceLogps, sampler_placement, split_cpus
 from grpo_core.trainer.distributed import DistContext
 from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded
 from grpo_core.trainer.lora import MergedReplica, base_dtype
@@ -93,10 +93,6 @@ def drop_long_prompts(tokenizer: Any, rows: list[dict[str, Any]], config: GRPOCo
 def check_inputs(config: GRPOConfig, ctx: DistContext, train_rows: list[dict[str, Any]],
                  reward_funcs: RewardFuncs | None) -> None:
     """Refuse what cannot train, before any model loads (fail in seconds, not minutes)."""
-    if config.async_rollouts and ctx.enabled:
-        raise ValueError(f"async_rollouts runs in one training process for now, and this is rank {ctx.rank} of "
-                         f"{ctx.world_size} (torchrun); launch one process (R1_NPROC_PER_NODE=1, one node) or set "
-                         "async_rollouts: false")
     if config.use_peft and config.async_rollouts:
         raise ValueError("use_peft with async_rollouts is not supported yet: the sampler process cannot report its "
                          "weights for the sync check; set async_rollouts: false (or use_peft: false)")
@@ -138,12 +134,18 @@ def make_sampler(config: GRPOConfig, ctx: DistContext, model: torch.nn.Module, t
     if config.async_rollouts:  # the sampler in its own process (trainer/async_rollouts.py)
         from grpo_core.generation.process import ProcessBackend
 
-        sampler_cpus, trainer_threads = split_cpus(config.async_sampler_threads, ctx.device)
+        dtype, device = sampler_placement(config, next(model.parameters()).dtype, ctx.device)
+        opts = backend_options(config.sampling, kind, device, seed=config.seed, bf16=config.bf16,
+                               model_config=model.config)  # autocast follows the sampler's device
+        if kind == "vllm" and config.async_sampler_dtype != "auto":
+            opts["dtype"] = config.async_sampler_dtype
+        sampler_cpus, trainer_threads = split_cpus(config.async_sampler_threads, device)
         if trainer_threads is not None:
             torch.set_num_threads(trainer_threads)
         pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        reference = ReferenceLogps(str(model_path), config, pad_token_id, str(ctx.device)) if reference_on_sampler(config) else None
-        backend: GenerationBackend = ProcessBackend(kind, str(start_path), timeout=config.async_sampler_timeout,
+        reference = ReferenceLogps(str(model_path), config, pad_token_id, str(device)) if reference_on_sampler(config) else None
+        backend: GenerationBackend = ProcessBackend(kind, str(start_path), dtype=dtype, device=device,
+                                                    timeout=config.async_sampler_timeout,
                                                     torch_num_threads=config.async_sampler_threads, cpus=sampler_cpus,
                                                     annotate=reference, **opts)
     elif config.use_peft:  # LoRA: the sampler holds the merged weights, pushed and checked (trainer/weight_sync.py)

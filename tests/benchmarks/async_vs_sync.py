@@ -1,4 +1,4 @@
-# python tests/benchmarks/async_vs_sync.py [--store DIR --run NAME] [--steps 8] [--rounds 2]
+# python tests/benchmarks/async_vs_sync.py [--store DIR --run NAME] [--steps 8] [--rounds 2] [--quick]
 """The embedded default's GRPO stage synchronous against asynchronous (``async_rollouts``) on the same 2 cores.
 
 Work: configs/tiny-cpu.yaml's ``grpo_train`` section (16 prompts x G=8 x up to 48 new tokens, beta 0.04,
@@ -24,6 +24,10 @@ does: (generate + train) / max(generate + reference, train - reference); ``bound
 ``async_ref_trainer`` (the reference stays with the trainer): (generate + train) / max(generate, train). The
 last line is JSON with ``async_speedup`` = best sync s/step / async s/step. Not a test: numbers depend on the
 machine and its load.
+
+``--quick``: the same code path at tiny sizes (2 SFT steps, 3 GRPO steps of 2 prompts x 8 completions of up to
+8 tokens, ``sync_t1`` and ``async`` only, one round, no contention loops); exits 1 if a child fails. Its numbers
+mean nothing; ``tests/benchmarks/test_benchmark_scripts.py`` runs it.
 
 Overlap pays only as far as the two cores are independent. ``core_contention`` measures that: two one-thread
 loops of the tiny model's matrix products, each pinned to a core of its own, run together, against each alone
@@ -94,6 +98,9 @@ def run_child(spec: dict[str, Any]) -> None:
     from tasks.config import load_config
 
     section = _fields(load_config(CONFIG).grpo_train, GRPOConfig)
+    if spec.get("quick"):  # tiny steps: 2 prompts x G=8, up to 8 tokens
+        section.update(generation_batch_size=16, per_device_train_batch_size=16)
+        section["sampling"] = {**section["sampling"], "max_completion_length": 8}
     config = GRPOConfig(**{**section, "max_steps": spec["steps"], "save_steps": 10**6, "report_to": [],
                            "torch_num_threads": spec["threads"], "async_rollouts": spec["async"],
                            "async_reference_on_sampler": spec.get("ref_on_sampler", True)})
@@ -166,10 +173,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="GRPO steps per child; the first and last are not measured")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every configuration")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per child")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, two configurations, one round (a smoke run)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return run_child(json.loads(args.child))
+    runs = RUNS
+    if args.quick:
+        args.sft_steps, args.steps, args.rounds, runs = 2, 3, 1, ("sync_t1", "async")
     if args.steps < 3:
         parser.error("--steps must be at least 3 (the first and last steps are not measured)")
     load = os.getloadavg()
@@ -182,8 +193,9 @@ def main() -> None:
     print(f"{'run':<17} {'rnd':>3} {'s/step':>7} {'gen s':>6} {'train s':>7} {'ref s':>5} {'wait s':>6} "
           f"{'sampler gen s':>13} {'sampler ref s':>13}", flush=True)
     for rnd in range(args.rounds):
-        for run in (RUNS if rnd % 2 == 0 else tuple(reversed(RUNS))):
-            spec = {**specs[run], "steps": args.steps, "model_path": str(model_path), "rows_path": str(rows_path)}
+        for run in (runs if rnd % 2 == 0 else tuple(reversed(runs))):
+            spec = {**specs[run], "steps": args.steps, "model_path": str(model_path), "rows_path": str(rows_path),
+                    "quick": args.quick}
             r = launch(str(Path(__file__).resolve()), spec, args.timeout)
             results[run].append(r)
             if "error" in r:
@@ -210,10 +222,13 @@ def main() -> None:
             overlapped = max(gen + ref, train - ref)  # the longer side once the reference pass is the sampler's
             out["bound"] = (gen + train) / overlapped
             out["bound_ref_trainer"] = (gen + train) / max(gen, train)
-            if (os.cpu_count() or 1) >= 2:
+            if (os.cpu_count() or 1) >= 2 and not args.quick:
                 out["core_contention"] = core_contention()
                 out["bound_contended"] = sync[best]["s_per_step"] / (overlapped * out["core_contention"])
     print(json.dumps(out))
+    failed = [run for run, rs in results.items() if any("error" in r for r in rs)]
+    if args.quick and failed:
+        raise SystemExit(f"--quick: {failed} failed (see above)")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ SCRIPTS = sorted(p for p in HERE.glob("*.py")
                  if not p.name.startswith(("_", "test_")) and "__main__" in p.read_text())
 NOT_RUN = {  # name -> why it is skipped
     "async_accuracy.py": "needs --store of finished runs",
-    "async_vs_sync.py": "not converted yet (runs with no arguments since issue 32; no --quick)",
     "gpu_check.py": "GPU only",
     "logprob_memory.py": "not converted yet",
     "mixture_seeds.py": "needs --store of finished runs",

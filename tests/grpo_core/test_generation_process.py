@@ -1,9 +1,11 @@
-"""The sampler in its own process: same rollouts as in-process, weights through a file, bounded waits."""
+"""The sampler in its own process: same rollouts as in-process, weights through shared memory (no file), its
+own dtype and device, bounded waits."""
 
 from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 
 import pytest
@@ -31,23 +33,93 @@ def _tokens(rollouts):
     return [r.completion_ids for r in rollouts]
 
 
-def test_process_sampler_matches_in_process_and_follows_pushed_weights(tiny, tmp_path):
+def _perturb(model, seed: int, scale: float = 0.5) -> None:
+    with torch.no_grad():  # a different policy: the push must reach the child
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)) * scale)
+
+
+def _regular_files(folder):
+    return [p for p in folder.rglob("*") if p.is_file()]  # sockets (multiprocessing's fd sharer) are not files
+
+
+def test_process_sampler_matches_in_process_and_follows_pushed_weights(tiny, tmp_path, monkeypatch):
+    """The push goes through shared memory: with the child stopped (a push not yet taken), nothing is written
+    under the temporary folder (the old path wrote a safetensors file there every step); once resumed the child
+    samples with the pushed weights."""
     path, tok, prompts = tiny
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))  # the child's temporary folder
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # the parent's
     model = AutoModelForCausalLM.from_pretrained(path)
     local = make_backend("hf", str(path), model=model, tokenizer=tok)
-    remote = ProcessBackend("hf", path, timeout=120, weights_dir=tmp_path / "w")
+    remote = ProcessBackend("hf", path, timeout=120)
     try:
         assert _tokens(remote.generate(prompts, **KWARGS)) == _tokens(local.generate(prompts, **KWARGS))
-        with torch.no_grad():  # a different policy: the pushed file must reach the child
-            for p in model.parameters():
-                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)) * 0.5)
+        _perturb(model, 0)
         expected = _tokens(local.generate(prompts, **KWARGS))
-        remote.update_weights(model)
+        os.kill(remote.process.pid, signal.SIGSTOP)  # the push is sent, not yet taken
+        try:
+            remote.update_weights(model)
+            assert not _regular_files(tmp)
+        finally:
+            os.kill(remote.process.pid, signal.SIGCONT)
         remote.submit(prompts, **KWARGS)  # asynchronous: the caller is free until result()
         got = remote.result()
         assert _tokens(got) == expected
         assert got[0].logprobs is not None and len(got[0].logprobs) == len(got[0].completion_ids)
-        assert not list((tmp_path / "w").glob("*.safetensors"))  # the child deletes a file once loaded
+        _perturb(model, 1)  # a second push rewrites the shared buffers in place
+        expected = _tokens(local.generate(prompts, **KWARGS))
+        remote.update_weights(model)
+        assert _tokens(remote.generate(prompts, **KWARGS)) == expected
+        assert not _regular_files(tmp)
+    finally:
+        remote.close()
+
+
+def test_a_push_waits_for_the_last_one_within_the_timeout(tiny):
+    """The shared buffers are written only once the child has taken the last push: a stopped child fails the
+    next push within the timeout, naming the sampler (never a half-written buffer, never a hang)."""
+    path, _, _ = tiny
+    model = AutoModelForCausalLM.from_pretrained(path)
+    remote = ProcessBackend("hf", path, timeout=3.0)
+    try:
+        os.kill(remote.process.pid, signal.SIGSTOP)
+        remote.update_weights(model)  # the first push does not wait
+        start = time.monotonic()
+        with pytest.raises(SamplerError, match=r"gave no answer within 3 s while loading pushed weights"):
+            remote.update_weights(model)
+        assert time.monotonic() - start < 3.0 + 5.0
+    finally:
+        remote.close()
+
+
+def test_sampler_holds_the_asked_dtype_not_the_checkpoints(tiny, tmp_path):
+    """A bf16 checkpoint samples in the dtype asked for (the trainer's fp32 by default), like a resumed run's
+    fp32 checkpoint does: the same weights give the same completions whatever dtype they were saved in."""
+    path, tok, prompts = tiny
+    bf16 = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    bf16.save_pretrained(tmp_path / "bf16")
+    tok.save_pretrained(tmp_path / "bf16")
+    fp32 = bf16.float()
+    fp32.save_pretrained(tmp_path / "fp32")
+    tok.save_pretrained(tmp_path / "fp32")
+    outputs, held = {}, {}
+    for name in ("bf16", "fp32"):
+        remote = ProcessBackend("hf", tmp_path / name, timeout=120)
+        try:
+            outputs[name] = remote.generate(prompts, **KWARGS)
+            held[name] = (getattr(remote, "dtype", None), getattr(remote, "device", None))
+        finally:
+            remote.close()
+    assert [r.logprobs for r in outputs["bf16"]] == [r.logprobs for r in outputs["fp32"]]
+    assert held == {"bf16": (torch.float32, "cpu"), "fp32": (torch.float32, "cpu")}
+    remote = ProcessBackend("hf", tmp_path / "fp32", dtype=torch.bfloat16, timeout=120)  # an explicit dtype
+    try:
+        assert remote.dtype == torch.bfloat16
+        remote.update_weights(fp32)  # fp32 pushed, held in bf16 (the shared buffer is bf16 too)
+        assert len(remote.generate(prompts, **KWARGS)) == 4
     finally:
         remote.close()
 

@@ -76,6 +76,57 @@ def test_async_rollouts_are_one_step_stale_corrected_and_resume_exactly(tmp_path
     assert_crash_and_resume_repeat(config, tiny_path, tmp_path)
 
 
+@pytest.fixture(scope="module")
+def bf16_path(tiny_path, tmp_path_factory):
+    """A "hub model": the tiny model saved in bf16 (config.json names bfloat16)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = tmp_path_factory.mktemp("tiny-bf16")
+    AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.bfloat16).save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_path).save_pretrained(path)
+    return path
+
+
+class NoTempFiles:
+    """Fails a step if a regular file lies under ``folder`` (the temporary folder of the trainer and sampler)."""
+
+    def __init__(self, folder) -> None:
+        self.folder = folder
+
+    def on_step(self, step: int, max_steps: int, metrics: dict) -> None:
+        files = [p for p in self.folder.rglob("*") if p.is_file()]  # multiprocessing's sockets are no files
+        assert not files, f"step {step}: the async run wrote {files} under the temporary folder"
+
+
+def test_bf16_base_samples_in_the_trainers_dtype_without_temp_files_and_resumes_exactly(tmp_path, bf16_path,
+                                                                                       monkeypatch):
+    """A bf16 checkpoint samples in the trainer's fp32 (so the sampler's log-probs at step 1 are the trainer's), the
+    weights reach the sampler without a file under the temporary folder, and a crash and resume repeat the run
+    bit for bit (the resumed sampler starts from an fp32 checkpoint: it must sample as the bf16 base's did)."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))  # the sampler process's temporary folder
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # the trainer's
+    config = async_config()
+    train_grpo(config, bf16_path, ROWS, tmp_path / "full", reward_funcs=[digit_fraction], resume=False,
+               callbacks=[NoTempFiles(tmp)])
+    metrics = read_metrics(tmp_path / "full")
+    assert metrics[0]["sampling/sampling_logp_difference/max"] < 1e-4  # fp32 beside fp32 (a bf16 sampler: ~1e-3)
+    assert_crash_and_resume_repeat(config, bf16_path, tmp_path)
+
+
+def test_sampler_placement_follows_the_trainer_unless_configured():
+    from grpo_core.trainer.async_rollouts import sampler_placement
+
+    cuda = torch.device("cuda", 0)
+    assert sampler_placement(async_config(), torch.float32, cuda) == (torch.float32, cuda)
+    assert sampler_placement(async_config(), torch.float32, torch.device("cpu")) == (torch.float32, torch.device("cpu"))
+    configured = async_config(async_sampler_dtype="bfloat16", async_sampler_device="cuda:1")
+    assert sampler_placement(configured, torch.float32, cuda) == (torch.bfloat16, torch.device("cuda", 1))
+
+
 @pytest.mark.parametrize("staleness", [1, 2])
 def test_async_rollouts_keep_dynamic_sampling(tmp_path, tiny_path, staleness):
     config = async_config(max_steps=staleness + 1, dynamic_sampling=True, max_dynamic_sampling_rounds=2,
