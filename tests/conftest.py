@@ -157,8 +157,10 @@ def black_hole():
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files with a ``slow`` test run first. ``--dist loadfile`` hands the two workers whole files in collection
-    order, so a file of minutes collected last would run alone at the end while the other worker idles; slow
-    files first and the many short ones after fill both workers to the end (longest-first scheduling)."""
+    """Files with a ``slow`` test run first. ``--dist loadfile`` hands the two workers whole files in queue order,
+    and xdist's default queue puts files with the most tests first, so the one-test files of minutes (the config
+    checks, the kill-and-resume runs) ran last, one worker busy and the other idle. With
+    ``--no-loadscope-reorder`` (pyproject's addopts) the queue is this order: slow files first, the many short
+    ones after fill both workers to the end (longest-first scheduling)."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)  # stable: each file keeps its own order

@@ -11,7 +11,7 @@ import torch
 
 from grpo_core.config import EvalConfig, GRPOConfig
 from grpo_core.evaluation.monitor import best_evaluation, hacking_alarm
-from grpo_core.rewards.base import completion_text, register_reward, reward_names
+from grpo_core.rewards.base import REWARD_FUNCS, completion_text, register_reward, reward_names
 from tests.grpo_core.run_helpers import read_metrics
 
 
@@ -76,9 +76,15 @@ def _odd_share(completions, **kwargs):
     return [1.0 - x for x in _even_share(completions)]
 
 
-for _name, _fn in (("test_even_share", _even_share), ("test_odd_share", _odd_share)):
-    if _name not in reward_names():
-        register_reward(_name)(_fn)
+@pytest.fixture(autouse=True)
+def crafted_rewards():
+    """The two rewards, registered for this module's tests only: a name left in the registry would show in every
+    later test's list of registered rewards (the suite's workers run many files)."""
+    added = [name for name, fn in (("test_even_share", _even_share), ("test_odd_share", _odd_share))
+             if name not in reward_names() and register_reward(name)(fn)]
+    yield
+    for name in added:
+        del REWARD_FUNCS[name]
 
 TRAIN = [{"prompt": [{"role": "user", "content": f"hack w{i}"}], "source": "unsafe"} for i in range(12)]
 HELD_OUT = ([{"prompt": [{"role": "user", "content": f"{i}+1="}], "answer": str(i + 1), "source": "sq"} for i in range(2)]
