@@ -46,3 +46,13 @@ def test_a_bad_defence_fails_at_load_naming_the_field(tmp_path, helpful, near_mi
     with pytest.raises(ConfigError, match=expect) as e:
         load_config(path)
     assert "tagged-union" not in str(e.value) and "valid string" not in str(e.value)  # a mapping is no name
+
+
+def test_the_memory_plan_loads_every_ensemble_member():
+    from grpo_core.config import GRPOConfig
+    from tasks.plan import section_scorers
+
+    section = GRPOConfig(generation_batch_size=16, reward_funcs=[
+        {"reward_model": {"model": "/rm/a", "ensemble": ["/rm/b", "/rm/c"], "normalize": True, "name": "rm"}}])
+    scorers = section_scorers(section, "grpo", lambda model: model)  # the "shape" is the model it was asked for
+    assert [(s.name, s.shape) for s in scorers] == [("rm", "/rm/a"), ("rm", "/rm/b"), ("rm", "/rm/c")]
