@@ -11,6 +11,7 @@ lr 1e-6..5e-6, max_new_tokens 1024-2048) where it gives one.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
@@ -334,6 +335,53 @@ class RewardModelSpec(_ServedSpec):
     max_length: int = Field(1024, gt=0, description="tokens of prompt + response; longer ones are cut on the right (TRL)")
     device: str | None = Field(None, description="e.g. cuda:1; None = the last visible GPU, else the CPU")
     timeout: float = Field(60.0, gt=0, description="seconds per call; rows not scored by then score None (counted)")
+    reward_clip_range: tuple[float, float] | None = Field(
+        None, description="[lo, hi]: each score (after normalize) clamped into it, as OpenRLHF's --reward_clip_range, "
+        "so a policy gains nothing by pushing the model past hi (counted as rewards/{name}/clipped); None = off",
+    )
+
+    ensemble: list[str] = Field(
+        default_factory=list, description="further reward models (folders / hub names) scored beside `model`: the "
+        "reward is mean - ensemble_k x std of the normalised scores of all of them (a conservative ensemble, Coste "
+        "et al. 2023), so an answer the models disagree on earns less; [] = `model` alone",
+    )
+    ensemble_k: float | None = Field(None, ge=0, description="with ensemble: how many standard deviations (across "
+                                     "the models) to take off their mean; 0 = the plain mean; None = 1.0")
+
+    @model_validator(mode="after")
+    def _ensemble_in_process(self) -> "RewardModelSpec":
+        if not self.ensemble:
+            if self.ensemble_k is not None:  # a value, not "was it set": a dumped config reads back the same
+                raise ValueError("ensemble_k weighs the spread across an ensemble: list the further reward models in "
+                                 "`ensemble: [PATH, ...]`, or drop ensemble_k")
+            return self
+        if self.url is not None:
+            raise ValueError("ensemble: the members are loaded in this process; drop url (or drop ensemble)")
+        if not self.normalize:
+            raise ValueError("ensemble: set normalize: true; each member's raw score has its own offset and scale, "
+                             "so their mean and spread only mean something after each is normalised")
+        if REWARD_MODEL_STAGE in self.ensemble:
+            raise ValueError(f"ensemble: {REWARD_MODEL_STAGE!r} names the reward_model stage's one model, which "
+                             "`model` already names; list other reward-model folders (trained with other seeds or "
+                             "data) or drop ensemble")
+        return self
+
+    @field_validator("reward_clip_range", mode="before")
+    @classmethod
+    def _clip_range_is_a_pair(cls, value: Any) -> Any:
+        if value is not None and (isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__")
+                                  or len(value) != 2):
+            raise ValueError(f"reward_clip_range is a pair [lo, hi], got {value!r}; for a symmetric clip at x write "
+                             "[-x, x], or null for no clip")
+        return value
+
+    @field_validator("reward_clip_range")
+    @classmethod
+    def _ordered_clip_range(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and not (math.isfinite(value[0]) and math.isfinite(value[1]) and value[0] < value[1]):
+            raise ValueError(f"reward_clip_range must be [lo, hi] with finite lo < hi, got {list(value)}; e.g. "
+                             "[-3.0, 3.0] with normalize: true (scores in standard deviations), or null for no clip")
+        return value
 
 
 class JudgeSpec(_ServedSpec):
@@ -681,6 +729,11 @@ class RewardConfig(OptimConfig):
     eval_fraction: float = Field(0.1, gt=0, lt=1, description="pairs held out for eval/pair_accuracy when no "
                                  "held-out set is given")
     eval_batch_size: int = Field(32, gt=0)
+    near_miss_negatives: int = Field(
+        0, ge=0, description="extra training pairs per pair: (prompt, chosen, a character-level near miss of chosen) "
+        "(grpo_core.data.near_miss), so the model ranks the exact answer above its typos (sorryy, word!!); 0 = off. "
+        "With max_steps unset the epochs count these pairs too",
+    )
 
 
 # --- data, evaluation and rejection sampling (grpo_core/data/rows.py, evaluation.py, rejection.py) ---

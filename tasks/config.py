@@ -274,23 +274,54 @@ def reward_entry_problem(entry: Any, config: "PipelineConfig") -> str | None:
         if config.reward_model is None:
             return ("model: reward_model names the reward_model stage, which this config does not run; add a "
                     "`reward_model:` section (it trains on prepare_data's preference pairs) or give a path")
-        return None
+        return _ensemble_problem(entry)
     if isinstance(entry, (RewardModelSpec, JudgeSpec)) and _looks_local(entry.model):
-        if not Path(entry.model).expanduser().exists():
-            return f"{entry.type} {entry.name}: model {entry.model!r}: no such folder"
-        if isinstance(entry, RewardModelSpec):
-            from grpo_core.rewards.reward_model import NotARewardModel, check_sequence_classifier
+        if problem := _local_model_problem(entry, entry.model, "model"):
+            return problem
+    return _ensemble_problem(entry) if isinstance(entry, RewardModelSpec) else None
 
-            try:
-                check_sequence_classifier(Path(entry.model).expanduser())
-            except NotARewardModel as e:
-                return str(e)
+
+def _ensemble_problem(entry: RewardModelSpec) -> str | None:
+    """Why one of an entry's ``ensemble`` models cannot be loaded (None when all can, or the list is empty)."""
+    for i, member in enumerate(entry.ensemble):
+        if _looks_local(member) and (problem := _local_model_problem(entry, member, f"ensemble[{i}]")):
+            return problem
+    return None
+
+
+def _local_model_problem(entry: RewardModelSpec | JudgeSpec, path: str, field: str) -> str | None:
+    """A local folder that is missing, or (for a reward model) not a sequence classifier."""
+    if not Path(path).expanduser().exists():
+        return f"{entry.type} {entry.name}: {field} {path!r}: no such folder"
+    if isinstance(entry, RewardModelSpec):
+        from grpo_core.rewards.reward_model import NotARewardModel, check_sequence_classifier
+
+        try:
+            check_sequence_classifier(Path(path).expanduser())
+        except NotARewardModel as e:
+            return f"{field}: {e}" if field != "model" else str(e)
     return None
 
 
 def _looks_local(name: str) -> bool:
     """A local path rather than a hub name (``org/model``): absolute, relative with a dot, home, or existing."""
     return name.startswith(("/", ".", "~")) or Path(name).exists()
+
+
+def _is_union_branch(loc: tuple, i: int) -> bool:
+    """Whether ``loc[i]`` names a branch of a union rather than a field: a ``reward_funcs`` entry (a name or a
+    ``{reward_model: ...}`` / ``{judge: ...}`` spec) is reported by pydantic at ``...0.tagged-union[...].reward_model.
+    scope``; the user wrote ``...0.reward_model.scope`` (kept: the YAML key) with no ``tagged-union[...]``."""
+    return isinstance(loc[i], str) and loc[i].startswith("tagged-union[")
+
+
+def _union_branch_errors(errors: list[dict]) -> list[dict]:
+    """``errors`` without the plain-string branch's "Input should be a valid string" of a ``reward_funcs`` entry
+    that is a mapping: the user wrote a spec, so the spec's own error is the one to read."""
+    spec_entries = {err["loc"][:i] for err in errors for i in range(len(err["loc"]))
+                    if _is_union_branch(err["loc"], i)}
+    return [err for err in errors if not (err["loc"] and err["loc"][-1] == "str" and err["loc"][:-1] in spec_entries
+                                          and isinstance(err.get("input"), dict))]
 
 
 class ConfigError(ValueError):
@@ -306,14 +337,15 @@ def parse_config(data: dict, source: str = "<config>", lines: dict[tuple, int] |
         config = PipelineConfig.model_validate(data)
     except ValidationError as e:
         problems = []
-        for err in e.errors():
+        for err in _union_branch_errors(e.errors()):
             unknown = err.get("ctx", {}).get("error")
             if isinstance(unknown, UnknownReward):  # one line per name, at its own YAML line
                 problems += [f"{source}{_at(lines, loc)}: {'.'.join(map(str, loc))}: {msg}"
                              for loc, msg in unknown.problems]
                 continue
             loc = tuple(p for i, p in enumerate(err["loc"])  # without the tag pydantic puts after a union's index
-                        if not (i and isinstance(err["loc"][i - 1], int) and p in _UNION_TAGS))
+                        if not (i and isinstance(err["loc"][i - 1], int) and p in _UNION_TAGS)
+                        and not _is_union_branch(err["loc"], i))
             where = ".".join(str(p) for p in loc) or "(top level)"
             line = _nearest_line(lines or {}, loc)
             got = "" if err["type"] == "extra_forbidden" else f" (got {err.get('input')!r})"

@@ -62,8 +62,8 @@ def section_scorers(section: BaseModel, kind: str, shape_of: Any) -> list[Scorer
     specs = [v for v in walk_fields(section) if isinstance(v, (RewardModelSpec, JudgeSpec)) and v.url is None]  # url: served elsewhere
     if kind == "grpo":
         specs = list({s.name: s for s in reversed(specs)}.values())[::-1]  # the first entry of each name
-    return [Scorer(s.name, s.type, shape_of(s.model), s.batch_size, s.max_length,
-                   getattr(s, "max_new_tokens", 0), s.device) for s in specs]
+    return [Scorer(s.name, s.type, shape_of(model), s.batch_size, s.max_length, getattr(s, "max_new_tokens", 0),
+                   s.device) for s in specs for model in [s.model, *getattr(s, "ensemble", [])]]  # a model per member
 
 
 def config_shape_of(config: PipelineConfig, base: ModelShape, stage: str) -> Any:

@@ -16,6 +16,7 @@ response without ``</think>`` has no summary: it is scored as an empty answer an
 
 ``normalize: true`` divides by the model's ``reward_stats.json`` when it has one, else by the running moments of
 every score seen so far; those are state (``state_dict``) that the GRPO trainer keeps in its checkpoints.
+``reward_clip_range: [lo, hi]`` then clamps each score (``clip_scores``), counted as ``rewards/{name}/clipped``.
 
 Bounded in time: the rows of a call share a ``timeout``; rows whose batch would start after it score None and
 are counted (``rewards/{name}/timeouts``). A failing forward scores its batch None and is counted
@@ -205,7 +206,8 @@ class RewardModelReward:
                 continue
             for i, s in zip(batch, logits.tolist()):
                 scores[i] = s if math.isfinite(s) else None
-        return self.normalize(scores) if self.spec.normalize else scores
+        return clip_scores(self.normalize(scores) if self.spec.normalize else scores, self.spec.reward_clip_range,
+                           self.__name__)
 
     def state_dict(self) -> dict[str, Any]:
         """The running moments ``normalize`` uses without ``reward_stats.json``: the GRPO trainer checkpoints
@@ -230,3 +232,16 @@ def normalize_scores(scores: list[float | None], stats: dict[str, Any] | None,
         mean, std = moments.mean, moments.std
     std = std if std > 1e-6 else 1.0
     return [None if s is None else (s - mean) / std for s in scores]
+
+
+def clip_scores(scores: list[float | None], clip_range: tuple[float, float] | None,
+                reward_name: str) -> list[float | None]:
+    """Each score clamped into ``clip_range`` (OpenRLHF's ``reward_clip_range``; None = unchanged), applied after
+    normalisation so the range reads in the units the trainer sees. A clamped score is counted as
+    ``rewards/{name}/clipped``: a policy that keeps hitting ``hi`` is pushing the model where it stops meaning much."""
+    if clip_range is None:
+        return scores
+    lo, hi = clip_range
+    clipped = [None if s is None else min(max(s, lo), hi) for s in scores]
+    count_reward_event(reward_name, "clipped", sum(1 for s, c in zip(scores, clipped) if s is not None and s != c))
+    return clipped

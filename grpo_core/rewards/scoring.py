@@ -44,6 +44,10 @@ def resolve_reward(reward: Any) -> tuple[RewardFunc, str]:
         from grpo_core.rewards.served import served_reward
 
         return served_reward(reward), reward.name
+    if isinstance(reward, RewardModelSpec) and reward.ensemble:
+        from grpo_core.rewards.ensemble import RewardModelEnsemble
+
+        return RewardModelEnsemble(reward), reward.name
     if isinstance(reward, RewardModelSpec):
         from grpo_core.rewards.reward_model import RewardModelReward
 

@@ -43,7 +43,7 @@ import httpx
 from grpo_core.config import JudgeSpec, RewardModelSpec
 from grpo_core.rewards.base import completion_text, count_reward_event, is_conversational, last_user_text
 from grpo_core.rewards.judge import CUT, JUDGE_TEMPLATE, RUBRICS, check_parses, judge_messages, parse_judge_score
-from grpo_core.rewards.reward_model import RunningMoments, normalize_scores, scoped_response
+from grpo_core.rewards.reward_model import RunningMoments, clip_scores, normalize_scores, scoped_response
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +221,8 @@ class ServedRewardModel(_ServedReward):
 
     def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
         scores = super().__call__(prompts, completions, **kwargs)
-        return normalize_scores(scores, None, self.moments) if self.spec.normalize else scores
+        return clip_scores(normalize_scores(scores, None, self.moments) if self.spec.normalize else scores,
+                           self.spec.reward_clip_range, self.__name__)
 
 
 class ServedJudge(_ServedReward):

@@ -14,11 +14,16 @@ pair order is a seeded shuffle per epoch addressed by position, as in SFT, so a 
 batches. After training the held-out pairs are scored: ``eval/pair_accuracy`` (share with r_chosen > r_rejected,
 TRL's ``accuracy``), ``eval/loss``, ``eval/reward_margin`` and ``eval/{source}/pair_accuracy``; the final model
 folder also gets ``reward_stats.json`` (mean/std of its scores on training responses), which a reward function
-with ``normalize: true`` uses. Departure from TRL: no distributed training beyond DDP-style gradient summing.
+with ``normalize: true`` uses. ``near_miss_negatives: N`` adds up to N pairs (chosen, a character-level near miss
+of chosen) per training pair (grpo_core.data.near_miss; counted as ``train/near_miss_pairs``), a defence against a
+policy that finds typos of the preferred answer the model never saw ranked; ``eval/near_miss_accuracy`` (chosen
+above one near miss of itself, per held-out pair) measures that weakness with the option on or off.
+Departure from TRL: no distributed training beyond DDP-style gradient summing.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -31,6 +36,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from grpo_core.config import RewardConfig, TrackingInfo
+from grpo_core.data.near_miss import add_near_miss_negatives
 from grpo_core.rewards.reward_model import REWARD_STATS_FILE, conversation_ids, pad_right, set_pad_token
 from grpo_core.trainer.checkpoint import load_latest_checkpoint, write_json
 from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
@@ -46,8 +52,11 @@ from grpo_core.trainer.skeleton import (
     start_process,
 )
 
+logger = logging.getLogger(__name__)
+
 NAME = "reward"  # checkpoints hold reward_config.json
 STATS_PAIRS = 512  # training pairs scored for reward_stats.json
+NEAR_MISS_EVAL_SEED_OFFSET = 7919  # the held-out near misses' seed is config.seed + this, never a training one
 
 
 def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor, margin: torch.Tensor | None = None,
@@ -186,6 +195,10 @@ def train_reward_model(config: RewardConfig, model_path: str | Path, rows: list[
     started = time.time()
     if eval_rows is None:
         rows, eval_rows = split_pairs(rows, config.eval_fraction, config.seed)
+    rows, num_near_miss = add_near_miss_negatives(rows, config.near_miss_negatives, config.seed)  # training pairs only
+    if num_near_miss:
+        logger.info("near_miss_negatives=%d: added %d near-miss pairs to %d preference pairs",
+                    config.near_miss_negatives, num_near_miss, len(rows) - num_near_miss)
     ctx = start_process(config)
     output_dir = Path(output_dir)
     prepare_output_dir(output_dir, ctx, resume)
@@ -208,6 +221,9 @@ def train_reward_model(config: RewardConfig, model_path: str | Path, rows: list[
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     train_pairs = encode_pairs(tokenizer, rows, config.max_length)
     eval_pairs = encode_pairs(tokenizer, eval_rows, config.max_length)
+    # One near miss of each held-out chosen answer (a seed no training pair uses): whether the model ranks the
+    # exact answer above its typos, measured whether near_miss_negatives is on or off.
+    near_miss_eval = encode_pairs(tokenizer, held_out_near_misses(eval_rows, config.seed), config.max_length)
     max_steps = resolve_max_steps(config, len(train_pairs))
     per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
     stream = PromptStream(len(train_pairs), config.seed)
@@ -232,19 +248,38 @@ def train_reward_model(config: RewardConfig, model_path: str | Path, rows: list[
                            "train/grad_norm": grad_norm, "train/learning_rate": learning_rate,
                            "train/elapsed_s": time.time() - started}
                 if step == max_steps:
-                    metrics.update(evaluate_pairs(model, eval_pairs, pad_id, ctx.device, config.eval_batch_size))
+                    metrics.update(_evaluate(model, eval_pairs, near_miss_eval, pad_id, ctx.device, config))
+                    metrics["train/near_miss_pairs"] = float(num_near_miss)
                 state["window"] = []
             run.end_step(step, metrics, loss=loss, lr=learning_rate)
         final = run.finish(model_path)
     history = state["log_history"]
     result = {k: v for k, v in (history[-1] if history else {}).items() if k.startswith(("eval/", "train/"))}
     if not any(k.startswith("eval/") for k in result):  # resumed after the last step: score the held-out set again
-        result.update(evaluate_pairs(model, eval_pairs, pad_id, ctx.device, config.eval_batch_size))
+        result.update(_evaluate(model, eval_pairs, near_miss_eval, pad_id, ctx.device, config))
     if ctx.is_main:
         write_json(final / REWARD_STATS_FILE, response_stats(model, train_pairs[:STATS_PAIRS], pad_id, ctx.device,
                                                              config.eval_batch_size))
-    result.update({"train/steps": state["step"], "train/runtime_s": time.time() - started, "final_path": str(final)})
+    result.update({"train/steps": state["step"], "train/runtime_s": time.time() - started, "final_path": str(final),
+                   "train/near_miss_pairs": float(num_near_miss)})
     return result
+
+
+def held_out_near_misses(eval_rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """One pair (chosen, a near miss of chosen) per held-out row, from a seed the training near misses do not use."""
+    pairs, _ = add_near_miss_negatives(eval_rows, 1, seed + NEAR_MISS_EVAL_SEED_OFFSET)
+    return pairs[len(eval_rows):]
+
+
+def _evaluate(model: torch.nn.Module, eval_pairs: list[dict[str, Any]], near_miss_eval: list[dict[str, Any]],
+              pad_id: int, device: torch.device, config: RewardConfig) -> dict[str, float]:
+    """``evaluate_pairs`` on the held-out pairs, and its pair accuracies on their near misses as
+    ``eval/near_miss_accuracy`` and ``eval/{source}/near_miss_accuracy``."""
+    out = evaluate_pairs(model, eval_pairs, pad_id, device, config.eval_batch_size)
+    near = evaluate_pairs(model, near_miss_eval, pad_id, device, config.eval_batch_size)
+    out.update({k.replace("pair_accuracy", "near_miss_accuracy"): v for k, v in near.items()
+                if k.endswith("pair_accuracy")})
+    return out
 
 
 def _accumulate_gradients(model: torch.nn.Module, pairs: list[dict[str, Any]], pad_id: int, config: RewardConfig,

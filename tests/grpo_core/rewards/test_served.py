@@ -57,6 +57,15 @@ def test_reward_model_over_http_sends_the_conversation_and_reads_the_raw_score(s
                                 {"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi!"}]}
 
 
+def test_reward_clip_range_clamps_the_served_score(server):
+    server.behaviour.score = -2.25
+    fn, _ = resolve_reward({"reward_model": {"model": "rm", "url": server.url, "name": "rm_http", "scope": "full",
+                                             "reward_clip_range": [-1.0, 1.0]}})
+    pop_reward_stats()
+    assert fn(prompts=["Say hi."] * 2, completions=["Hi!"] * 2) == [-1.0, -1.0]
+    assert pop_reward_stats() == {"rewards/rm_http/clipped": 2.0}
+
+
 def test_requests_are_concurrent_and_bounded_by_batch_size(server):
     server.behaviour.delay_s = 0.3
     fn = ServedJudge(JudgeSpec(model="j", url=server.url, batch_size=3))
