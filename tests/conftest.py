@@ -6,6 +6,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ones after fill both workers to the end (longest-first scheduling)."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)  # stable: each file keeps its own order
+
+
+@pytest.fixture
+def private_tmpdir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A short, empty temporary folder that this process and its children use for the test (``TMPDIR``,
+    ``tempfile.tempdir`` and multiprocessing's cached folder), to assert that nothing is written there.
+
+    Short: multiprocessing puts its AF_UNIX sockets there (forkserver, file-descriptor passing), whose paths may
+    not pass 107 bytes, and an xdist worker's ``tmp_path`` is longer. multiprocessing caches its folder for the
+    whole process, so the cache is reset and restored too, and the listener that passes file descriptors (started
+    in the folder) is stopped: a later test in the same worker must inherit neither."""
+    from multiprocessing import process, resource_sharer
+
+    folder = Path(tempfile.mkdtemp(prefix="r1t-", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setitem(process.current_process()._config, "tempdir", None)
+    yield folder
+    resource_sharer.stop()  # the next use starts a listener in the folder of its time
+    shutil.rmtree(folder, ignore_errors=True)

@@ -213,6 +213,8 @@ class ProcessBackend:
                 return
         except OSError:  # the child died between the check and the send (broken pipe, connection reset)
             self.process.join(timeout=POLL_S * 10)
+            if self.process.is_alive():
+                raise  # the send failed on this side, the child is fine: not a crash to retry
         raise SamplerCrashed(f"{self._name()} has exited (code {self.process.exitcode}); the stage cannot continue")
 
     def _receive(self, doing: str, timeout: float | None = None) -> Any:

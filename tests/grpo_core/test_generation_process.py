@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import tempfile
 import time
 
 import pytest
@@ -43,15 +42,12 @@ def _regular_files(folder):
     return [p for p in folder.rglob("*") if p.is_file()]  # sockets (multiprocessing's fd sharer) are not files
 
 
-def test_process_sampler_matches_in_process_and_follows_pushed_weights(tiny, tmp_path, monkeypatch):
+def test_process_sampler_matches_in_process_and_follows_pushed_weights(tiny, private_tmpdir):
     """The push goes through shared memory: with the child stopped (a push not yet taken), nothing is written
     under the temporary folder (the old path wrote a safetensors file there every step); once resumed the child
     samples with the pushed weights."""
     path, tok, prompts = tiny
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp))  # the child's temporary folder
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # the parent's
+    tmp = private_tmpdir  # the child's and the parent's temporary folder
     model = AutoModelForCausalLM.from_pretrained(path)
     local = make_backend("hf", str(path), model=model, tokenizer=tok)
     remote = ProcessBackend("hf", path, timeout=120)

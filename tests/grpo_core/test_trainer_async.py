@@ -99,16 +99,11 @@ class NoTempFiles:
 
 
 def test_bf16_base_samples_in_the_trainers_dtype_without_temp_files_and_resumes_exactly(tmp_path, bf16_path,
-                                                                                       monkeypatch):
+                                                                                       private_tmpdir):
     """A bf16 checkpoint samples in the trainer's fp32 (so the sampler's log-probs at step 1 are the trainer's), the
     weights reach the sampler without a file under the temporary folder, and a crash and resume repeat the run
     bit for bit (the resumed sampler starts from an fp32 checkpoint: it must sample as the bf16 base's did)."""
-    import tempfile
-
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp))  # the sampler process's temporary folder
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # the trainer's
+    tmp = private_tmpdir  # the sampler process's and the trainer's temporary folder
     config = async_config()
     train_grpo(config, bf16_path, ROWS, tmp_path / "full", reward_funcs=[digit_fraction], resume=False,
                callbacks=[NoTempFiles(tmp)])
