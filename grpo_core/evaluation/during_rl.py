@@ -66,20 +66,28 @@ def preserved_rng() -> Iterator[None]:
         set_rng_state(state)
 
 
+@contextlib.contextmanager
+def reward_events_aside() -> Iterator[dict[str, float]]:
+    """The reward-event counts made inside the block go into the dict it yields; the counts from before it (the
+    training step's so far) are back where the step's log reads them afterwards."""
+    held = pop_reward_stats()
+    inside: dict[str, float] = {}
+    try:
+        yield inside
+    finally:
+        inside.update(pop_reward_stats())
+        for key, n in held.items():
+            name, event = key.removeprefix("rewards/").rsplit("/", 1)
+            count_reward_event(name, event, int(n))
+
+
 def evaluate_during_rl(config: EvalConfig, backend: GenerationBackend, tokenizer: Any,
                        rows: list[dict[str, Any]]) -> dict[str, float]:
     """``eval/...`` metrics of the policy ``backend`` samples from, on ``rows`` (the fixed slice), plus
     ``time/eval``; no RNG moved, the training step's reward-event counters untouched (module docstring)."""
     start = time.perf_counter()
-    held = pop_reward_stats()  # the training step's counts so far
-    try:
-        with preserved_rng():
-            result = evaluate_verifiable(config, None, tokenizer, backend, rows, config.reward_func, False)
-    finally:
-        events = pop_reward_stats()
-        for key, n in held.items():  # back where the step's log reads them
-            name, event = key.removeprefix("rewards/").rsplit("/", 1)
-            count_reward_event(name, event, int(n))
+    with reward_events_aside() as events, preserved_rng():
+        result = evaluate_verifiable(config, None, tokenizer, backend, rows, config.reward_func, False)
     metrics = {k: float(v) for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     metrics.update({f"eval/{k}": v for k, v in events.items()})
     metrics["time/eval"] = time.perf_counter() - start

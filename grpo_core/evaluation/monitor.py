@@ -29,8 +29,7 @@ from typing import Any, Sequence
 
 from grpo_core.config import EvalConfig, GRPOConfig
 from grpo_core.generation import GenerationBackend
-from grpo_core.rewards import pop_reward_stats
-from grpo_core.rewards.base import RewardFunc, count_reward_event
+from grpo_core.rewards.base import RewardFunc
 from grpo_core.rewards.scoring import load_reward_states, resolve_reward, reward_states, score_completions
 from grpo_core.trainer.loss import combine_rewards
 from grpo_core.trainer.mixture import Mixture
@@ -121,15 +120,15 @@ class RewardMonitor:
                  ) -> tuple[dict[str, float], list[Alarm]]:
         """``monitor/{source}/proxy``, ``/heldout`` and ``/alarm`` of the policy ``backend`` samples from after
         ``step`` (``history``: the run's log rows before it), and the alarms that fire."""
-        from grpo_core.evaluation.during_rl import preserved_rng
+        from grpo_core.evaluation.during_rl import preserved_rng, reward_events_aside
         from grpo_core.evaluation.heldout import _generate
 
         s = self.config.sampling
         encoded = encode_prompts(tokenizer, [r["prompt"] for r in self.rows], s.max_prompt_length, s.long_prompts)
         rows = [self.rows[i] for i in encoded.kept]
-        saved_state, held = reward_states(self.mixture.funcs), pop_reward_stats()
+        saved_state = reward_states(self.mixture.funcs)
         try:
-            with preserved_rng():
+            with reward_events_aside(), preserved_rng():
                 greedy = _generate(backend, encoded.ids, n=1, max_tokens=s.max_completion_length, greedy=True,
                                    batch=self.eval_config.sampling.batch_size)
                 per_func = score_completions(self.mixture.funcs, self.mixture.reward_names, rows, greedy, 1,
@@ -139,10 +138,6 @@ class RewardMonitor:
                                             s.max_completion_length)[:, 0].tolist()  # [N]
         finally:  # the monitor's scoring is not training's: reward state and event counts as they were
             load_reward_states(self.mixture.funcs, saved_state)
-            pop_reward_stats()
-            for key, n in held.items():
-                name, event = key.removeprefix("rewards/").rsplit("/", 1)
-                count_reward_event(name, event, int(n))
         proxy_unscored = per_func.isnan().all(dim=1).tolist()  # [N] no training reward applied (None everywhere)
         metrics: dict[str, float] = {}
         alarms = []
