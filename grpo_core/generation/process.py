@@ -36,6 +36,7 @@ The trainer's ``async_rollouts`` schedule (``grpo_core/trainer/async_rollouts.py
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import os
 import time
@@ -69,14 +70,7 @@ class Slot:
     shape: tuple[int, ...]
 
     def view(self, buffers: dict[str, torch.Tensor]) -> torch.Tensor:
-        return buffers[self.group].narrow(0, self.offset, _numel(self.shape)).view(self.shape)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+        return buffers[self.group].narrow(0, self.offset, math.prod(self.shape)).view(self.shape)
 
 
 class SharedWeights:
