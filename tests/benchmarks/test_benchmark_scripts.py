@@ -7,9 +7,9 @@ The convention every benchmark script follows:
 - both print their result last, as one JSON line where the script has a summary.
 
 Scripts are found by glob (helpers ``_*.py`` and tests ``test_*.py`` aside), so a new script is covered as soon as it
-lands: without ``--quick`` in its source it fails here. ``NOT_RUN`` lists the scripts skipped, each with why: those
-not converted yet, and those whose quick mode still takes minutes (measured on the 2-core CPU); converting one
-means making it fast and taking it off the list.
+lands: without ``--quick`` in its source it fails here. ``NOT_RUN`` lists the scripts skipped, each with why (those
+not converted yet); converting one means adding ``--quick`` and taking it off the list. ``EXTENDED`` lists those whose
+quick mode takes minutes on the 2-core CPU: they run in the extended tier (``pytest -m extended``).
 """
 
 from __future__ import annotations
@@ -37,8 +37,11 @@ NOT_RUN = {  # name -> why it is skipped
     "reward_throughput.py": "not converted yet",
     "sft_memory.py": "not converted yet",
     "verify_agreement.py": "not converted yet",
-    "grpo_vs_trl.py": "its --quick runs several children: 151 s",
-    "fetch_verify_cost.py": "its --quick still prepares the embedded default's data: over 300 s",
+}
+EXTENDED = {  # quick modes of minutes: they run in the extended tier (`pytest -m extended`), not in CI's
+    "grpo_vs_trl.py",  # several children: ~150 s
+    "fetch_verify_cost.py",  # prepares the embedded default's data: over 300 s
+    "async_vs_sync.py",  # ~85 s
 }
 
 
@@ -55,6 +58,8 @@ def _param(script: Path):  # type: ignore[no-untyped-def]
     covered = dedicated_test(script)
     why = NOT_RUN.get(script.name) or (f"its --quick runs in {covered}" if covered else None)
     marks = [pytest.mark.skip(reason=why)] if why else []
+    if script.name in EXTENDED:
+        marks.append(pytest.mark.extended)
     return pytest.param(script, id=script.stem, marks=marks)
 
 
@@ -64,7 +69,7 @@ def test_benchmark_script_runs_in_quick_mode(script: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, str(script), "--quick"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=900 if script.name in EXTENDED else 300)
     assert proc.returncode == 0, f"{script.name} --quick failed:\n{proc.stderr[-3000:]}"
     assert proc.stdout.strip(), f"{script.name} --quick printed nothing"
 
@@ -73,4 +78,4 @@ def test_scripts_are_discovered() -> None:
     names = {s.name for s in SCRIPTS}
     assert {"checkpoint_memory.py", "fsdp_load_memory.py"} <= names
     assert dedicated_test(HERE / "checkpoint_memory.py") == "test_checkpoint_memory.py"
-    assert not set(NOT_RUN) - names, "NOT_RUN names a script that is gone"
+    assert not (set(NOT_RUN) | EXTENDED) - names, "NOT_RUN or EXTENDED names a script that is gone"

@@ -14,6 +14,7 @@ from tests.grpo_core.run_helpers import child_env
 SCRIPT = Path(__file__).with_name("eval_steps_overhead.py")
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_quick_run_prints_the_overhead_line():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick"], env=child_env(), capture_output=True, text=True,

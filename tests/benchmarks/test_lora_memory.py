@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 SCRIPT = Path(__file__).with_name("lora_memory.py")
 ROOT = Path(__file__).resolve().parents[2]

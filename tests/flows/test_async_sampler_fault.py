@@ -63,6 +63,7 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_killed_sampler_fails_the_attempt_in_time_and_the_retry_resumes(upstream: dict[str, Any]) -> None:
     import threading

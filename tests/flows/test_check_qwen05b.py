@@ -10,6 +10,7 @@ import pytest
 from tests.flows.check_cases import assert_check_passes
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_check_runs_the_05b_gsm8k_config_end_to_end(tmp_path):
     out = assert_check_passes("qwen2.5-0.5b-gsm8k.yaml", tmp_path, gpu=True)

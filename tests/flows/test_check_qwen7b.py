@@ -9,6 +9,7 @@ import pytest
 from tests.flows.check_cases import assert_check_passes
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_check_runs_the_7b_math_config_end_to_end(tmp_path):
     assert_check_passes("qwen2.5-7b-math.yaml", tmp_path, gpu=True)

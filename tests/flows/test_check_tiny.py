@@ -1,5 +1,7 @@
 """``r1 check`` on the embedded default (built-in tasks, the tiny model built by prepare_data: nothing to stand in
-for), and every file in configs/ has its check in CI (ci-tiny.yaml runs in full in test_pipeline.py)."""
+for), and every file in configs/ has its check (ci-tiny.yaml runs in full in test_pipeline.py). In the CI tier:
+this one, ci-tiny's and qwen2.5-7b-math-lora's; the 0.5B and 8-GPU 7B checks are in the extended tier
+(``pytest -m extended``), to keep CI within its time."""
 
 from __future__ import annotations
 

@@ -87,6 +87,7 @@ def _wait_exit(proc: subprocess.Popen[bytes], log: Path, since: float, after: st
     return returncode, time.monotonic() - since
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_ctrl_c_stops_in_seconds_cancels_and_resumes(tmp_path):
     config, store, env = _config(tmp_path), tmp_path / "store", _env(tmp_path)

@@ -159,6 +159,7 @@ def test_error_in_the_sampler_comes_back_with_its_traceback(tiny):
         remote.close()
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_sampler_process_follows_pushed_weights(tmp_path):

@@ -165,6 +165,7 @@ def test_sampler_reference_logps_equal_the_trainers(tiny_path):
     assert float(batch.ref_logps[mask].abs().min()) > 0  # real log-probs, not the padding's zeros
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_reference_on_the_sampler_gives_the_trainers_kl_and_loss(tmp_path, tiny_path):
     runs = {}
@@ -179,6 +180,7 @@ def test_reference_on_the_sampler_gives_the_trainers_kl_and_loss(tmp_path, tiny_
         assert sampler["reward"] == trainer["reward"]
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_two_steps_of_staleness_are_logged_and_resume_exactly(tmp_path, tiny_path):
     """async_max_staleness 2: step n trains on rollouts of the weights of step n-3; a checkpoint collects every

@@ -16,7 +16,7 @@ import pytest
 
 from grpo_core.models.tiny import build_tiny_model
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -25,7 +25,7 @@ import torch
 
 from tests.grpo_core.run_helpers import assert_same_final_weights, child_env, read_metrics, run_torchrun
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 MAX_STEPS = 6
 ROWS = [{"prompt": [{"role": "user", "content": f"{i}+{i % 4}="}], "answer": str(i + i % 4)} for i in range(12)]

@@ -101,6 +101,7 @@ def _resume_is_exact(tmp_path: Path, backend: str, eval_steps: int | None = None
         assert [m["step"] for m in got if "eval/accuracy" in m] == list(range(eval_steps, MAX_STEPS + 1, eval_steps))
 
 
+@pytest.mark.extended
 def test_sigkill_resume_is_bit_identical_hf(tmp_path):
     _resume_is_exact(tmp_path, "hf")
 
@@ -116,6 +117,7 @@ def test_sigkill_resume_is_bit_identical_lora(tmp_path):
     assert (tmp_path / "killed" / "final" / "adapter" / "adapter_model.safetensors").is_file()
 
 
+@pytest.mark.extended
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_sigkill_resume_is_bit_identical_vllm(tmp_path):

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "torchrun-1"

@@ -27,7 +27,7 @@ from grpo_core.rewards import pop_reward_stats
 from grpo_core.rewards.served import RewardServerUnavailable, ServedJudge, ServedRewardModel
 from tests.grpo_core.rewards.fake_openai import closed_port_url
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.extended]
 KEY = "sk-vllm-test-key-NOT-FOR-LOGS-91c2"
 START_TIMEOUT_S = 420
 PROMPTS = [[{"role": "user", "content": "How do I fix a bike?"}]] * 3
