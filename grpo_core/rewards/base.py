@@ -31,6 +31,7 @@ BUILTIN_REWARDS: dict[str, str] = {  # every built-in reward, registered here an
     "language_consistency": "grpo_core.rewards.shaping:language_consistency",
     "chain_accuracy": "grpo_core.data.synthetic:chain_accuracy",  # the built-in chain task
     "chain_format": "grpo_core.data.synthetic:chain_format",
+    "countdown_accuracy": "grpo_core.data.countdown:countdown_accuracy",  # the built-in countdown task
     "preference_rule": "grpo_core.data.general:preference_rule",  # the built-in general sources' rule
 }
 

@@ -1,0 +1,162 @@
+"""A built-in verifiable task where checking and retrying pays: Countdown in miniature.
+
+A few numbers in 1..9 and a target that exactly one try reaches; a try is one operator of ``operators`` on two
+of the numbers (default: three numbers, ``+``: which two add up to the target)::
+
+    prompt      3,8,5->13:
+    first try   <think>3+8=11</think><answer>3+8</answer>                                (wrong: 11, not 13)
+    with checks <think>3+8=11;wait, 11!=13;8+5=13</think><answer>8+5</answer>
+
+Which try reaches the target is not in the prompt's surface, so a first try is right about a third of the
+time; computing the try's value, checking it against the target and trying another is what pays (TinyZero's
+Countdown, where R1-Zero-style reflection appeared, cut to what a ~1M-parameter model can do on a CPU).
+
+The cold-start set is in the style of a teacher that mostly commits to its first try unchecked (right or not)
+and only in a ``check_fraction`` of traces checks each try and retries until one reaches the target, so
+RL has a rare behaviour to amplify (``wait`` is one of ``emergence.REFLECTION_PHRASES``), not one to copy.
+
+The reward ``countdown_accuracy`` verifies from the prompt alone: exactly ``<think>...</think><answer>x op y
+</answer>`` with x and y two of the prompt's numbers (a number used at most as often as given) and ``x op y``
+equal to the target. Rows follow the normalised schema ``{id, prompt, answer (the target), task, source}``.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from grpo_core.rewards.base import completion_text, prompt_text
+
+TASK = SOURCE = "countdown"
+PROMPT = re.compile(r"^(\d+(?:,\d+)+)->(\d+):$")
+ANSWER = re.compile(r"^<think>([^<]*)</think><answer>(\d+)([-+*])(\d+)</answer>$")
+
+
+def apply(a: int, op: str, b: int) -> int:
+    if op not in ("+", "-", "*"):
+        raise ValueError(f"unknown operator {op!r}")
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+def candidates(numbers: list[int], operators: str) -> list[str]:
+    """Every try: one operator on two of the numbers, in the prompt's order (subtraction larger first)."""
+    out = []
+    for i in range(len(numbers)):
+        for j in range(i + 1, len(numbers)):
+            for op in operators:
+                a, b = numbers[i], numbers[j]
+                if op == "-" and b > a:
+                    a, b = b, a
+                out.append(f"{a}{op}{b}")
+    return out
+
+
+def format_prompt(numbers: list[int], target: int) -> str:
+    return f"{','.join(map(str, numbers))}->{target}:"
+
+
+def parse_prompt(text: str) -> tuple[list[int], int] | None:
+    """``(numbers, target)`` of a countdown prompt, else ``None``."""
+    m = PROMPT.match(text.strip())
+    return ([int(x) for x in m.group(1).split(",")], int(m.group(2))) if m else None
+
+
+def evaluate_expression(expr: str) -> int:
+    m = re.fullmatch(r"(\d+)([-+*])(\d+)", expr)
+    if not m:
+        raise ValueError(f"not a countdown expression: {expr!r}")
+    return apply(int(m.group(1)), m.group(2), int(m.group(3)))
+
+
+def make_countdown_rows(num_rows: int, *, seed: int = 0, num_numbers: int = 3, operators: str = "+",
+                        max_number: int = 9, exclude: set[str] | None = None, unique: bool = True
+                        ) -> list[dict[str, Any]]:
+    """``num_rows`` prompt rows: ``num_numbers`` numbers in 1..max_number and the value of one try (chosen
+    uniformly) that no other try reaches, so exactly one try is right."""
+    rng = random.Random(seed)
+    seen = set(exclude or ())
+    rows: list[dict[str, Any]] = []
+    attempts = 0
+    while len(rows) < num_rows:
+        attempts += 1
+        if attempts > 100 * num_rows + 1000:
+            raise ValueError(f"could only make {len(rows)} distinct countdown problems of {num_rows} asked for; "
+                             "allow more numbers or set unique=False")
+        numbers = [rng.randint(1, max_number) for _ in range(num_numbers)]
+        values = [evaluate_expression(e) for e in candidates(numbers, operators)]
+        target = rng.choice(values)
+        text = format_prompt(numbers, target)
+        if values.count(target) != 1 or text in seen:
+            continue
+        if unique:
+            seen.add(text)
+        rows.append({"id": f"countdown-{seed}-{len(rows):06d}", "prompt": [{"role": "user", "content": text}],
+                     "answer": str(target), "task": TASK, "source": SOURCE})
+    return rows
+
+
+def make_countdown_splits(num_train: int, num_eval: int, *, seed: int = 0, **kwargs: Any
+                          ) -> tuple[list[dict], list[dict]]:
+    """Train and held-out rows with no prompt in common (eval drawn first, from its own stream, distinct). Three
+    numbers in 1..9 make ~1,700 distinct problems, so train may repeat a prompt (never a held-out one)."""
+    eval_rows = make_countdown_rows(num_eval, seed=seed * 2 + 1, **kwargs)
+    exclude = {r["prompt"][0]["content"] for r in eval_rows}
+    train_rows = make_countdown_rows(num_train, seed=seed * 2, exclude=exclude, unique=False, **kwargs)
+    for r in eval_rows:
+        r["id"] = r["id"].replace("countdown-", "countdown-eval-", 1)
+    return train_rows, eval_rows
+
+
+def teacher_trace(numbers: list[int], target: int, operators: str, rng: random.Random, *, check: bool) -> str:
+    """The teacher's completion: tries in a random order; unchecked, the first try is the answer; checked,
+    each wrong try is followed by ``wait, V!=T`` and the next, until one reaches the target."""
+    steps, answer = [], ""
+    tries = candidates(numbers, operators)
+    for expr in rng.sample(tries, len(tries)):
+        value = evaluate_expression(expr)
+        steps.append(f"{expr}={value}")
+        answer = expr
+        if not check or value == target:
+            break
+        steps.append(f"wait, {value}!={target}")
+    return f"<think>{';'.join(steps)}</think><answer>{answer}</answer>"
+
+
+def make_countdown_cold_start(rows: list[dict[str, Any]], *, check_fraction: float = 0.05, operators: str = "+",
+                              seed: int = 0) -> list[dict[str, Any]]:
+    """SFT rows ``{prompt, completion, source}``: a ``check_fraction`` of traces check and retry, the rest commit
+    to the first try."""
+    if not 0.0 <= check_fraction <= 1.0:
+        raise ValueError(f"check_fraction must be in [0, 1], got {check_fraction}")
+    rng = random.Random(seed)
+    out = []
+    for row in rows:
+        numbers, target = parse_prompt(prompt_text(row["prompt"]))  # type: ignore[misc]
+        check = rng.random() < check_fraction
+        out.append({"prompt": row["prompt"], "source": SOURCE,
+                    "completion": teacher_trace(numbers, target, operators, rng, check=check)})
+    return out
+
+
+def countdown_accuracy(completions: list[Any], prompts: list[Any] | None = None, **kwargs: Any
+                       ) -> list[float | None]:
+    """1.0 when the completion is exactly ``<think>...</think><answer>x op y</answer>``, ``{x, y}`` are the
+    prompt's two numbers and ``x op y`` is its target; 0.0 otherwise; None for a prompt that is not countdown."""
+    if prompts is None:
+        return [None] * len(completions)
+    scores: list[float | None] = []
+    for completion, prompt in zip(completions, prompts):
+        problem = parse_prompt(prompt_text(prompt))
+        if problem is None:
+            scores.append(None)
+            continue
+        numbers, target = problem
+        m = ANSWER.match(completion_text(completion).strip())
+        ok = False
+        if m is not None:
+            x, op, y = int(m.group(2)), m.group(3), int(m.group(4))
+            rest = list(numbers)
+            ok = x in rest and (rest.remove(x) or y in rest) and apply(x, op, y) == target
+        scores.append(1.0 if ok else 0.0)
+    return scores

@@ -1,0 +1,70 @@
+"""The built-in countdown task: problems with exactly one right try, the teacher's traces, the verifying reward."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_core.data.countdown import (
+    candidates,
+    countdown_accuracy,
+    evaluate_expression,
+    make_countdown_cold_start,
+    make_countdown_rows,
+    make_countdown_splits,
+    parse_prompt,
+)
+from grpo_core.evaluation.emergence import REFLECTION_PHRASES, has_phrase, reasoning_text
+from grpo_core.rewards import get_reward_funcs
+
+
+def _score(completion: str, prompt: str = "3,8,5->13:") -> float | None:
+    return countdown_accuracy([completion], prompts=[[{"role": "user", "content": prompt}]])[0]
+
+
+def test_reward_verifies_numbers_and_target():
+    assert _score("<think>3+8=11;wait, 11!=13;8+5=13</think><answer>8+5</answer>") == 1.0
+    assert _score("<think></think><answer>5+8</answer>") == 1.0  # either order
+    assert _score("<think>3+8=11</think><answer>3+8</answer>") == 0.0  # uses the numbers, misses the target
+    assert _score("<think></think><answer>13+0</answer>") == 0.0  # reaches the target with a number not given
+    assert _score("<think></think><answer>8+5</answer>", "3,8,8->16:") == 0.0
+    assert _score("<think></think><answer>8+8</answer>", "3,8,8->16:") == 1.0  # a number given twice, used twice
+    assert _score("<think></think><answer>8+8</answer>", "3,8,5->16:") == 0.0  # given once, used twice
+    assert _score("<think></think><answer>8*2</answer>", "3,8,2->16:") == 1.0  # any operator the answer names
+    assert _score("8+5") == 0.0 and _score("<think>8+5=13</think><answer>8+5</answer>.") == 0.0  # format
+    assert _score("<think></think><answer>8+5</answer>", "7+8*3=") is None  # not a countdown prompt
+    assert get_reward_funcs(["countdown_accuracy"])[0] is countdown_accuracy
+
+
+def test_rows_have_exactly_one_right_try_and_are_deterministic():
+    rows = make_countdown_rows(300, seed=4)
+    assert rows == make_countdown_rows(300, seed=4) and rows != make_countdown_rows(300, seed=5)
+    assert len({r["prompt"][0]["content"] for r in rows}) == 300
+    for r in rows:
+        assert set(r) == {"id", "prompt", "answer", "task", "source"} and r["source"] == "countdown"
+        numbers, target = parse_prompt(r["prompt"][0]["content"])
+        assert len(numbers) == 3 and all(1 <= n <= 9 for n in numbers) and r["answer"] == str(target)
+        right = [e for e in candidates(numbers, "+") if evaluate_expression(e) == target]
+        assert len(right) == 1
+
+
+def test_splits_are_disjoint():
+    train, ev = make_countdown_splits(2000, 100, seed=0)
+    assert len(ev) == 100 and len(train) == 2000
+    assert not {r["prompt"][0]["content"] for r in ev} & {r["prompt"][0]["content"] for r in train}
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.05, 1.0])
+def test_cold_start_checks_only_the_share_asked_for(fraction):
+    rows = make_countdown_rows(1000, seed=1)
+    cold = make_countdown_cold_start(rows, check_fraction=fraction, seed=1)
+    scores = countdown_accuracy([c["completion"] for c in cold], prompts=[c["prompt"] for c in cold])
+    reflective = [has_phrase(reasoning_text(c["completion"]), REFLECTION_PHRASES) for c in cold]
+    if fraction == 1.0:
+        assert all(s == 1.0 for s in scores)  # checking every try always ends at the right one
+    else:
+        assert 0.25 < sum(scores) / len(scores) < 0.45  # the unchecked first try: right about a third of the time
+    assert sum(reflective) / len(cold) == pytest.approx(fraction * 2 / 3, abs=0.04)  # a wait only after a wrong try
+    for c, s in zip(cold, scores):
+        if "wait" in c["completion"]:
+            assert s == 1.0
+    assert make_countdown_cold_start(rows, check_fraction=fraction, seed=1) == cold
