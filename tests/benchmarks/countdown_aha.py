@@ -1,4 +1,4 @@
-# taskset -c 1 env OMP_NUM_THREADS=1 python tests/benchmarks/countdown_aha.py --seed 0 --tag A
+# taskset -c 1 env OMP_NUM_THREADS=1 python tests/benchmarks/countdown_aha.py --seed 0 --work /tmp/aha  (design C)
 """Experiment (issue 29): does reflection emerge under GRPO on the built-in countdown task at the embedded default's
 model size? Outside the pipeline, through the same code paths: the tiny base pretrained as ``model.tiny.pretrain``
 does (chain worked solutions), a cold start on chain rows (the embedded default's mix) plus countdown traces of
@@ -14,9 +14,9 @@ reflection rate and length over 4 samples per problem at T=1, length in tokens):
 
 | design (flags) | cold start: greedy / refl / len | after GRPO 150: greedy / refl / len | train refl fifths | wall |
 |---|---|---|---|---|
-| A: --check-fraction 0.05 | 33.5% / 0.4% / 13.3 | stopped at step 60: train refl 1.6% -> 0%, entropy 0.22 -> 0.07 | - | - |
-| B: --check-fraction 0.25 --countdown-cold 4000 | 32.0% / 14.7% / 17.0 (acc. with refl. 12.7%) | stopped at step 35: train refl 20% -> 17%, reward flat 0.28 | - | - |
-| C: B + --pretrain-countdown 4000 | 34.0% / 14.6% / 16.8 (with refl. 34.2%) | 44.5% / 29.9% / 20.6 (with refl. 41.8%) | .40 .41 .38 .34 .28 | 1266 s |
+| A: --check-fraction 0.05 --countdown-cold 2000 --pretrain-countdown 0 | 33.5% / 0.4% / 13.3 | stopped at step 60: train refl 1.6% -> 0%, entropy 0.22 -> 0.07 | - | - |
+| B: --pretrain-countdown 0 | 32.0% / 14.7% / 17.0 (acc. with refl. 12.7%) | stopped at step 35: train refl 20% -> 17%, reward flat 0.28 | - | - |
+| C: the defaults (no flags) | 34.0% / 14.6% / 16.8 (with refl. 34.2%) | 44.5% / 29.9% / 20.6 (with refl. 41.8%) | .40 .41 .38 .34 .28 | 1266 s |
 
 A: the tiny model reproduced the rare checks at a tenth of their rate and GRPO sharpened the first try instead.
 B: the retries it sampled were mostly wrong (wrong numbers copied, wrong target in the check), so they did not pay.
@@ -30,6 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,7 +46,7 @@ from grpo_core.trainer import train_grpo
 from grpo_core.trainer.sft import train_sft
 
 
-def base_model(work: Path, seed: int, countdown_rows: int = 0) -> Path:
+def base_model(work: Path, seed: int, countdown_rows: int = 0, steps: int = 1200) -> Path:
     """The tiny base pretrained on chain worked solutions, plus ``countdown_rows`` unchecked first tries (the
     task's language without any check) when asked."""
     path = work / (f"base-s{seed}" + (f"-cd{countdown_rows}" if countdown_rows else ""))
@@ -61,8 +63,8 @@ def base_model(work: Path, seed: int, countdown_rows: int = 0) -> Path:
         rows += [{k: r[k] for k in ("prompt", "completion")} for r in countdown.make_countdown_cold_start(
             countdown.make_countdown_rows(countdown_rows, seed=30_000 + seed, exclude=cd_held, unique=False),
             check_fraction=0.0, seed=seed)]
-    cfg = SFTConfig(learning_rate=1.5e-3, lr_scheduler_type="cosine", warmup_steps=20, max_steps=1200,
-                    per_device_train_batch_size=48, save_steps=1200, max_length=64, report_to=[], seed=seed,
+    cfg = SFTConfig(learning_rate=1.5e-3, lr_scheduler_type="cosine", warmup_steps=min(20, steps), max_steps=steps,
+                    per_device_train_batch_size=48, save_steps=steps, max_length=64, report_to=[], seed=seed,
                     torch_num_threads=1)
     pretrain_tiny_model(path, rows, cfg, work / f"pretrain-s{seed}")
     return path
@@ -86,10 +88,11 @@ def fifths(history: list[dict], key: str) -> list[float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tag", default="A")
-    p.add_argument("--work", default="/tmp/aha")
-    p.add_argument("--check-fraction", type=float, default=0.05)
-    p.add_argument("--countdown-cold", type=int, default=2000)
+    p.add_argument("--tag", default="C")
+    p.add_argument("--work", default=None, help="where models are kept between runs (default: a new temporary folder)")
+    p.add_argument("--quick", action="store_true", help="every size tiny: the code path in about a minute")
+    p.add_argument("--check-fraction", type=float, default=0.25)
+    p.add_argument("--countdown-cold", type=int, default=4000)
     p.add_argument("--chain-cold", type=int, default=4000)
     p.add_argument("--sft-steps", type=int, default=400)
     p.add_argument("--sft-lr", type=float, default=1e-3)
@@ -98,13 +101,17 @@ def main() -> None:
     p.add_argument("--beta", type=float, default=0.04)
     p.add_argument("--max-completion", type=int, default=64)
     p.add_argument("--num-eval", type=int, default=200)
-    p.add_argument("--pretrain-countdown", type=int, default=0, help="unchecked countdown tries in the base's corpus")
+    p.add_argument("--pretrain-countdown", type=int, default=4000, help="unchecked countdown tries in the base's corpus")
+    p.add_argument("--pretrain-steps", type=int, default=1200)
     args = p.parse_args()
+    if args.quick:
+        args.countdown_cold = args.chain_cold = args.pretrain_countdown = 40
+        args.sft_steps, args.grpo_steps, args.num_eval, args.pretrain_steps = 2, 2, 8, 2
     torch.set_num_threads(1)
-    work = Path(args.work)
+    work = Path(args.work or tempfile.mkdtemp(prefix="countdown-aha-"))
     t0 = time.time()
     seed = args.seed
-    base = base_model(work, seed, args.pretrain_countdown)
+    base = base_model(work, seed, args.pretrain_countdown, args.pretrain_steps)
     t_base = time.time() - t0
     train, ev = countdown.make_countdown_splits(4000, args.num_eval, seed=seed)
     held = {r["prompt"][0]["content"] for r in ev}
@@ -145,6 +152,8 @@ def main() -> None:
            "aha_step": find_aha_step([s for s, _ in refl], [v for _, v in refl]),
            "wall_s": {"base": round(t_base), "sft": round(t_sft), "grpo": round(t_grpo), "total": round(time.time() - t0)}}
     print(json.dumps(out), flush=True)
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
