@@ -42,6 +42,7 @@ EXTENDED = {  # quick modes of minutes: they run in the extended tier (`pytest -
     "grpo_vs_trl.py",  # several children: ~150 s
     "fetch_verify_cost.py",  # prepares the embedded default's data: over 300 s
     "async_vs_sync.py",  # ~85 s
+    "fsdp_load_memory.py",  # two ranks of a ~48M model: ~85 s in CI
 }
 
 

@@ -16,6 +16,7 @@ from tasks.store import Store
 CONFIG = Path(__file__).with_name("mixture-tiny.yaml")
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_mixed_final_rl_end_to_end(tmp_path):
     store = str(tmp_path / "store")

@@ -92,6 +92,7 @@ def test_auto_shards_whenever_several_ranks_run():
         SFTConfig(distributed_strategy="zero3")
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_sharded_load_matches_from_pretrained_and_names_a_missing_tensor(tmp_path):
     save_models(tmp_path)

@@ -69,7 +69,7 @@ def one_process(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.extended)])  # FSDP in CI: test_trainer_fsdp
 def test_two_processes_give_the_loss_curve_of_one(one_process, tmp_path, strategy):
     from safetensors.torch import load_file
 
