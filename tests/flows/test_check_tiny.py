@@ -1,7 +1,7 @@
 """``r1 check`` on the embedded default (built-in tasks, the tiny model built by prepare_data: nothing to stand in
 for), and every file in configs/ has its check (ci-tiny.yaml runs in full in test_pipeline.py). In the CI tier:
-this one, ci-tiny's and qwen2.5-7b-math-lora's; the 0.5B and 8-GPU 7B checks are in the extended tier
-(``pytest -m extended``), to keep CI within its time."""
+ci-tiny's full run and qwen2.5-7b-math-lora's check; this one and the 0.5B and 8-GPU 7B checks are in the extended
+tier (``pytest -m extended``), to keep CI within its time."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def test_every_shipped_config_is_checked():
     assert {p.name for p in (ROOT / "configs").glob("*.yaml")} <= checked
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.parametrize("config_name", CHECKED_HERE)
 def test_check_runs_the_cpu_configs_end_to_end(tmp_path, config_name):
