@@ -50,8 +50,8 @@ def main() -> None:
         hashing = [0.0]
         stream = Store._stream_hashed
 
-        def timed_stream(self, rpath, dest):  # noqa: ANN001, ANN202 - counts the seconds spent hashing
-            out = stream(self, rpath, dest)
+        def timed_stream(self, rpath, dest, *args, **kwargs):  # noqa: ANN001, ANN202 - counts the seconds spent hashing
+            out = stream(self, rpath, dest, *args, **kwargs)
             hashing[0] += out[2]
             return out
 
