@@ -26,17 +26,12 @@ import random
 import re
 from typing import Any
 
+from grpo_core.data.synthetic import apply_op, sample_rows, split_rows
 from grpo_core.rewards.base import completion_text, prompt_text
 
 TASK = SOURCE = "countdown"
 PROMPT = re.compile(r"^(\d+(?:,\d+)+)->(\d+):$")
 ANSWER = re.compile(r"^<think>([^<]*)</think><answer>(\d+)([-+*])(\d+)</answer>$")
-
-
-def apply(a: int, op: str, b: int) -> int:
-    if op not in ("+", "-", "*"):
-        raise ValueError(f"unknown operator {op!r}")
-    return a + b if op == "+" else a - b if op == "-" else a * b
 
 
 def candidates(numbers: list[int], operators: str) -> list[str]:
@@ -66,46 +61,29 @@ def evaluate_expression(expr: str) -> int:
     m = re.fullmatch(r"(\d+)([-+*])(\d+)", expr)
     if not m:
         raise ValueError(f"not a countdown expression: {expr!r}")
-    return apply(int(m.group(1)), m.group(2), int(m.group(3)))
+    return apply_op(int(m.group(1)), m.group(2), int(m.group(3)))
 
 
 def make_countdown_rows(num_rows: int, *, seed: int = 0, num_numbers: int = 3, operators: str = "+",
                         max_number: int = 9, exclude: set[str] | None = None, unique: bool = True
                         ) -> list[dict[str, Any]]:
-    """``num_rows`` prompt rows: ``num_numbers`` numbers in 1..max_number and the value of one try (chosen
-    uniformly) that no other try reaches, so exactly one try is right."""
-    rng = random.Random(seed)
-    seen = set(exclude or ())
-    rows: list[dict[str, Any]] = []
-    attempts = 0
-    while len(rows) < num_rows:
-        attempts += 1
-        if attempts > 100 * num_rows + 1000:
-            raise ValueError(f"could only make {len(rows)} distinct countdown problems of {num_rows} asked for; "
-                             "allow more numbers or set unique=False")
+    """``num_rows`` prompt rows (``synthetic.sample_rows``): ``num_numbers`` numbers in 1..max_number and the
+    value of one try (chosen uniformly) that no other try reaches, so exactly one try is right."""
+    def draw(rng: random.Random) -> tuple[str, str] | None:
         numbers = [rng.randint(1, max_number) for _ in range(num_numbers)]
         values = [evaluate_expression(e) for e in candidates(numbers, operators)]
         target = rng.choice(values)
-        text = format_prompt(numbers, target)
-        if values.count(target) != 1 or text in seen:
-            continue
-        if unique:
-            seen.add(text)
-        rows.append({"id": f"countdown-{seed}-{len(rows):06d}", "prompt": [{"role": "user", "content": text}],
-                     "answer": str(target), "task": TASK, "source": SOURCE})
-    return rows
+        return (format_prompt(numbers, target), str(target)) if values.count(target) == 1 else None
+
+    return sample_rows(num_rows, draw, seed=seed, task=TASK, source=SOURCE, exclude=exclude, unique=unique,
+                       hint="allow more numbers or set unique=False")
 
 
 def make_countdown_splits(num_train: int, num_eval: int, *, seed: int = 0, **kwargs: Any
                           ) -> tuple[list[dict], list[dict]]:
-    """Train and held-out rows with no prompt in common (eval drawn first, from its own stream, distinct). Three
-    numbers in 1..9 make ~1,700 distinct problems, so train may repeat a prompt (never a held-out one)."""
-    eval_rows = make_countdown_rows(num_eval, seed=seed * 2 + 1, **kwargs)
-    exclude = {r["prompt"][0]["content"] for r in eval_rows}
-    train_rows = make_countdown_rows(num_train, seed=seed * 2, exclude=exclude, unique=False, **kwargs)
-    for r in eval_rows:
-        r["id"] = r["id"].replace("countdown-", "countdown-eval-", 1)
-    return train_rows, eval_rows
+    """Train and held-out rows with no prompt in common (``synthetic.split_rows``: eval drawn first, distinct).
+    Three numbers in 1..9 make ~1,700 distinct problems, so train may repeat a prompt (never a held-out one)."""
+    return split_rows(make_countdown_rows, num_train, num_eval, seed=seed, train_options={"unique": False}, **kwargs)
 
 
 def teacher_trace(numbers: list[int], target: int, operators: str, rng: random.Random, *, check: bool) -> str:
@@ -157,6 +135,6 @@ def countdown_accuracy(completions: list[Any], prompts: list[Any] | None = None,
         if m is not None:
             x, op, y = int(m.group(2)), m.group(3), int(m.group(4))
             rest = list(numbers)
-            ok = x in rest and (rest.remove(x) or y in rest) and apply(x, op, y) == target
+            ok = x in rest and (rest.remove(x) or y in rest) and apply_op(x, op, y) == target
         scores.append(1.0 if ok else 0.0)
     return scores

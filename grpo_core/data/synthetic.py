@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Any
+from typing import Any, Callable
 
 from grpo_core.rewards.base import completion_text
 
@@ -95,10 +95,11 @@ def _expression(operands: list[int], ops: list[str]) -> str:
     return str(operands[0]) + "".join(f"{op}{b}" for op, b in zip(ops, operands[1:]))
 
 
-def make_chain_rows(num_rows: int, *, seed: int = 0, min_operands: int = 3, max_operands: int = 4,
-                    exclude: set[str] | None = None, unique: bool = True) -> list[dict[str, Any]]:
-    """``num_rows`` prompt rows in the normalised schema; ``exclude`` holds prompt texts to avoid
-    (pass the eval prompts to keep train disjoint); ``unique`` avoids repeats within the set."""
+def sample_rows(num_rows: int, draw: Callable[[random.Random], tuple[str, str] | None], *, seed: int, task: str,
+                source: str, exclude: set[str] | None = None, unique: bool = True, hint: str = "") -> list[dict[str, Any]]:
+    """``num_rows`` rows of a built-in task in the normalised schema, each from ``draw(rng) -> (prompt text,
+    answer)`` (None: draw again); ``exclude`` holds prompt texts to avoid (pass the eval prompts to keep train
+    disjoint), ``unique`` avoids repeats within the set. Too few distinct prompts is a ValueError ending in ``hint``."""
     rng = random.Random(seed)
     seen = set(exclude or ())
     rows: list[dict[str, Any]] = []
@@ -106,32 +107,44 @@ def make_chain_rows(num_rows: int, *, seed: int = 0, min_operands: int = 3, max_
     while len(rows) < num_rows:
         attempts += 1
         if attempts > 100 * num_rows + 1000:
-            raise ValueError(f"could only make {len(rows)} distinct chain problems of {num_rows} asked for; "
-                             "allow more operands or set unique=False")
-        operands, ops = sample_chain_problem(rng, min_operands, max_operands)
-        text = _expression(operands, ops) + "="
-        if text in seen:
+            raise ValueError(f"could only make {len(rows)} distinct {task} problems of {num_rows} asked for; {hint}")
+        drawn = draw(rng)
+        if drawn is None or drawn[0] in seen:
             continue
+        text, answer = drawn
         if unique:
             seen.add(text)
-        rows.append({
-            "id": f"chain-{seed}-{len(rows):06d}",
-            "prompt": [{"role": "user", "content": text}],
-            "answer": str(evaluate_chain(text)),
-            "task": TASK,
-            "source": SOURCE,
-        })
+        rows.append({"id": f"{task}-{seed}-{len(rows):06d}", "prompt": [{"role": "user", "content": text}],
+                     "answer": answer, "task": task, "source": source})
     return rows
 
 
-def make_chain_splits(num_train: int, num_eval: int, *, seed: int = 0, **kwargs: Any) -> tuple[list[dict], list[dict]]:
-    """Train and held-out eval rows with no prompt in common (eval drawn first, from its own stream)."""
-    eval_rows = make_chain_rows(num_eval, seed=seed * 2 + 1, **kwargs)
+def split_rows(make_rows: Callable[..., list[dict[str, Any]]], num_train: int, num_eval: int, *, seed: int,
+               train_options: dict[str, Any] | None = None, **kwargs: Any) -> tuple[list[dict], list[dict]]:
+    """Train and held-out eval rows of ``make_rows`` with no prompt in common (eval drawn first, from its own
+    stream; its ids marked ``{task}-eval-``); ``train_options`` go to the train rows only."""
+    eval_rows = make_rows(num_eval, seed=seed * 2 + 1, **kwargs)
     exclude = {r["prompt"][0]["content"] for r in eval_rows}
-    train_rows = make_chain_rows(num_train, seed=seed * 2, exclude=exclude, **kwargs)
+    train_rows = make_rows(num_train, seed=seed * 2, exclude=exclude, **{**kwargs, **(train_options or {})})
     for r in eval_rows:
-        r["id"] = r["id"].replace("chain-", "chain-eval-", 1)
+        r["id"] = r["id"].replace(f"{r['task']}-", f"{r['task']}-eval-", 1)
     return train_rows, eval_rows
+
+
+def make_chain_rows(num_rows: int, *, seed: int = 0, min_operands: int = 3, max_operands: int = 4,
+                    exclude: set[str] | None = None, unique: bool = True) -> list[dict[str, Any]]:
+    """``num_rows`` chain prompt rows (``sample_rows``)."""
+    def draw(rng: random.Random) -> tuple[str, str]:
+        text = _expression(*sample_chain_problem(rng, min_operands, max_operands)) + "="
+        return text, str(evaluate_chain(text))
+
+    return sample_rows(num_rows, draw, seed=seed, task=TASK, source=SOURCE, exclude=exclude, unique=unique,
+                       hint="allow more operands or set unique=False")
+
+
+def make_chain_splits(num_train: int, num_eval: int, *, seed: int = 0, **kwargs: Any) -> tuple[list[dict], list[dict]]:
+    """Train and held-out eval rows with no prompt in common (``split_rows``)."""
+    return split_rows(make_chain_rows, num_train, num_eval, seed=seed, **kwargs)
 
 
 def make_cold_start_rows(rows: list[dict[str, Any]], *, direct_fraction: float = 0.5, coarse_fraction: float = 0.0,
