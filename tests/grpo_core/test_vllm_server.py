@@ -103,21 +103,26 @@ def served():
 
 
 def test_client_generates_pushes_in_chunks_and_probes(served):
-    client = ServerBackend(served.url, timeout=10, chunk_bytes=2000)
+    client = ServerBackend(served.url, timeout=10)
     out = client.generate([[1, 2, 3], [4]], n=2, max_tokens=4, seeds=[10, 11, 12, 13])
     assert [r.completion_ids for r in out] == [[10, 2], [11, 2], [12, 2], [13, 2]]
     assert [r.prompt_ids for r in out] == [[1, 2, 3], [1, 2, 3], [4], [4]]
     assert out[0].logprobs == [-0.5, -0.25] and out[0].text == "c10"
-    # a tied model (lm_head shares the embedding's storage) pushed in several chunks, every tensor arrives
+    # a tied model (lm_head shares the embedding's storage: 1280 bytes each), in one chunk and in two
     model = torch.nn.Sequential(torch.nn.Embedding(40, 8), torch.nn.Linear(8, 40, bias=False))
     model[1].weight = model[0].weight
-    client.update_weights(model)
-    assert served.engine.pushes == 1
-    assert set(served.engine.state) == set(model.state_dict())
-    for name, tensor in model.state_dict().items():
-        assert torch.equal(served.engine.state[name], tensor)
-    # the next generation sees the push (the fake shifts its tokens by the number of pushes)
-    assert client.generate([[1]], n=1, max_tokens=4, seeds=[10])[0].completion_ids == [11, 2]
+    for chunk_bytes, chunks in ((2**20, 1), (2000, 2)):
+        client.chunk_bytes, sent = chunk_bytes, []
+        request = client.session.request
+        client.session.request = lambda method, url, **kw: (sent.append(url), request(method, url, **kw))[1]
+        client.update_weights(model)
+        client.session.request = request
+        assert sum(url.endswith("/update_weights/chunk") for url in sent) == chunks
+        assert set(served.engine.state) == set(model.state_dict())
+        for name, tensor in model.state_dict().items():
+            assert torch.equal(served.engine.state[name], tensor)
+    # the next generation sees the pushes (the fake shifts its tokens by the number of pushes)
+    assert client.generate([[1]], n=1, max_tokens=4, seeds=[10])[0].completion_ids == [12, 2]
     assert client.probe_logprobs([5, 6, 7]) == [-1.0, -1.0]
     assert client.weights_digest(["x"]) == {}
     client.close()
