@@ -207,7 +207,9 @@ class GRPOSampling(SamplingConfig):
                 raise ValueError(f"sampling.vllm_server_base_url {url!r} is not an http(s) URL; write it as "
                                  "http://HOST:PORT (or leave it unset for the stage to start the server)")
         else:
-            server_set = sorted(f for f in self.model_fields_set if f.startswith("vllm_server_"))
+            fields = type(self).model_fields  # a dumped config carries every default: only a changed one is an error
+            server_set = sorted(f for f in self.model_fields_set
+                                if f.startswith("vllm_server_") and getattr(self, f) != fields[f].default)
             if server_set:
                 raise ValueError(f"sampling.{', sampling.'.join(server_set)} configure the generation server, but "
                                  "sampling.vllm_mode is colocate; set sampling.vllm_mode: server or remove them")
