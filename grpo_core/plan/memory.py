@@ -26,7 +26,8 @@ the rest from the stage's config section and the hardware. What is counted follo
 - reward models and judges (``grpo_core.plan.scorers``): fp32 weights and a scoring allowance on the GPU they
   load onto (the last visible one by default: under torchrun every rank's copy lands there).
 - generation: vLLM's share of the device (``vllm_gpu_memory_utilization`` of its total memory, or its bf16
-  weights + ``vllm_kv_cache_memory_bytes``), 0 while asleep under ``vllm_enable_sleep_mode``; or, for the
+  weights + ``vllm_kv_cache_memory_bytes``), 0 while asleep under ``vllm_enable_sleep_mode``, and on the server's
+  device, not the trainer's, under ``vllm_mode: server`` (its line ``vLLM server``); or, for the
   transformers backend, its KV cache (plus a full replica under FSDP: ``trainer/fsdp.py``'s ReplicaBackend).
 
 A stage's peak is the larger of its two phases: training (everything above, the engine included unless it
@@ -240,7 +241,11 @@ def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Har
     if rl:
         generation, problems, asleep = _generation_bytes(config.sampling, config.generation_batch_size, config.bf16,
                                                          shape, hw, strategy, lora=peft)
-        components["generation" + (" (asleep)" if asleep else "")] = 0 if asleep else generation
+        if config.sampling.vllm_mode == "server":  # the engine and its KV cache are on the server's device
+            server, generation = generation, 0
+            components["generation (server)"] = 0
+        else:
+            components["generation" + (" (asleep)" if asleep else "")] = 0 if asleep else generation
     overhead = CUDA_CONTEXT_BYTES if hw.device == "cuda" else 0
     components["cuda context"] = overhead
     loads = place_scorers(scorers, hw.gpus, hw.gpus, resident=rl, on_cpu=hw.device == "cpu")
@@ -257,6 +262,11 @@ def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Har
         generation_peak = held + sum(v for k, v in components.items() if k in SCORER_TERMS)
     plan = StagePlan(stage, kind, strategy, hw, components, train_peak, generation_peak, problems, notes=notes)
     plan.elsewhere = _elsewhere(loads, lambda i: i >= hw.gpus)
+    if rl and config.sampling.vllm_mode == "server":
+        plan.elsewhere["vLLM server"] = server
+        own = config.sampling.vllm_server_devices or ("its own process" if hw.device == "cpu" else "a GPU of its own")
+        plan.notes.append(f"vLLM server: sampling.vllm_mode server holds the engine and its KV cache on its own device "
+                          f"({own}), none on the trainer's")
     return plan
 
 

@@ -93,6 +93,10 @@ def drop_long_prompts(tokenizer: Any, rows: list[dict[str, Any]], config: GRPOCo
 def check_inputs(config: GRPOConfig, ctx: DistContext, train_rows: list[dict[str, Any]],
                  reward_funcs: RewardFuncs | None) -> None:
     """Refuse what cannot train, before any model loads (fail in seconds, not minutes)."""
+    if config.sampling.vllm_mode == "server" and ctx.world_size > 1:
+        raise ValueError(f"sampling.vllm_mode: server with {ctx.world_size} trainer processes is not built yet (one "
+                         "trainer process pushes weights to the server); run the stage as one process or use "
+                         "sampling.vllm_mode: colocate")
     if config.use_peft and config.async_rollouts:
         raise ValueError("use_peft with async_rollouts is not supported yet: the sampler process cannot report its "
                          "weights for the sync check; set async_rollouts: false (or use_peft: false)")
@@ -121,9 +125,12 @@ def reference_on_sampler(config: GRPOConfig) -> bool:
 
 
 def make_sampler(config: GRPOConfig, ctx: DistContext, model: torch.nn.Module, tokenizer: Any,
-                 model_path: str | Path, start_path: str | Path) -> tuple[GenerationBackend, bool]:
+                 model_path: str | Path, start_path: str | Path, output_dir: Path | None = None
+                 ) -> tuple[GenerationBackend, bool]:
     """``(backend, sampling_correction)``: the generation backend on the policy's weights (``start_path``: where
     they were loaded from) and whether its log-probs differ from the trainer's (then the loss is corrected).
+    ``sampling.vllm_mode: server``: a client of the generation server (started here, its log in ``output_dir``,
+    unless ``vllm_server_base_url`` names a running one); ``GRPOSteps`` pushes the policy and checks it before step 1.
     A sharded checkpoint is no ``from_pretrained`` folder: the backend starts from ``model_path`` and is then sent
     the policy's weights, as after every update."""
     push_now = has_sharded_state(start_path)
@@ -131,6 +138,12 @@ def make_sampler(config: GRPOConfig, ctx: DistContext, model: torch.nn.Module, t
     kind = backend_kind(config.sampling.use_vllm)
     opts = backend_options(config.sampling, kind, ctx.device, seed=config.seed, bf16=config.bf16,
                            model_config=model.config)
+    if config.sampling.vllm_mode == "server":  # rollouts on a generation server (generation/server_client.py)
+        from grpo_core.generation.server_client import connect_server
+
+        opts = backend_options(config.sampling, "vllm", ctx.device, seed=config.seed, model_config=model.config)
+        backend = connect_server(config.sampling, str(start_path), log_dir=Path(output_dir or "."), opts=opts)
+        return backend, config.vllm_importance_sampling_correction  # the server's log-probs are not the trainer's
     if config.async_rollouts:  # the sampler in its own process (trainer/async_rollouts.py)
         from grpo_core.generation.process import ProcessBackend
 
@@ -234,7 +247,7 @@ def train_grpo(
                            tracking=tracking) as run:
         state = run.state
         backend, sampling_correction = make_sampler(config, ctx, model, tokenizer, model_path,
-                                                    loaded.path if loaded else model_path)
+                                                    loaded.path if loaded else model_path, output_dir)
         next_rollouts = None
         if config.async_rollouts:  # the rounds a checkpoint carries (generated with weights older than it)
             next_rollouts = NextRollouts(backend, tokenizer, mixture, config, ctx)  # type: ignore[arg-type]
@@ -258,6 +271,6 @@ def train_grpo(
             monitor = heldout.monitor if heldout is not None else None
             summary = finish_monitor(run, config, monitor.signal_name, selection) if monitor is not None else {}
         finally:
-            if config.async_rollouts:  # the sampler process ends with the stage, failed or not
-                backend.close()
+            if config.async_rollouts or config.sampling.vllm_mode == "server":  # the sampler process (a server the
+                backend.close()  # stage started) ends with the stage, failed or not
     return {"step": state["step"], **{k: v for k, v in metrics.items() if k != "step"}, **summary, **selection}

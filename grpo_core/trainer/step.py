@@ -84,8 +84,10 @@ class GRPOSteps:
         self.sampling_correction, self.num_dropped, self.heldout = sampling_correction, num_dropped, heldout
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.num_updates = (config.steps_per_generation or 1) * config.num_iterations  # optimiser steps per step
-        self.sync_check = weight_sync.SyncCheck(model) if is_peft_model(model) else None
-        if self.sync_check is not None:  # the sampler was built from the base: give it the (resumed) adapters merged
+        # LoRA (merged weights) and a generation server (weights over HTTP): every sync is checked
+        checked = is_peft_model(model) or config.sampling.vllm_mode == "server"
+        self.sync_check = weight_sync.SyncCheck(model) if checked else None
+        if self.sync_check is not None:  # the sampler was built from the base / runs apart: give it the policy
             self.sync_weights("before the first step (the policy as loaded)")
         self.warned_short: set[str | None] = set()
         self._restore_reward_state()
@@ -189,7 +191,8 @@ class GRPOSteps:
         return metrics
 
     def sync_weights(self, sync: str) -> None:
-        """Push the policy's weights to the sampler; under LoRA (merged weights) check it holds them, failing the
+        """Push the policy's weights to the sampler; under LoRA (merged weights) or a generation server (sent over
+        HTTP) check it holds them, failing the
         step with a message naming ``sync`` when it does not (``trainer/weight_sync.py``)."""
         weight_sync.push_weights(self.backend, self.model)
         if self.sync_check is not None:

@@ -2,7 +2,8 @@
 
 The most repeated complaint about LoRA in RL systems is adapters that never reach the generator (verl#7495: a
 run sampled from the initial policy for two months; ROLL#436; trl#2698): nothing fails, the rewards just do
-not move. So a LoRA run checks every sync (``SyncCheck``) and fails the step naming the sync when the sampler's
+not move. So a LoRA run, and a run whose rollouts come from a generation server (``sampling.vllm_mode: server``:
+weights cross a network), checks every sync (``SyncCheck``) and fails the step naming the sync when the sampler's
 weights are not the trainer's (``WeightSyncError``):
 
 - hash, where the sampler can read its tensors (the transformers replica; vLLM on GPU): the trainer hashes a
@@ -32,12 +33,24 @@ class WeightSyncError(RuntimeError):
 
 
 def probe_names(model: torch.nn.Module) -> list[str]:
-    """The merged tensors the check compares: the first and last adapted weight, ``o_proj``/``down_proj`` first."""
-    from peft.tuners.lora import LoraLayer
+    """The merged tensors the check compares: the first and last adapted weight (every linear weight without
+    LoRA), ``o_proj``/``down_proj`` first."""
+    if is_peft_model(model):
+        from peft.tuners.lora import LoraLayer
 
-    adapted = [name for name, m in model.get_base_model().named_modules() if isinstance(m, LoraLayer)]
+        adapted = [name for name, m in model.get_base_model().named_modules() if isinstance(m, LoraLayer)]
+    else:
+        adapted = [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     preferred = [n for n in adapted if n.rsplit(".", 1)[-1] in _PREFERRED] or adapted
     return sorted({f"{preferred[0]}.weight", f"{preferred[-1]}.weight"})
+
+
+def policy_tensors(model: torch.nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
+    """The tensors ``names`` as the sampler should hold them: merged under LoRA, else the model's own."""
+    if is_peft_model(model):
+        return merged_state_dict(model, names)
+    state = model.state_dict()
+    return {n: state[n] for n in names}
 
 
 def push_weights(backend: Any, model: torch.nn.Module) -> None:
@@ -104,20 +117,20 @@ class SyncCheck:
             raise WeightSyncError(
                 f"weight sync {sync}: the sampler's log-probs of the probe sequence are {gap:.3g} nats from the "
                 f"trainer's (tolerance {tol:g}{'; nearer the previous sync' if stale else ''}); the sampler would "
-                "generate from stale weights. The push of the merged LoRA weights did not reach the sampler "
-                "(grpo_core/trainer/weight_sync.py: push_weights)")
+                "generate from stale weights. The weight push (the merged weights under LoRA) did not reach the "
+                "sampler (grpo_core/trainer/weight_sync.py: push_weights)")
         self.last_probe = trainer
 
 
 def verify_digests(held: dict[str, tuple[str, str]], model: torch.nn.Module, names: list[str], sync: str) -> None:
     """Fail with ``WeightSyncError`` unless the sampler's hashes ``held`` of ``names`` are the trainer's merged
     tensors' cast to the sampler's dtype."""
-    merged = merged_state_dict(model, names)
+    merged = policy_tensors(model, names)
     for name in names:
         dtype, got = held[name]
         want = tensor_digest(merged[name].to(getattr(torch, dtype.removeprefix("torch."))))
         if got != want:
             raise WeightSyncError(
                 f"weight sync {sync}: the sampler's {name} is not the trainer's merged weight (sha256 {got[:12]} != "
-                f"{want[:12]}); the sampler would generate from stale weights. The push of the merged LoRA weights "
-                "did not reach the sampler (grpo_core/trainer/weight_sync.py: push_weights)")
+                f"{want[:12]}); the sampler would generate from stale weights. The weight push (the merged weights under "
+                "LoRA) did not reach the sampler (grpo_core/trainer/weight_sync.py: push_weights)")

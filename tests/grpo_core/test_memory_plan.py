@@ -192,3 +192,22 @@ def test_a_packed_micro_batch_plans_its_token_budget():
     short = plan_training("cold_start_sft", "sft", SFTConfig(**base, padding_free=True, max_tokens_per_batch=1024),
                           shape, hw)  # a 4096-token row still trains alone
     assert short.components["activations"] == activation_bytes(shape, 1, 4096, bf16=True, checkpointing=True)
+
+
+def test_a_generation_server_holds_the_engine_on_its_own_device():
+    """sampling.vllm_mode: server: the trainer's GPUs hold no engine or KV cache; the server's share is its own line."""
+    shape = KNOWN_SHAPES["Qwen/Qwen2.5-7B"]
+    hw = Hardware(gpus=7, gpu_memory=80 * GiB)
+    config = GRPOConfig(use_vllm=True, bf16=True, gradient_checkpointing=True, distributed_strategy="fsdp",
+                        vllm_gpu_memory_utilization=0.25, max_prompt_length=512, max_completion_length=512)
+    colocated = plan_training("grpo_train", "grpo", config, shape, hw)
+    served = plan_training("grpo_train", "grpo", with_sampling(config, vllm_mode="server", vllm_server_devices="7"),
+                           shape, hw)
+    assert served.components["generation (server)"] == 0 and "generation" not in served.components
+    assert colocated.train_peak - served.train_peak == int(0.25 * 80 * GiB)
+    assert colocated.generation_peak - served.generation_peak == int(0.25 * 80 * GiB)
+    assert served.elsewhere == {"vLLM server": int(0.25 * 80 * GiB)}
+    assert "vLLM server" in served.table() and "(7), none on the trainer's" in served.table()
+    tight = with_sampling(config, vllm_gpu_memory_utilization=0.7)  # the engine's 56 GiB beside the trainer: too much
+    assert not plan_stage("grpo_train", "grpo", tight, shape, hw).fits
+    assert plan_stage("grpo_train", "grpo", with_sampling(tight, vllm_mode="server"), shape, hw).fits
