@@ -29,7 +29,9 @@ On a CPU the same child runs with gloo in fp32 (the self-test runs it at a tiny 
 Each GRPO and SFT entry also carries ``plan``: the memory planner's prediction for the same settings (``r1
 plan``'s arithmetic) beside the measured peak, and ``grpo_sleep_mode`` repeats a few GRPO steps with
 ``vllm_enable_sleep_mode`` (the engine releases its KV cache and weights while the trainer runs). Every part runs
-in its own child process, so each peak is its own.
+in its own child process, so each peak is its own. ``grpo_server`` repeats a few GRPO steps with
+``vllm_mode: server``: the stage starts a vLLM generation server on the same GPU (``vllm_server_devices: "0"``), pushes
+the weights over HTTP after every step and checks them (its peak is then the trainer's alone; the server's is its own).
 
 Without a CUDA GPU it stops at once with a message. ``--build-only`` builds the model folder (at any size,
 via ``--hidden/--layers/...``) and prints its shape: the part that runs on a CPU.
@@ -152,7 +154,8 @@ def planned_vs_measured(stage: str, kind: str, config: Any, model_path: str | Pa
     return out
 
 
-def run(args: argparse.Namespace, *, sleep_mode: bool = False, steps: int | None = None) -> dict[str, Any]:
+def run(args: argparse.Namespace, *, sleep_mode: bool = False, server: bool = False, steps: int | None = None
+        ) -> dict[str, Any]:
     import torch
 
     from grpo_core.config import GRPOConfig
@@ -170,6 +173,7 @@ def run(args: argparse.Namespace, *, sleep_mode: bool = False, steps: int | None
         per_device_train_batch_size=args.micro_batch, bf16=True, use_vllm=True,
         vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization, vllm_enable_sleep_mode=sleep_mode,
         save_steps=10**6, report_to=[], reward_funcs=["chain_accuracy"], seed=0,
+        **({"vllm_mode": "server", "vllm_server_port": 0, "vllm_server_devices": "0"} if server else {}),
     )
     steps: list[dict[str, float]] = []
     run_start = time.perf_counter()
@@ -215,7 +219,7 @@ def run(args: argparse.Namespace, *, sleep_mode: bool = False, steps: int | None
         "peak_gpu_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
         "first_step_s": steps[0]["time/step"] if steps else None, "model_build_s": build_s,
         "run_s": time.perf_counter() - run_start, "total_s": total_s, "per_step": steps,
-        "vllm_enable_sleep_mode": sleep_mode,
+        "vllm_enable_sleep_mode": sleep_mode, "vllm_mode": "server" if server else "colocate",
         "plan": planned_vs_measured("grpo_train", "grpo", config, model_path, torch.cuda.max_memory_allocated(),
                                     torch.cuda.get_device_properties(0).total_memory),
     }
@@ -308,11 +312,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sft-fsdp-only", action="store_true", help="only the SFT steps (the child; CPU too)")
     parser.add_argument("--sleep-mode-steps", type=int, default=2,
                         help="GRPO steps with vllm_enable_sleep_mode in a second process (0 skips them)")
+    parser.add_argument("--server-steps", type=int, default=2,
+                        help="GRPO steps with vllm_mode: server (a generation server on the same GPU; 0 skips them)")
     parser.add_argument("--grpo-only", action="store_true", help="only the GRPO steps (the children)")
+    parser.add_argument("--server", action="store_true", help="with --grpo-only: rollouts from a generation server")
     parser.add_argument("--sleep-mode", action="store_true", help="with --grpo-only: vLLM sleeps while training")
     args = parser.parse_args(argv)
     if args.grpo_only:
-        print(json.dumps(run(args, sleep_mode=args.sleep_mode)))
+        print(json.dumps(run(args, sleep_mode=args.sleep_mode, server=args.server)))
         return
     if args.sft_fsdp_only:
         print(json.dumps(run_sft_fsdp(args)))
@@ -331,7 +338,8 @@ def main(argv: list[str] | None = None) -> None:
     sft = child("--sft-fsdp-only") if args.sft_steps else None
     grpo = child("--grpo-only")
     asleep = child("--grpo-only", "--sleep-mode", "--steps", str(args.sleep_mode_steps)) if args.sleep_mode_steps else None
-    print(json.dumps({**grpo, "sft_fsdp": sft, "grpo_sleep_mode": asleep}))
+    served = child("--grpo-only", "--server", "--steps", str(args.server_steps)) if args.server_steps else None
+    print(json.dumps({**grpo, "sft_fsdp": sft, "grpo_sleep_mode": asleep, "grpo_server": served}))
 
 
 if __name__ == "__main__":
