@@ -23,7 +23,8 @@ Before the GRPO steps, a child process (``--sft-fsdp-only``) times ``--sft-steps
 under FSDP2 on a process group of one GPU: the sharded load (meta device, rank-0 reads), ``MixedPrecisionPolicy``
 (bf16 compute, fp32 reduce and master weights), activation checkpointing per decoder layer, the chunked
 completion-token loss, AdamW (``--fsdp-cpu-offload`` puts parameters, gradients and optimizer state on the
-CPU); its numbers are the ``sft_fsdp`` entry (step time, tokens/s, MFU at 6 * params per token, peak memory).
+CPU); its numbers are the ``sft_fsdp`` entry (step time, tokens/s, MFU at 6 * params per token, peak memory), and
+``dcp``: a sharded checkpoint of model and optimizer saved, overwritten and loaded back (times, size, exact loss).
 On a CPU the same child runs with gloo in fp32 (the self-test runs it at a tiny size).
 
 Each GRPO and SFT entry also carries ``plan``: the memory planner's prediction for the same settings (``r1
@@ -31,7 +32,9 @@ plan``'s arithmetic) beside the measured peak, and ``grpo_sleep_mode`` repeats a
 ``vllm_enable_sleep_mode`` (the engine releases its KV cache and weights while the trainer runs). Every part runs
 in its own child process, so each peak is its own. ``grpo_server`` repeats a few GRPO steps with
 ``vllm_mode: server``: the stage starts a vLLM generation server on the same GPU (``vllm_server_devices: "0"``), pushes
-the weights over HTTP after every step and checks them (its peak is then the trainer's alone; the server's is its own).
+the weights over HTTP after every step and checks them (its peak is then the trainer's alone; the server's is its own);
+``grpo_async`` repeats a few with ``async_rollouts`` (the sampler in its own process on the GPU in the trainer's dtype,
+weights through shared memory, one step stale, importance-sampling corrected).
 
 Without a CUDA GPU it stops at once with a message. ``--build-only`` builds the model folder (at any size,
 via ``--hidden/--layers/...``) and prints its shape: the part that runs on a CPU.
@@ -154,8 +157,8 @@ def planned_vs_measured(stage: str, kind: str, config: Any, model_path: str | Pa
     return out
 
 
-def run(args: argparse.Namespace, *, sleep_mode: bool = False, server: bool = False, steps: int | None = None
-        ) -> dict[str, Any]:
+def run(args: argparse.Namespace, *, sleep_mode: bool = False, server: bool = False, async_rollouts: bool = False,
+        steps: int | None = None) -> dict[str, Any]:
     import torch
 
     from grpo_core.config import GRPOConfig
@@ -174,6 +177,7 @@ def run(args: argparse.Namespace, *, sleep_mode: bool = False, server: bool = Fa
         vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization, vllm_enable_sleep_mode=sleep_mode,
         save_steps=10**6, report_to=[], reward_funcs=["chain_accuracy"], seed=0,
         **({"vllm_mode": "server", "vllm_server_port": 0, "vllm_server_devices": "0"} if server else {}),
+        **({"async_rollouts": True} if async_rollouts else {}),
     )
     steps: list[dict[str, float]] = []
     run_start = time.perf_counter()
@@ -220,9 +224,47 @@ def run(args: argparse.Namespace, *, sleep_mode: bool = False, server: bool = Fa
         "first_step_s": steps[0]["time/step"] if steps else None, "model_build_s": build_s,
         "run_s": time.perf_counter() - run_start, "total_s": total_s, "per_step": steps,
         "vllm_enable_sleep_mode": sleep_mode, "vllm_mode": "server" if server else "colocate",
+        "async_rollouts": async_rollouts,
         "plan": planned_vs_measured("grpo_train", "grpo", config, model_path, torch.cuda.max_memory_allocated(),
                                     torch.cuda.get_device_properties(0).total_memory),
     }
+
+
+def dcp_round_trip(model: Any, optimizer: Any, ids: Any, mask: Any, tokens: int, gpu: bool) -> dict[str, Any]:
+    """The sharded checkpoint (``torch.distributed.checkpoint``, as the trainer writes under FSDP): save the model and
+    AdamW state, overwrite both, load them back; times each way, the folder's size, and whether the next step's loss
+    after the load equals the loss without it (exact resume)."""
+    import shutil
+
+    import torch
+
+    from grpo_core.trainer.sft import completion_token_loss
+    from grpo_core.trainer.sharded_state import load_model_state, load_optimizer_state, save_sharded_state
+
+    def next_loss() -> float:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=gpu):
+            loss, _ = completion_token_loss(model, ids, mask, ids, num_tokens=tokens, chunk_size=256)
+        return float(loss)
+
+    folder = Path(tempfile.mkdtemp(prefix="gpu_check_dcp_"))
+    expected = next_loss()
+    start = time.perf_counter()
+    save_sharded_state(model, optimizer, folder)
+    save_s = time.perf_counter() - start
+    with torch.no_grad():  # wreck what the load must restore
+        for p in model.parameters():
+            p.mul_(0.5)
+        for state in optimizer.state.values():
+            for value in state.values():
+                if torch.is_tensor(value) and value.is_floating_point():
+                    value.zero_()
+    start = time.perf_counter()
+    load_model_state(model, folder)
+    load_optimizer_state(model, optimizer, folder)
+    load_s = time.perf_counter() - start
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"save_s": save_s, "load_s": load_s, "size_gib": size / 2**30, "loss_after_load_equal": next_loss() == expected}
 
 
 def run_sft_fsdp(args: argparse.Namespace) -> dict[str, Any]:
@@ -267,6 +309,7 @@ def run_sft_fsdp(args: argparse.Namespace) -> dict[str, Any]:
         if gpu:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+    dcp = dcp_round_trip(model, optimizer, ids, mask, tokens, gpu)
     dist.destroy_process_group()
     step_s = statistics.median(times[1:] or times)
     peak, _ = (args.peak_tflops, "") if args.peak_tflops else peak_tflops_for(torch.cuda.get_device_name() if gpu else "")
@@ -277,7 +320,7 @@ def run_sft_fsdp(args: argparse.Namespace) -> dict[str, Any]:
         "mfu": mfu(train_flops(params, tokens, forward_only_passes=0), step_s, peak) if gpu else None,
         "peak_gpu_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else None,
         "master_weights_dtype": sorted(str(d) for d in compute_dtype), "fsdp_cpu_offload": args.fsdp_cpu_offload,
-        "per_step_s": times,
+        "per_step_s": times, "dcp": dcp,
         "plan": planned_vs_measured(
             "cold_start_sft", "sft",
             SFTConfig(bf16=True, gradient_checkpointing=True, per_device_train_batch_size=args.sft_micro_batch,
@@ -316,10 +359,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="GRPO steps with vllm_mode: server (a generation server on the same GPU; 0 skips them)")
     parser.add_argument("--grpo-only", action="store_true", help="only the GRPO steps (the children)")
     parser.add_argument("--server", action="store_true", help="with --grpo-only: rollouts from a generation server")
+    parser.add_argument("--async-steps", type=int, default=3,
+                        help="GRPO steps with async_rollouts (the sampler process on the GPU, bf16; 0 skips them)")
+    parser.add_argument("--async-rollouts", action="store_true", help="with --grpo-only: async_rollouts")
     parser.add_argument("--sleep-mode", action="store_true", help="with --grpo-only: vLLM sleeps while training")
     args = parser.parse_args(argv)
     if args.grpo_only:
-        print(json.dumps(run(args, sleep_mode=args.sleep_mode, server=args.server)))
+        print(json.dumps(run(args, sleep_mode=args.sleep_mode, server=args.server, async_rollouts=args.async_rollouts)))
         return
     if args.sft_fsdp_only:
         print(json.dumps(run_sft_fsdp(args)))
@@ -339,7 +385,9 @@ def main(argv: list[str] | None = None) -> None:
     grpo = child("--grpo-only")
     asleep = child("--grpo-only", "--sleep-mode", "--steps", str(args.sleep_mode_steps)) if args.sleep_mode_steps else None
     served = child("--grpo-only", "--server", "--steps", str(args.server_steps)) if args.server_steps else None
-    print(json.dumps({**grpo, "sft_fsdp": sft, "grpo_sleep_mode": asleep, "grpo_server": served}))
+    overlapped = child("--grpo-only", "--async-rollouts", "--steps", str(args.async_steps)) if args.async_steps else None
+    print(json.dumps({**grpo, "sft_fsdp": sft, "grpo_sleep_mode": asleep, "grpo_server": served,
+                      "grpo_async": overlapped}))
 
 
 if __name__ == "__main__":

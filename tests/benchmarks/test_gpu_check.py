@@ -69,6 +69,7 @@ def test_sft_fsdp_child_runs_on_cpu_at_tiny_size():
     assert out["steps"] == 3 and out["tokens_per_step"] == 32 and out["step_s"] > 0
     assert out["master_weights_dtype"] == ["torch.float32"]
     assert 5.0 < out["loss"] < 8.0  # ~ln(600) for a random model: the loss covers every token
+    assert out["dcp"]["loss_after_load_equal"] is True and out["dcp"]["size_gib"] > 0  # sharded checkpoint restored
     plan = out["plan"]  # the planner's prediction for the same settings (no measurement on a CPU)
     assert plan["planned_gib"] > 0 and plan["planned_components_gib"]["weights"] > 0 and "measured_gib" not in plan
 
