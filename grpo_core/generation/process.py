@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from grpo_core.generation.base import Rollout
+from grpo_core.generation.vllm_backend import TensorsModule
 
 POLL_S = 0.2  # how often a wait checks that the child is alive
 
@@ -299,15 +300,5 @@ def _load_weights(backend: Any, model: torch.nn.Module | None, tensors: dict[str
             params[name].copy_(tensor)  # host -> the sampler's device, cast to its dtype
         backend.update_weights(model)
     else:  # vLLM: reload_weights takes (name, tensor) pairs (and copies them into the engine)
-        backend.update_weights(_StateDict(tensors))
+        backend.update_weights(TensorsModule(tensors))
 
-
-class _StateDict(torch.nn.Module):
-    """A module whose ``state_dict`` is the pushed tensors (what ``VLLMBackend.update_weights`` iterates)."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
-        super().__init__()
-        self._tensors = tensors
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
-        return self._tensors

@@ -37,18 +37,9 @@ import torch
 from fastapi import Request
 from pydantic import BaseModel
 
+from grpo_core.generation.vllm_backend import TensorsModule
+
 logger = logging.getLogger(__name__)
-
-
-class _StateDict(torch.nn.Module):
-    """A module whose ``state_dict`` is the pushed tensors (what ``VLLMBackend.update_weights`` iterates)."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
-        super().__init__()
-        self._tensors = tensors
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
-        return self._tensors
 
 
 class WeightUpload:
@@ -162,7 +153,7 @@ def build_app(backend: Any) -> Any:
                 tensors = upload.finish(req.update_id, req.num_tensors)
             except ValueError as exc:
                 raise refuse(exc) from exc
-            backend.update_weights(_StateDict(tensors))  # VLLMBackend also drops the prefix cache
+            backend.update_weights(TensorsModule(tensors))  # VLLMBackend also drops the prefix cache
         return {"loaded": len(tensors)}
 
     @app.post("/reset_prefix_cache")

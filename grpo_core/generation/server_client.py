@@ -70,7 +70,7 @@ class ServerBackend:
         """Send ``model``'s weights in chunks, then have the server load them all (and drop its prefix cache)."""
         from safetensors.torch import save
 
-        from grpo_core.generation.vllm_backend import _full_state_items
+        from grpo_core.generation.vllm_backend import full_state_items
 
         update_id = self._request("POST", "/update_weights/start", doing="starting a weight push")["update_id"]
         chunk: dict[str, torch.Tensor] = {}
@@ -83,7 +83,7 @@ class ServerBackend:
                               doing=f"pushing weights ({len(chunk)} tensors)")
             chunk, size = {}, 0
 
-        for name, tensor in _full_state_items(model):
+        for name, tensor in full_state_items(model):
             if tensor.is_floating_point():
                 tensor = tensor.to(self.dtype)
             tensor = tensor.detach().to("cpu").contiguous().clone()  # clone: tied weights share storage

@@ -248,7 +248,7 @@ class VLLMBackend:
     def update_weights(self, model: torch.nn.Module) -> None:
         """Load ``model``'s weights into the running engine, then drop KV blocks computed with the old ones."""
         self._wake_weights()  # the weights alone: the KV cache waits until generation
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _full_state_items(model)})
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": full_state_items(model)})
         self._pushed = weakref.ref(model)
         # Without this, prompts whose blocks are cached keep the old weights' keys/values.
         self.llm.reset_prefix_cache()
@@ -329,7 +329,19 @@ def generate_in_tp_group(run: Any, prompt_ids: list[list[int]], seeds: list[int]
     return outputs[start : start + n * len(prompt_ids)]
 
 
-def _full_state_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+class TensorsModule(torch.nn.Module):
+    """A module whose ``state_dict`` is given tensors (what ``VLLMBackend.update_weights`` iterates): weights that
+    arrive from elsewhere (a shared buffer, an HTTP push) are loaded as a model's would be."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self._tensors = tensors
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        return self._tensors
+
+
+def full_state_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) in HF checkpoint naming; DDP/FSDP wrappers unwrapped, sharded DTensors gathered."""
     while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
         model = model.module
