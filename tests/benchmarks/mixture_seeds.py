@@ -11,7 +11,9 @@ share of those responses the generating rule passes). A seed passes when final R
 The learning table gives, per seed, greedy held-out chain accuracy (and in brackets with direct answers banned,
 ``eval/accuracy_forced_reasoning``) after each model stage and the run's wall time, then checks the learning
 conditions: GRPO >= cold-start SFT + 20 points (greedy), forced-reasoning after GRPO >= after SFT + 5, final RL
->= GRPO, wall <= 600 s in every seed, and final greedy accuracy within 10 points across seeds. Runs already
+>= GRPO, wall <= 600 s in every seed, and final greedy accuracy within 10 points across seeds. Then issue 28's
+final RL table (``final_rl_table``: per general source, the preferred rate GRPO -> final RL, unsafe refusals spelt
+right, helpful answers that refuse in any spelling, from each evaluation's ``results.jsonl``) with its bars. Runs already
 committed in STORE are reused (the stages are cached), so a rerun only prints the tables (its wall is then the
 cache's, not a run's).
 """
