@@ -135,15 +135,15 @@ def make_sampler(config: GRPOConfig, ctx: DistContext, model: torch.nn.Module, t
     the policy's weights, as after every update."""
     push_now = has_sharded_state(start_path)
     start_path = model_path if push_now else start_path
-    kind = backend_kind(config.sampling.use_vllm)
-    opts = backend_options(config.sampling, kind, ctx.device, seed=config.seed, bf16=config.bf16,
-                           model_config=model.config)
     if config.sampling.vllm_mode == "server":  # rollouts on a generation server (generation/server_client.py)
         from grpo_core.generation.server_client import connect_server
 
         opts = backend_options(config.sampling, "vllm", ctx.device, seed=config.seed, model_config=model.config)
         backend = connect_server(config.sampling, str(start_path), log_dir=Path(output_dir or "."), opts=opts)
         return backend, config.vllm_importance_sampling_correction  # the server's log-probs are not the trainer's
+    kind = backend_kind(config.sampling.use_vllm)
+    opts = backend_options(config.sampling, kind, ctx.device, seed=config.seed, bf16=config.bf16,
+                           model_config=model.config)
     if config.async_rollouts:  # the sampler in its own process (trainer/async_rollouts.py)
         from grpo_core.generation.process import ProcessBackend
 
