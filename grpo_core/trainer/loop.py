@@ -93,10 +93,6 @@ def drop_long_prompts(tokenizer: Any, rows: list[dict[str, Any]], config: GRPOCo
 def check_inputs(config: GRPOConfig, ctx: DistContext, train_rows: list[dict[str, Any]],
                  reward_funcs: RewardFuncs | None) -> None:
     """Refuse what cannot train, before any model loads (fail in seconds, not minutes)."""
-    if config.sampling.vllm_mode == "server" and ctx.world_size > 1:
-        raise ValueError(f"sampling.vllm_mode: server with {ctx.world_size} trainer processes is not built yet (one "
-                         "trainer process pushes weights to the server); run the stage as one process or use "
-                         "sampling.vllm_mode: colocate")
     if config.use_peft and config.async_rollouts:
         raise ValueError("use_peft with async_rollouts is not supported yet: the sampler process cannot report its "
                          "weights for the sync check; set async_rollouts: false (or use_peft: false)")
@@ -130,7 +126,8 @@ def make_sampler(config: GRPOConfig, ctx: DistContext, model: torch.nn.Module, t
     """``(backend, sampling_correction)``: the generation backend on the policy's weights (``start_path``: where
     they were loaded from) and whether its log-probs differ from the trainer's (then the loss is corrected).
     ``sampling.vllm_mode: server``: a client of the generation server (started here, its log in ``output_dir``,
-    unless ``vllm_server_base_url`` names a running one); ``GRPOSteps`` pushes the policy and checks it before step 1.
+    unless ``vllm_server_base_url`` names a running one; with several trainer processes rank 0's, serving all of
+    them: ``RankZeroServer``); ``GRPOSteps`` pushes the policy and checks it before step 1.
     A sharded checkpoint is no ``from_pretrained`` folder: the backend starts from ``model_path`` and is then sent
     the policy's weights, as after every update."""
     push_now = has_sharded_state(start_path)
@@ -139,8 +136,15 @@ def make_sampler(config: GRPOConfig, ctx: DistContext, model: torch.nn.Module, t
         from grpo_core.generation.server_client import connect_server
 
         opts = backend_options(config.sampling, "vllm", ctx.device, seed=config.seed, model_config=model.config)
-        backend = connect_server(config.sampling, str(start_path), log_dir=Path(output_dir or "."), opts=opts)
-        return backend, config.vllm_importance_sampling_correction  # the server's log-probs are not the trainer's
+
+        def connect() -> GenerationBackend:
+            return connect_server(config.sampling, str(start_path), log_dir=Path(output_dir or "."), opts=opts)
+
+        if ctx.enabled:  # several trainer processes: rank 0 talks to the server for all (trainer/server_ranks.py)
+            from grpo_core.trainer.server_ranks import RankZeroServer
+
+            return RankZeroServer(connect, ctx), config.vllm_importance_sampling_correction
+        return connect(), config.vllm_importance_sampling_correction  # the server's log-probs are not the trainer's
     kind = backend_kind(config.sampling.use_vllm)
     opts = backend_options(config.sampling, kind, ctx.device, seed=config.seed, bf16=config.bf16,
                            model_config=model.config)

@@ -35,6 +35,7 @@ from grpo_core.trainer.mixture import (
     source_reward_metrics,
 )
 from grpo_core.trainer.rollouts import ScoredGroups, collect_step_groups, generate_groups
+from grpo_core.trainer.server_ranks import local_sampler
 from grpo_core.trainer.skeleton import TrainingRun
 from grpo_core.trainer.update import build_train_batch, optimise
 
@@ -243,7 +244,7 @@ class GRPOSteps:
         assert self.heldout is not None
         from grpo_core.evaluation.during_rl import evaluate_during_rl  # not at the top: see train_grpo's import
 
-        metrics = evaluate_during_rl(self.heldout.config, self.backend, self.tokenizer, self.heldout.rows)
+        metrics = evaluate_during_rl(self.heldout.config, local_sampler(self.backend), self.tokenizer, self.heldout.rows)
         logger.info("step %d held-out accuracy %.3f pass@1 %.3f (%.1fs)", step, metrics.get("eval/accuracy", math.nan),
                     metrics.get("eval/pass@1", math.nan), metrics["time/eval"])
         if self.heldout.monitor is not None:
@@ -258,7 +259,7 @@ class GRPOSteps:
         from grpo_core.trainer.skeleton import call_callbacks
 
         history = self.run.state["log_history"]
-        metrics, alarms = self.heldout.monitor.evaluate(self.backend, self.tokenizer, step, history)
+        metrics, alarms = self.heldout.monitor.evaluate(local_sampler(self.backend), self.tokenizer, step, history)
         for alarm in alarms:
             logger.warning("step %d: %s (over the last %d evaluations, monitor_window)", step, alarm.message(),
                            self.config.monitor_window)

@@ -134,3 +134,60 @@ def test_grpo_on_a_server_killed_mid_run_fails_the_step_then_resumes(tiny, tmp_p
     assert all(m["sampler/weights_verified"] == 1.0 for m in metrics)
     assert all("sampling/importance_sampling_ratio/mean" in m for m in metrics)  # the correction acts on server rollouts
     assert (tmp_path / "vllm_server.log").read_text().count("=== ") == 2  # both servers' output, next to the stage's
+
+
+TORCHRUN_SCRIPT = '''
+import sys
+from pathlib import Path
+
+from grpo_core.config import GRPOConfig
+from grpo_core.trainer import train_grpo
+
+
+def text_length(completions, **kwargs):
+    return [len(c[0]["content"]) / 10 for c in completions]
+
+
+rows = [{"prompt": [{"role": "user", "content": f"{i}*{i}="}], "answer": str(i * i)} for i in range(8)]
+config = GRPOConfig(
+    use_vllm=True, max_steps=3, save_steps=100, generation_batch_size=8, num_generations=4, max_completion_length=6,
+    max_prompt_length=16, per_device_train_batch_size=8, learning_rate=5e-2, beta=0.04, report_to=["jsonl"],
+    torch_num_threads=1, logging_steps=1, seed=0,
+    sampling={"vllm_mode": "server", "vllm_server_port": 0, "vllm_server_timeout": 180,
+              "vllm_kv_cache_memory_bytes": 16 * 2**20})
+train_grpo(config, sys.argv[1], rows, Path(sys.argv[2]), reward_funcs=[text_length], resume=False)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_two_trainer_processes_on_one_server_give_the_curve_of_one(tiny, tmp_path):
+    """``torchrun --nproc-per-node 2`` in server mode: rank 0 starts the server, sends every rank's prompts in one
+    request and pushes the weights; completions are seeded by position, so both ranks together train on what one
+    process does: the same rewards, the same losses to float rounding, every sync verified."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = tmp_path / "train_server.py"
+    script.write_text(textwrap.dedent(TORCHRUN_SCRIPT))
+    runs = {}
+    for nproc in (2, 1):
+        out = tmp_path / f"procs{nproc}"
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc-per-node={nproc}", str(script), str(tiny), str(out)],
+                              cwd=root, env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"},
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[nproc] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert (out / "vllm_server.log").read_text().count("=== ") == 1  # one server, rank 0's
+    one, two = runs[1], runs[2]
+    assert [m["step"] for m in two] == [1, 2, 3]
+    for a, b in zip(one, two):
+        assert a["reward"] == b["reward"], a["step"]
+        assert abs(a["loss"] - b["loss"]) < 1e-5, (a["step"], a["loss"], b["loss"])
+        assert b["sampler/weights_verified"] == 1.0
+    assert len({m["reward"] for m in one}) > 1  # the weights move what the server generates

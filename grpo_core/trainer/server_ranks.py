@@ -1,0 +1,122 @@
+"""Several trainer processes on one generation server (``sampling.vllm_mode: server`` under torchrun).
+
+TRL's layout ("one GPU generates, the others train"): only rank 0 talks to the server. Each step every rank hands
+rank 0 its share of the prompts (with their per-completion seeds), rank 0 sends them in one request (the server's
+engine batches them together) and gives each rank back its own completions; completions are seeded by position,
+so they are the ones a single process would get. A weight push is rank 0's too: every rank walks the policy's
+state (under FSDP gathering a full tensor is a collective each rank joins), rank 0 sends it. The weight-sync
+check's answers (probe log-probs, digests) come from rank 0's client to every rank, so all ranks check the same.
+
+A failure on rank 0 (server gone, timeout, an error answer) reaches every rank as the same ``VLLMServerError``
+instead of leaving the others waiting in a collective.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from grpo_core.generation.base import Rollout, resolve_seeds
+from grpo_core.generation.server_client import ServerBackend, VLLMServerError
+from grpo_core.generation.vllm_backend import full_state_items
+from grpo_core.trainer.distributed import DistContext
+
+
+class RankZeroServer:
+    """The sampler of every trainer process under server mode with ``ctx.world_size`` > 1; ``client`` is rank 0's
+    ``ServerBackend`` (None on the other ranks). Every method is collective: all ranks call it together.
+    ``client`` on rank 0 is also what rank-0-only work (held-out evaluation during RL) samples from
+    (``local_sampler``)."""
+
+    batches_itself = True
+
+    def __init__(self, connect: Callable[[], ServerBackend], ctx: DistContext) -> None:
+        """``connect`` (called on rank 0 only): the client, connected to the server or having started it."""
+        self.client: ServerBackend | None = None
+        self.ctx = ctx
+
+        def start() -> torch.dtype:
+            self.client = connect()
+            return self.client.dtype
+
+        self.dtype = self._on_main(start, "connecting to the generation server")
+
+    def generate(self, prompt_ids: list[list[int]], *, n: int, max_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, top_k: int = 0, seeds: list[int] | None = None, greedy: bool = False,
+                 logprobs: bool = True) -> list[Rollout]:
+        """This rank's ``len(prompt_ids) * n`` rollouts, from one request rank 0 makes for every rank's prompts."""
+        seeds = resolve_seeds(seeds, len(prompt_ids), n)
+        parts: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(parts, (prompt_ids, seeds))  # rank order; small next to the completions
+
+        def request() -> list[list[Rollout]]:
+            assert self.client is not None
+            every = self.client.generate([p for ids, _ in parts for p in ids], n=n, max_tokens=max_tokens,
+                                    temperature=temperature, top_p=top_p, top_k=top_k,
+                                    seeds=[s for _, rank_seeds in parts for s in rank_seeds], greedy=greedy,
+                                    logprobs=logprobs)
+            out, start = [], 0
+            for ids, _ in parts:  # back into each rank's share, in the order it asked
+                out.append(every[start : start + len(ids) * n])
+                start += len(ids) * n
+            return out
+
+        return self._on_main(request, f"generating {sum(len(s) for _, s in parts)} completions", scatter=True)
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """Rank 0 sends ``model``'s weights; the other ranks join the gathers a sharded model needs."""
+        if self.ctx.is_main:
+            self._on_main(lambda: self.client.update_weights(model), "pushing the policy's weights")
+            return
+        for _ in full_state_items(model):  # FSDP: full_tensor() is a collective; the tensors are dropped
+            pass
+        self._on_main(None, "pushing the policy's weights")
+
+    def reset_prefix_cache(self) -> None:
+        self._on_main(lambda: self.client.reset_prefix_cache(), "resetting the prefix cache")
+
+    def probe_logprobs(self, token_ids: list[int]) -> list[float]:
+        return self._on_main(lambda: self.client.probe_logprobs(token_ids), "probing log-probs (weight-sync check)")
+
+    def weights_digest(self, names: list[str]) -> dict[str, tuple[str, str]]:
+        return self._on_main(lambda: self.client.weights_digest(names), "hashing weights (weight-sync check)")
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+    def _on_main(self, call: Callable[[], Any] | None, doing: str, *, scatter: bool = False) -> Any:
+        """``call()`` on rank 0, its result on every rank (``scatter``: element ``r`` of it on rank ``r``); an
+        exception on rank 0 raised there as it is and on every other rank as ``VLLMServerError``."""
+        outcome: Any = None
+        failure: Exception | None = None
+        if self.ctx.is_main:
+            assert call is not None
+            try:
+                outcome = ("ok", call())
+            except Exception as exc:  # every rank must leave the collective below, then fail the same way
+                failure, outcome = exc, ("error", f"{type(exc).__name__}: {exc}")
+        if scatter:
+            mine: list[Any] = [None]
+            items = ([(outcome[0], part) for part in outcome[1]] if outcome[0] == "ok"
+                     else [outcome] * self.ctx.world_size) if self.ctx.is_main else None
+            dist.scatter_object_list(mine, items, src=0)
+            outcome = mine[0]
+        else:
+            box = [outcome]
+            dist.broadcast_object_list(box, src=0)
+            outcome = box[0]
+        status, value = outcome
+        if status == "ok":
+            return value
+        if failure is not None:
+            raise failure
+        raise VLLMServerError(f"rank 0 failed while {doing} for every trainer process: {value}")
+
+
+def local_sampler(backend: Any) -> Any:
+    """What rank 0 alone may sample from: the server's client under ``RankZeroServer`` (whose ``generate`` every
+    rank must call together), else ``backend`` itself."""
+    return backend.client if isinstance(backend, RankZeroServer) else backend
