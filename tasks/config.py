@@ -234,15 +234,14 @@ class UnknownReward(ValueError):
         super().__init__("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in problems))
 
 
-def unknown_rewards(config: "PipelineConfig") -> list[tuple[tuple, str]]:
-    """(location, message) for every ``reward_funcs`` entry in ``config`` that cannot be used: a name that is not
-    registered, a reward model that names a stage the config does not run or a path that is not one."""
-    problems = []
-    named = []
-    for section, field in REWARD_FIELDS:  # the section's own field, and each of its sources' (a mixture's)
+def reward_entries(config: "PipelineConfig") -> list[tuple[tuple, Any]]:
+    """``(location, entry)`` for every reward entry the stages use: each section's reward fields, or each of its
+    sources' (a mixture's sources replace the section's ``reward_funcs``)."""
+    named, entries_ = [], []
+    for section, field in REWARD_FIELDS:
         cfg = getattr(config, section)
         sources = getattr(cfg, "sources", None) or [] if cfg is not None else []
-        if cfg is not None and not (field == "reward_funcs" and sources):  # there the sources' replace it
+        if cfg is not None and not (field == "reward_funcs" and sources):
             named.append(((section, field), getattr(cfg, field)))
         named += [((section, "sources", j, field), getattr(src, field)) for j, src in enumerate(sources)
                   if hasattr(src, field)]
@@ -250,13 +249,36 @@ def unknown_rewards(config: "PipelineConfig") -> list[tuple[tuple, str]]:
         if value is None:  # an optional reward left unset
             continue
         for i, entry in (enumerate(value) if isinstance(value, list) else [(None, value)]):
-            msg = reward_entry_problem(entry, config)
-            if msg:
-                problems.append((where if i is None else (*where, i), msg))
+            entries_.append((where if i is None else (*where, i), entry))
+    return entries_
+
+
+def unknown_rewards(config: "PipelineConfig") -> list[tuple[tuple, str]]:
+    """(location, message) for every ``reward_funcs`` entry in ``config`` that cannot be used: a name that is not
+    registered, a reward model that names a stage the config does not run or a path that is not one."""
+    problems = [(where, msg) for where, entry in reward_entries(config)
+                if (msg := reward_entry_problem(entry, config))]
     for i, bench in enumerate(config.evaluate.benchmarks):
         if not isinstance(bench, str) and (msg := reward_entry_problem(bench.reward_func, config)):
             problems.append((("evaluate", "benchmarks", i, "reward_func"), msg))
     return problems
+
+
+def summary_scope_warnings(config: "PipelineConfig") -> list[tuple[tuple, str]]:
+    """(location, message) for each ``{reward_model: {model: reward_model, scope: summary}}`` entry while
+    ``data.builtin_general`` makes the stage's pairs: those pairs are whole responses
+    (``<think>...</think><answer>...</answer>``), so the summary alone is text of a shape the model never saw. In
+    the embedded default its helpful score went flat (spread 0.06 over a step's samples) and final RL learnt to
+    refuse helpful prompts (issue 28); ``scope: full`` scores what it was trained on."""
+    if not config.data.builtin_general:
+        return []
+    return [((*where, "reward_model", "scope"),
+             f"summary scores only the text after </think>, but the reward_model stage trains on "
+             f"data.builtin_general's pairs as whole responses (<think>...</think><answer>...</answer>); its score of "
+             f"a summary alone can be flat, giving final RL no signal: use scope: full")
+            for where, entry in reward_entries(config)
+            if isinstance(entry, RewardModelSpec) and entry.model == REWARD_MODEL_STAGE and entry.url is None
+            and entry.scope == "summary"]
 
 
 def reward_entry_problem(entry: Any, config: "PipelineConfig") -> str | None:
@@ -355,6 +377,8 @@ def parse_config(data: dict, source: str = "<config>", lines: dict[tuple, int] |
     too_long = position_problems(config)  # lengths against the model's positions (tasks/config_limits.py)
     if too_long:
         raise ConfigError("; ".join(f"{source}{_at(lines, loc)}: {'.'.join(loc)}: {msg}" for loc, msg in too_long))
+    for loc, msg in summary_scope_warnings(config):
+        warnings.warn(f"{source}{_at(lines, loc)}: {'.'.join(map(str, loc))}: {msg}", UserWarning, stacklevel=2)
     return config
 
 
