@@ -25,6 +25,7 @@ streams the same rows), and ``prompts/dropped``, logged on every step, is how ma
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -93,6 +94,13 @@ def drop_long_prompts(tokenizer: Any, rows: list[dict[str, Any]], config: GRPOCo
 def check_inputs(config: GRPOConfig, ctx: DistContext, train_rows: list[dict[str, Any]],
                  reward_funcs: RewardFuncs | None) -> None:
     """Refuse what cannot train, before any model loads (fail in seconds, not minutes)."""
+    if ctx.is_main and (shared := server_gpus_shared(config, ctx)):  # works only where memory allows both
+        logger.warning(
+            "sampling.vllm_server_devices %r gives the generation server GPU %s, which this node's trainer processes "
+            "also use (%d, on GPUs %s): both must fit in its memory. For one GPU that generates and others that "
+            "train, start one trainer process fewer per node (the work pool's nproc_per_node)",
+            config.sampling.vllm_server_devices, ", ".join(map(str, shared)), local_world_size(ctx),
+            ", ".join(map(str, visible_gpus()[: local_world_size(ctx)])))
     if config.use_peft and config.async_rollouts:
         raise ValueError("use_peft with async_rollouts is not supported yet: the sampler process cannot report its "
                          "weights for the sync check; set async_rollouts: false (or use_peft: false)")
@@ -105,6 +113,31 @@ def check_inputs(config: GRPOConfig, ctx: DistContext, train_rows: list[dict[str
         )
     if not train_rows:
         raise ValueError("train_rows is empty: GRPO needs at least one prompt")
+
+
+def visible_gpus() -> list[int]:
+    """The physical GPU ids this process may use, in CUDA's order (``CUDA_VISIBLE_DEVICES``, else every GPU the
+    driver reports)."""
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is not None:
+        return [int(d) for d in raw.split(",") if d.strip().isdigit()]
+    return list(range(torch.cuda.device_count()))
+
+
+def local_world_size(ctx: DistContext) -> int:
+    """Trainer processes on this node (torchrun's ``LOCAL_WORLD_SIZE``)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+
+
+def server_gpus_shared(config: GRPOConfig, ctx: DistContext) -> list[int]:
+    """The GPUs a stage-started generation server (``vllm_server_devices``, physical ids) shares with this node's
+    trainer processes (local rank r uses the r-th visible GPU); [] on CPU or when none is shared."""
+    devices = config.sampling.vllm_server_devices
+    if config.sampling.vllm_mode != "server" or config.sampling.vllm_server_base_url or not devices \
+            or ctx.device.type != "cuda":
+        return []
+    trainers = set(visible_gpus()[: local_world_size(ctx)])
+    return sorted(trainers & {int(d) for d in devices.split(",") if d.strip().isdigit()})
 
 
 def build_mixture(config: GRPOConfig, train_rows: list[dict[str, Any]], reward_funcs: RewardFuncs | None) -> Mixture:

@@ -190,3 +190,31 @@ def test_the_started_server_is_stopped_on_close(tmp_path, monkeypatch):
     process = client.process
     client.close()
     assert process.exit_code() is not None
+
+
+def test_a_server_gpu_that_trainers_also_use_is_warned_about(monkeypatch, caplog):
+    """One GPU generates and the others train: the stage-started server's ``vllm_server_devices`` (physical ids)
+    against the GPUs this node's trainer processes take (local rank r: the r-th visible one)."""
+    from grpo_core.trainer.distributed import DistContext
+    from grpo_core.trainer.loop import check_inputs, server_gpus_shared
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    gpu = DistContext(rank=0, world_size=3, local_rank=0, device=torch.device("cuda", 0))
+
+    def config(**sampling):
+        return GRPOConfig(generation_batch_size=12, num_generations=4,
+                          sampling={"vllm_mode": "server", "vllm_server_port": 0, **sampling})
+
+    assert server_gpus_shared(config(vllm_server_devices="7"), gpu) == []  # trainers on 4, 5, 6
+    assert server_gpus_shared(config(vllm_server_devices="6,7"), gpu) == [6]
+    assert server_gpus_shared(config(vllm_server_devices="6"), DistContext(0, 3, 0, torch.device("cpu"))) == []
+    assert server_gpus_shared(GRPOConfig(generation_batch_size=12, num_generations=4, sampling={
+        "vllm_mode": "server", "vllm_server_base_url": "http://h:8000"}), gpu) == []  # not started here
+    rows = [{"prompt": "p"}]
+    with caplog.at_level("WARNING", logger="grpo_core.trainer.loop"):
+        check_inputs(config(vllm_server_devices="7"), gpu, rows, None)
+        assert "vllm_server_devices" not in caplog.text
+        check_inputs(config(vllm_server_devices="5"), gpu, rows, None)
+    assert ("sampling.vllm_server_devices '5' gives the generation server GPU 5, which this node's trainer processes "
+            "also use (3, on GPUs 4, 5, 6)") in caplog.text and "one trainer process fewer" in caplog.text
