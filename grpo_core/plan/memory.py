@@ -216,8 +216,10 @@ def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Har
     (``kind="grpo"``, a GRPOConfig) stage, on the device that holds the most of its ``scorers`` (every rank's reward
     models, on the last GPU by default)."""
     peft = config.use_peft
-    strategy = resolve_strategy("ddp" if peft else config.distributed_strategy, hw.gpus)
     rl = kind == "grpo"
+    taken, shared = _server_split(config.sampling, hw) if rl else ([], False)
+    hw = dataclasses.replace(hw, gpus=hw.gpus - len(taken))  # the trainers' share of the machine
+    strategy = resolve_strategy("ddp" if peft else config.distributed_strategy, hw.gpus)
     if peft:
         state = lora_state_bytes(shape, strategy, r=config.lora_r, target_modules=config.lora_target_modules,
                                  device=hw.device, bf16=config.bf16, load_in_4bit=config.load_in_4bit)
@@ -241,7 +243,9 @@ def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Har
     if rl:
         generation, problems, asleep = _generation_bytes(config.sampling, config.generation_batch_size, config.bf16,
                                                          shape, hw, strategy, lora=peft)
-        if config.sampling.vllm_mode == "server":  # the engine and its KV cache are on the server's device
+        if config.sampling.vllm_mode == "server" and shared:  # a started server on the trainers' first GPU
+            components["generation (server, this GPU)"] = generation
+        elif config.sampling.vllm_mode == "server":  # the engine and its KV cache are on the server's device
             server, generation = generation, 0
             components["generation (server)"] = 0
         else:
@@ -262,12 +266,33 @@ def plan_training(stage: str, kind: str, config: Any, shape: ModelShape, hw: Har
         generation_peak = held + sum(v for k, v in components.items() if k in SCORER_TERMS)
     plan = StagePlan(stage, kind, strategy, hw, components, train_peak, generation_peak, problems, notes=notes)
     plan.elsewhere = _elsewhere(loads, lambda i: i >= hw.gpus)
-    if rl and config.sampling.vllm_mode == "server":
+    if rl and shared:
+        plan.notes.append("vLLM server: started by the stage without sampling.vllm_server_devices, so on the first "
+                          "GPU the trainers see, beside trainer rank 0 (counted above); give it a GPU of its own with "
+                          "vllm_server_devices")
+    elif rl and config.sampling.vllm_mode == "server":
         plan.elsewhere["vLLM server"] = server
         own = config.sampling.vllm_server_devices or ("its own process" if hw.device == "cpu" else "a GPU of its own")
         plan.notes.append(f"vLLM server: sampling.vllm_mode server holds the engine and its KV cache on its own device "
                           f"({own}), none on the trainer's")
+        if taken:
+            plan.notes.append(f"split: GPU {', '.join(map(str, taken))} of {hw.gpus + len(taken)} for the server, "
+                              f"{hw.gpus} for trainer processes (the work pool's nproc_per_node: {hw.gpus})")
     return plan
+
+
+def _server_split(sampling: Any, hw: Hardware) -> tuple[list[int], bool]:
+    """``(GPUs of the machine a stage-started server takes, whether it shares the trainers' first GPU)`` under
+    ``vllm_mode: server`` on CUDA: ``vllm_server_devices`` within the machine's ``hw.gpus`` are the server's (the
+    trainers get the rest); unset, the server inherits the trainers' GPUs and vLLM takes the first. A server at a URL,
+    on CPU, or on devices beyond ``hw.gpus`` (another machine's count) takes none of them."""
+    if sampling.vllm_mode != "server" or hw.device != "cuda" or sampling.vllm_server_base_url is not None:
+        return [], False
+    if not sampling.vllm_server_devices:
+        return [], True
+    ids = sorted({int(d) for d in sampling.vllm_server_devices.split(",") if d.strip().isdigit()})
+    taken = [i for i in ids if i < hw.gpus]
+    return (taken, False) if len(taken) < hw.gpus else ([], True)
 
 
 SCORER_TERMS = ("reward models", "scoring", "other processes' ctx")

@@ -210,4 +210,32 @@ def test_a_generation_server_holds_the_engine_on_its_own_device():
     assert "vLLM server" in served.table() and "(7), none on the trainer's" in served.table()
     tight = with_sampling(config, vllm_gpu_memory_utilization=0.7)  # the engine's 56 GiB beside the trainer: too much
     assert not plan_stage("grpo_train", "grpo", tight, shape, hw).fits
-    assert plan_stage("grpo_train", "grpo", with_sampling(tight, vllm_mode="server"), shape, hw).fits
+    assert plan_stage("grpo_train", "grpo", with_sampling(tight, vllm_mode="server", vllm_server_devices="7"), shape,
+                      hw).fits
+    assert not plan_stage("grpo_train", "grpo", with_sampling(tight, vllm_mode="server"), shape, hw).fits  # on GPU 0
+
+
+def test_the_plan_splits_the_machine_between_the_server_and_the_trainers():
+    """``--gpus 8`` with the server on GPU 7: seven trainer processes share the model state (FSDP over 7), the
+    server's engine is its own line; without ``vllm_server_devices`` a started server lands on the trainers' first
+    GPU, so its engine counts on the planned device."""
+    shape = KNOWN_SHAPES["Qwen/Qwen2.5-7B"]
+    config = GRPOConfig(use_vllm=True, bf16=True, gradient_checkpointing=True, distributed_strategy="fsdp",
+                        vllm_gpu_memory_utilization=0.25, max_prompt_length=512, max_completion_length=512)
+    eight, seven = Hardware(gpus=8, gpu_memory=80 * GiB), Hardware(gpus=7, gpu_memory=80 * GiB)
+    split = plan_training("grpo_train", "grpo", with_sampling(config, vllm_mode="server", vllm_server_devices="7"),
+                          shape, eight)
+    beside = plan_training("grpo_train", "grpo", with_sampling(config, vllm_mode="server", vllm_server_devices="7"),
+                           shape, seven)  # GPU 7 beyond a 7-GPU count: another device, nothing taken
+    assert split.hardware.gpus == 7 and split.components == beside.components
+    assert split.elsewhere == beside.elsewhere == {"vLLM server": int(0.25 * 80 * GiB)}
+    assert "split: GPU 7 of 8 for the server, 7 for trainer processes (the work pool's nproc_per_node: 7)" in split.table()
+    assert "split:" not in beside.table()
+    shared = plan_training("grpo_train", "grpo", with_sampling(config, vllm_mode="server"), shape, eight)
+    colocated = plan_training("grpo_train", "grpo", config, shape, eight)
+    assert shared.hardware.gpus == 8 and shared.elsewhere == {}
+    assert shared.components["generation (server, this GPU)"] == colocated.components["generation"]
+    assert shared.train_peak == colocated.train_peak and "beside trainer rank 0" in shared.table()
+    url = plan_training("grpo_train", "grpo", with_sampling(config, vllm_mode="server",
+                                                           vllm_server_base_url="http://gen:8000"), shape, eight)
+    assert url.hardware.gpus == 8 and "vLLM server" in url.elsewhere  # a running server: none of this machine's
