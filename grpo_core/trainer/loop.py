@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_core.config import EvalConfig, GRPOConfig, TrackingInfo, needs_reference
+from grpo_core.config import EvalConfig, GRPOConfig, JudgeSpec, RewardModelSpec, TrackingInfo, needs_reference
 from grpo_core.generation import GenerationBackend, backend_kind, backend_options, make_backend
 from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.rewards.scoring import resolve_reward
@@ -101,6 +101,11 @@ def check_inputs(config: GRPOConfig, ctx: DistContext, train_rows: list[dict[str
             "train, start one trainer process fewer per node (the work pool's nproc_per_node)",
             config.sampling.vllm_server_devices, ", ".join(map(str, shared)), local_world_size(ctx),
             ", ".join(map(str, visible_gpus()[: local_world_size(ctx)])))
+    if ctx.is_main and (scorers := scorers_on_server_gpu(config, ctx)):
+        logger.warning(
+            "reward scorers %s would load onto the last visible GPU (%d), which sampling.vllm_server_devices gives the "
+            "generation server; set device (e.g. device: cuda:%d) in their entries", ", ".join(scorers), visible_gpus()[-1],
+            local_world_size(ctx) - 1)
     if config.use_peft and config.async_rollouts:
         raise ValueError("use_peft with async_rollouts is not supported yet: the sampler process cannot report its "
                          "weights for the sync check; set async_rollouts: false (or use_peft: false)")
@@ -129,15 +134,30 @@ def local_world_size(ctx: DistContext) -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
 
 
-def server_gpus_shared(config: GRPOConfig, ctx: DistContext) -> list[int]:
-    """The GPUs a stage-started generation server (``vllm_server_devices``, physical ids) shares with this node's
-    trainer processes (local rank r uses the r-th visible GPU); [] on CPU or when none is shared."""
+def server_devices(config: GRPOConfig, ctx: DistContext) -> set[int]:
+    """The physical GPU ids of the generation server this stage starts (``vllm_server_devices``); empty on CPU, for
+    a server at a URL, or when unset (the server then inherits the trainers' GPUs)."""
     devices = config.sampling.vllm_server_devices
     if config.sampling.vllm_mode != "server" or config.sampling.vllm_server_base_url or not devices \
             or ctx.device.type != "cuda":
+        return set()
+    return {int(d) for d in devices.split(",") if d.strip().isdigit()}
+
+
+def server_gpus_shared(config: GRPOConfig, ctx: DistContext) -> list[int]:
+    """The server's GPUs that this node's trainer processes also use (local rank r: the r-th visible GPU)."""
+    return sorted(set(visible_gpus()[: local_world_size(ctx)]) & server_devices(config, ctx))
+
+
+def scorers_on_server_gpu(config: GRPOConfig, ctx: DistContext) -> list[str]:
+    """The reward models and judges (by name) that would load onto the server's GPU: those without a ``device`` go
+    to the last visible GPU (``rewards.reward_model.resolve_device``)."""
+    gpus = visible_gpus()
+    if not gpus or gpus[-1] not in server_devices(config, ctx):
         return []
-    trainers = set(visible_gpus()[: local_world_size(ctx)])
-    return sorted(trainers & {int(d) for d in devices.split(",") if d.strip().isdigit()})
+    entries = [e for s in config.sources for e in s.reward_funcs] if config.sources else list(config.reward_funcs or [])
+    return [e.name for e in entries if isinstance(e, (RewardModelSpec, JudgeSpec)) and e.url is None
+            and e.device is None]
 
 
 def build_mixture(config: GRPOConfig, train_rows: list[dict[str, Any]], reward_funcs: RewardFuncs | None) -> Mixture:

@@ -218,3 +218,29 @@ def test_a_server_gpu_that_trainers_also_use_is_warned_about(monkeypatch, caplog
         check_inputs(config(vllm_server_devices="5"), gpu, rows, None)
     assert ("sampling.vllm_server_devices '5' gives the generation server GPU 5, which this node's trainer processes "
             "also use (3, on GPUs 4, 5, 6)") in caplog.text and "one trainer process fewer" in caplog.text
+
+
+def test_reward_models_left_on_the_servers_gpu_are_warned_about(monkeypatch, caplog):
+    """A reward model without ``device`` loads onto the last visible GPU: the server's, when the server takes it."""
+    from grpo_core.trainer.distributed import DistContext
+    from grpo_core.trainer.loop import check_inputs
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    gpu = DistContext(rank=0, world_size=3, local_rank=0, device=torch.device("cuda", 0))
+    rm = {"reward_model": {"model": "/rm", "name": "rm_helpful"}}
+    placed = {"reward_model": {"model": "/rm", "name": "rm_placed", "device": "cuda:2"}}
+
+    def config(devices, *funcs):
+        return GRPOConfig(generation_batch_size=12, num_generations=4, reward_funcs=list(funcs),
+                          sampling={"vllm_mode": "server", "vllm_server_port": 0, "vllm_server_devices": devices})
+
+    rows = [{"prompt": "p"}]
+    with caplog.at_level("WARNING", logger="grpo_core.trainer.loop"):
+        check_inputs(config("2,3", rm), gpu, rows, None)  # GPU 2 shared too; the scorer line is the one asserted
+        assert "reward scorers rm_helpful would load onto the last visible GPU (3), which sampling.vllm_server_devices" in caplog.text
+        assert "device: cuda:2" in caplog.text
+        caplog.clear()
+        check_inputs(config("3", placed), gpu, rows, None)
+        check_inputs(config("2", rm), gpu, rows, None)
+        assert "last visible GPU" not in caplog.text
