@@ -25,7 +25,6 @@ streams the same rows), and ``prompts/dropped``, logged on every step, is how ma
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -33,7 +32,7 @@ from typing import Any, Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_core.config import EvalConfig, GRPOConfig, JudgeSpec, RewardModelSpec, TrackingInfo, needs_reference
+from grpo_core.config import EvalConfig, GRPOConfig, TrackingInfo, needs_reference
 from grpo_core.generation import GenerationBackend, backend_kind, backend_options, make_backend
 from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.rewards.scoring import resolve_reward
@@ -43,6 +42,7 @@ from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded
 from grpo_core.trainer.lora import MergedReplica, base_dtype
 from grpo_core.trainer.mixture import Mixture
 from grpo_core.trainer.prompts import all_dropped_error, encode_prompts
+from grpo_core.trainer.server_ranks import warn_server_placement
 from grpo_core.trainer.sharded_state import has_sharded_state
 from grpo_core.trainer.skeleton import (
     TrainingRun,
@@ -94,18 +94,8 @@ def drop_long_prompts(tokenizer: Any, rows: list[dict[str, Any]], config: GRPOCo
 def check_inputs(config: GRPOConfig, ctx: DistContext, train_rows: list[dict[str, Any]],
                  reward_funcs: RewardFuncs | None) -> None:
     """Refuse what cannot train, before any model loads (fail in seconds, not minutes)."""
-    if ctx.is_main and (shared := server_gpus_shared(config, ctx)):  # works only where memory allows both
-        logger.warning(
-            "sampling.vllm_server_devices %r gives the generation server GPU %s, which this node's trainer processes "
-            "also use (%d, on GPUs %s): both must fit in its memory. For one GPU that generates and others that "
-            "train, start one trainer process fewer per node (the work pool's nproc_per_node)",
-            config.sampling.vllm_server_devices, ", ".join(map(str, shared)), local_world_size(ctx),
-            ", ".join(map(str, visible_gpus()[: local_world_size(ctx)])))
-    if ctx.is_main and (scorers := scorers_on_server_gpu(config, ctx)):
-        logger.warning(
-            "reward scorers %s would load onto the last visible GPU (%d), which sampling.vllm_server_devices gives the "
-            "generation server; set device (e.g. device: cuda:%d) in their entries", ", ".join(scorers), visible_gpus()[-1],
-            local_world_size(ctx) - 1)
+    if ctx.is_main:
+        warn_server_placement(config, ctx)  # one GPU generating, the others training
     if config.use_peft and config.async_rollouts:
         raise ValueError("use_peft with async_rollouts is not supported yet: the sampler process cannot report its "
                          "weights for the sync check; set async_rollouts: false (or use_peft: false)")
@@ -118,46 +108,6 @@ def check_inputs(config: GRPOConfig, ctx: DistContext, train_rows: list[dict[str
         )
     if not train_rows:
         raise ValueError("train_rows is empty: GRPO needs at least one prompt")
-
-
-def visible_gpus() -> list[int]:
-    """The physical GPU ids this process may use, in CUDA's order (``CUDA_VISIBLE_DEVICES``, else every GPU the
-    driver reports)."""
-    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if raw is not None:
-        return [int(d) for d in raw.split(",") if d.strip().isdigit()]
-    return list(range(torch.cuda.device_count()))
-
-
-def local_world_size(ctx: DistContext) -> int:
-    """Trainer processes on this node (torchrun's ``LOCAL_WORLD_SIZE``)."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
-
-
-def server_devices(config: GRPOConfig, ctx: DistContext) -> set[int]:
-    """The physical GPU ids of the generation server this stage starts (``vllm_server_devices``); empty on CPU, for
-    a server at a URL, or when unset (the server then inherits the trainers' GPUs)."""
-    devices = config.sampling.vllm_server_devices
-    if config.sampling.vllm_mode != "server" or config.sampling.vllm_server_base_url or not devices \
-            or ctx.device.type != "cuda":
-        return set()
-    return {int(d) for d in devices.split(",") if d.strip().isdigit()}
-
-
-def server_gpus_shared(config: GRPOConfig, ctx: DistContext) -> list[int]:
-    """The server's GPUs that this node's trainer processes also use (local rank r: the r-th visible GPU)."""
-    return sorted(set(visible_gpus()[: local_world_size(ctx)]) & server_devices(config, ctx))
-
-
-def scorers_on_server_gpu(config: GRPOConfig, ctx: DistContext) -> list[str]:
-    """The reward models and judges (by name) that would load onto the server's GPU: those without a ``device`` go
-    to the last visible GPU (``rewards.reward_model.resolve_device``)."""
-    gpus = visible_gpus()
-    if not gpus or gpus[-1] not in server_devices(config, ctx):
-        return []
-    entries = [e for s in config.sources for e in s.reward_funcs] if config.sources else list(config.reward_funcs or [])
-    return [e.name for e in entries if isinstance(e, (RewardModelSpec, JudgeSpec)) and e.url is None
-            and e.device is None]
 
 
 def build_mixture(config: GRPOConfig, train_rows: list[dict[str, Any]], reward_funcs: RewardFuncs | None) -> Mixture:

@@ -9,19 +9,28 @@ check's answers (probe log-probs, digests) come from rank 0's client to every ra
 
 A failure on rank 0 (server gone, timeout, an error answer) reaches every rank as the same ``VLLMServerError``
 instead of leaving the others waiting in a collective.
+
+Placement: a server the stage starts on ``vllm_server_devices`` shares nothing with the trainers when those GPUs
+are left out of theirs (N trainer processes per node on GPUs 0..N-1); ``warn_server_placement`` says when a trainer
+or a reward model without a ``device`` (the last visible GPU) would sit on the server's GPU.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
+from grpo_core.config import GRPOConfig, JudgeSpec, RewardModelSpec
 from grpo_core.generation.base import Rollout, resolve_seeds
 from grpo_core.generation.server_client import ServerBackend, VLLMServerError
 from grpo_core.generation.vllm_backend import full_state_items
 from grpo_core.trainer.distributed import DistContext
+
+logger = logging.getLogger(__name__)
 
 
 class RankZeroServer:
@@ -120,3 +129,62 @@ def local_sampler(backend: Any) -> Any:
     """What rank 0 alone may sample from: the server's client under ``RankZeroServer`` (whose ``generate`` every
     rank must call together), else ``backend`` itself."""
     return backend.client if isinstance(backend, RankZeroServer) else backend
+
+
+# ---------------------------------------------------------------- where a stage-started server sits among the GPUs
+
+def visible_gpus() -> list[int]:
+    """The physical GPU ids this process may use, in CUDA's order (``CUDA_VISIBLE_DEVICES``, else every GPU the
+    driver reports)."""
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is not None:
+        return [int(d) for d in raw.split(",") if d.strip().isdigit()]
+    return list(range(torch.cuda.device_count()))
+
+
+def local_world_size(ctx: DistContext) -> int:
+    """Trainer processes on this node (torchrun's ``LOCAL_WORLD_SIZE``)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+
+
+def server_devices(config: GRPOConfig, ctx: DistContext) -> set[int]:
+    """The physical GPU ids of the generation server this stage starts (``vllm_server_devices``); empty on CPU, for
+    a server at a URL, or when unset (the server then inherits the trainers' GPUs)."""
+    devices = config.sampling.vllm_server_devices
+    if config.sampling.vllm_mode != "server" or config.sampling.vllm_server_base_url or not devices \
+            or ctx.device.type != "cuda":
+        return set()
+    return {int(d) for d in devices.split(",") if d.strip().isdigit()}
+
+
+def server_gpus_shared(config: GRPOConfig, ctx: DistContext) -> list[int]:
+    """The server's GPUs that this node's trainer processes also use (local rank r: the r-th visible GPU)."""
+    return sorted(set(visible_gpus()[: local_world_size(ctx)]) & server_devices(config, ctx))
+
+
+def scorers_on_server_gpu(config: GRPOConfig, ctx: DistContext) -> list[str]:
+    """The reward models and judges (by name) that would load onto the server's GPU: those without a ``device`` go
+    to the last visible GPU (``rewards.reward_model.resolve_device``)."""
+    gpus = visible_gpus()
+    if not gpus or gpus[-1] not in server_devices(config, ctx):
+        return []
+    entries = [e for s in config.sources for e in s.reward_funcs] if config.sources else list(config.reward_funcs or [])
+    return [e.name for e in entries if isinstance(e, (RewardModelSpec, JudgeSpec)) and e.url is None
+            and e.device is None]
+
+
+def warn_server_placement(config: GRPOConfig, ctx: DistContext) -> None:
+    """Warn when a stage-started server's GPUs (``vllm_server_devices``) are also a trainer's or the default reward
+    models' (the last visible GPU): it runs only where memory holds both."""
+    if shared := server_gpus_shared(config, ctx):
+        logger.warning(
+            "sampling.vllm_server_devices %r gives the generation server GPU %s, which this node's trainer processes "
+            "also use (%d, on GPUs %s): both must fit in its memory. For one GPU that generates and others that "
+            "train, start one trainer process fewer per node (the work pool's nproc_per_node)",
+            config.sampling.vllm_server_devices, ", ".join(map(str, shared)), local_world_size(ctx),
+            ", ".join(map(str, visible_gpus()[: local_world_size(ctx)])))
+    if scorers := scorers_on_server_gpu(config, ctx):
+        logger.warning(
+            "reward scorers %s would load onto the last visible GPU (%d), which sampling.vllm_server_devices gives the "
+            "generation server; set device (e.g. device: cuda:%d) in their entries", ", ".join(scorers), visible_gpus()[-1],
+            local_world_size(ctx) - 1)

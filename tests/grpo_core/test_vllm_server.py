@@ -196,7 +196,8 @@ def test_a_server_gpu_that_trainers_also_use_is_warned_about(monkeypatch, caplog
     """One GPU generates and the others train: the stage-started server's ``vllm_server_devices`` (physical ids)
     against the GPUs this node's trainer processes take (local rank r: the r-th visible one)."""
     from grpo_core.trainer.distributed import DistContext
-    from grpo_core.trainer.loop import check_inputs, server_gpus_shared
+    from grpo_core.trainer.loop import check_inputs
+    from grpo_core.trainer.server_ranks import server_gpus_shared
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
@@ -212,7 +213,7 @@ def test_a_server_gpu_that_trainers_also_use_is_warned_about(monkeypatch, caplog
     assert server_gpus_shared(GRPOConfig(generation_batch_size=12, num_generations=4, sampling={
         "vllm_mode": "server", "vllm_server_base_url": "http://h:8000"}), gpu) == []  # not started here
     rows = [{"prompt": "p"}]
-    with caplog.at_level("WARNING", logger="grpo_core.trainer.loop"):
+    with caplog.at_level("WARNING", logger="grpo_core.trainer.server_ranks"):
         check_inputs(config(vllm_server_devices="7"), gpu, rows, None)
         assert "vllm_server_devices" not in caplog.text
         check_inputs(config(vllm_server_devices="5"), gpu, rows, None)
@@ -236,7 +237,7 @@ def test_reward_models_left_on_the_servers_gpu_are_warned_about(monkeypatch, cap
                           sampling={"vllm_mode": "server", "vllm_server_port": 0, "vllm_server_devices": devices})
 
     rows = [{"prompt": "p"}]
-    with caplog.at_level("WARNING", logger="grpo_core.trainer.loop"):
+    with caplog.at_level("WARNING", logger="grpo_core.trainer.server_ranks"):
         check_inputs(config("2,3", rm), gpu, rows, None)  # GPU 2 shared too; the scorer line is the one asserted
         assert "reward scorers rm_helpful would load onto the last visible GPU (3), which sampling.vllm_server_devices" in caplog.text
         assert "device: cuda:2" in caplog.text
