@@ -42,7 +42,7 @@ from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded
 from grpo_core.trainer.lora import MergedReplica, base_dtype
 from grpo_core.trainer.mixture import Mixture
 from grpo_core.trainer.prompts import all_dropped_error, encode_prompts
-from grpo_core.trainer.server_ranks import warn_server_placement
+from grpo_core.trainer.server_ranks import RankZeroServer, warn_server_placement
 from grpo_core.trainer.sharded_state import has_sharded_state
 from grpo_core.trainer.skeleton import (
     TrainingRun,
@@ -144,8 +144,6 @@ def make_sampler(config: GRPOConfig, ctx: DistContext, model: torch.nn.Module, t
             return connect_server(config.sampling, str(start_path), log_dir=Path(output_dir or "."), opts=opts)
 
         if ctx.enabled:  # several trainer processes: rank 0 talks to the server for all (trainer/server_ranks.py)
-            from grpo_core.trainer.server_ranks import RankZeroServer
-
             return RankZeroServer(connect, ctx), config.vllm_importance_sampling_correction
         return connect(), config.vllm_importance_sampling_correction  # the server's log-probs are not the trainer's
     kind = backend_kind(config.sampling.use_vllm)
