@@ -184,6 +184,15 @@ class GRPOSampling(SamplingConfig):
         240.0, gt=0, description="server mode: seconds any wait on the server may take (startup, a generate call, a "
         "weight push, a health check) before the step fails (TRL's name)")
 
+    @property
+    def started_server_gpus(self) -> list[int]:
+        """The GPU ids (``CUDA_VISIBLE_DEVICES``'s, physical) of a generation server the stage starts: those of
+        ``vllm_server_devices``; [] in colocate mode, for a server at a URL, or when unset (the server inherits the
+        trainers' GPUs)."""
+        if self.vllm_mode != "server" or self.vllm_server_base_url is not None or not self.vllm_server_devices:
+            return []
+        return sorted({int(d) for d in self.vllm_server_devices.split(",") if d.strip().isdigit()})
+
     @model_validator(mode="after")
     def _check_sleep(self) -> "GRPOSampling":
         if self.vllm_enable_sleep_mode and self.use_vllm is False:

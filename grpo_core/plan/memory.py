@@ -288,10 +288,9 @@ def _server_split(sampling: Any, hw: Hardware) -> tuple[list[int], bool]:
     on CPU, or on devices beyond ``hw.gpus`` (another machine's count) takes none of them."""
     if sampling.vllm_mode != "server" or hw.device != "cuda" or sampling.vllm_server_base_url is not None:
         return [], False
-    if not sampling.vllm_server_devices:
+    if not sampling.started_server_gpus:
         return [], True
-    ids = sorted({int(d) for d in sampling.vllm_server_devices.split(",") if d.strip().isdigit()})
-    taken = [i for i in ids if i < hw.gpus]
+    taken = [i for i in sampling.started_server_gpus if i < hw.gpus]
     return (taken, False) if len(taken) < hw.gpus else ([], True)
 
 

@@ -148,13 +148,9 @@ def local_world_size(ctx: DistContext) -> int:
 
 
 def server_devices(config: GRPOConfig, ctx: DistContext) -> set[int]:
-    """The physical GPU ids of the generation server this stage starts (``vllm_server_devices``); empty on CPU, for
-    a server at a URL, or when unset (the server then inherits the trainers' GPUs)."""
-    devices = config.sampling.vllm_server_devices
-    if config.sampling.vllm_mode != "server" or config.sampling.vllm_server_base_url or not devices \
-            or ctx.device.type != "cuda":
-        return set()
-    return {int(d) for d in devices.split(",") if d.strip().isdigit()}
+    """The physical GPU ids of the generation server this stage starts (``GRPOSampling.started_server_gpus``);
+    empty on CPU."""
+    return set(config.sampling.started_server_gpus) if ctx.device.type == "cuda" else set()
 
 
 def server_gpus_shared(config: GRPOConfig, ctx: DistContext) -> list[int]:
