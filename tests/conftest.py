@@ -16,7 +16,7 @@ import pytest
 # Once a flow test has routed the trainers' logger into Prefect, trainer tests outside any flow run would
 # warn on every line that there is no run to send it to: they need not.
 for _name, _value in (("HF_HUB_OFFLINE", "1"), ("PREFECT_SERVER_ANALYTICS_ENABLED", "false"),
-                      ("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"), ("OMP_WAIT_POLICY", "PASSIVE"),
+                      ("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300"), ("OMP_WAIT_POLICY", "PASSIVE"),
                       ("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")):
     os.environ.setdefault(_name, _value)
 

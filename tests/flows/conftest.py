@@ -8,7 +8,7 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -24,5 +24,5 @@ def prefect_harness(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect-home")
     with temporary_settings(updates={PREFECT_HOME: str(home), PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
                                      PREFECT_SERVER_ANALYTICS_ENABLED: False}):
-        with prefect_test_harness(server_startup_timeout=120):
+        with prefect_test_harness(server_startup_timeout=300):
             yield

@@ -41,10 +41,10 @@ def fenced(code: str) -> str:
 
 
 def assert_usable() -> None:
-    """A normal program still runs and passes quickly after an attack."""
+    """A normal program still runs and passes after an attack (no case reached its timeout), in seconds."""
     start = time.monotonic()
     assert code_execution([ADD], tests=[ADD_TESTS]) == [1.0]
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 10  # ~0.05 s on a quiet machine; a clogged sandbox would hang
 
 
 # ---------------------------------------------------------------- no sandbox needed
@@ -256,7 +256,7 @@ def test_fork_bomb_is_bounded() -> None:
     pop_reward_stats()
     start = time.monotonic()
     assert code_execution([fenced(bomb)], tests=[EXPECT_PWNED]) == [0.0]
-    assert time.monotonic() - start < LIMITS.timeout + 2.0
+    assert time.monotonic() - start < LIMITS.timeout + 10.0  # killed at the timeout, not left forking
     assert pop_reward_stats().get("rewards/code_execution/timeouts") == 1.0
     deadline = time.monotonic() + 2.0
     while _sandbox_pids() and time.monotonic() < deadline:

@@ -64,7 +64,7 @@ def test_hostile_inputs_are_fast_and_score_zero():
                "<think>a</think>" + "\\boxed{" * 100_000]
     start = time.monotonic()
     assert format_reward(hostile) == [0.0] * 4
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 20  # linear scans: well under a second; quadratic ones take hours
 
 
 def test_the_embedded_defaults_completions():

@@ -73,7 +73,7 @@ def test_scores_inside_multiprocessing_pool_workers(start_method: str):
         assert r["scores"] == main == EXPECTED
         assert r["hostile"] == [0.0, 1.0]
         # bounded by its own alarm: the hang costs one timeout, plus the reference batch and warm-up
-        assert r["hostile_s"] < 2 * TIMEOUT_S + 20.0
+        assert r["hostile_s"] < 2 * TIMEOUT_S + 60.0  # unbounded, 9^{9^9} never ends
 
 
 def test_scores_inside_datasets_map_num_proc_2():
@@ -119,7 +119,7 @@ def test_in_process_alarm_bounds_a_slow_check_and_restores_the_callers_timer():
         signal.setitimer(signal.ITIMER_REAL, 3.0)  # the caller's own timer, pending across the check
         start = time.monotonic()
         out = call_in_process(time.sleep, (30,), 0.3)
-        assert out.status == "timeout" and time.monotonic() - start < 1.5
+        assert out.status == "timeout" and time.monotonic() - start < 10  # not the 30 s sleep
         assert call_in_process(pow, (2, 10), 1.0).value == 1024
         assert call_in_process(int, ("x",), 1.0).error == "ValueError"
         assert signal.getsignal(signal.SIGALRM) is not None and 0 < signal.getitimer(signal.ITIMER_REAL)[0] < 3.0
@@ -141,8 +141,8 @@ def test_in_process_watchdog_bounds_a_slow_check_off_the_main_thread():
 
     t = threading.Thread(target=run)
     t.start()
-    t.join(10)
-    assert got["out"].status == "timeout" and got["elapsed"] < 1.5
+    t.join(60)
+    assert got["out"].status == "timeout" and got["elapsed"] < 10  # not the 30 s sleep
     assert got["ok"].value == 27
 
 
