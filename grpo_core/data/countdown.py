@@ -86,25 +86,40 @@ def make_countdown_splits(num_train: int, num_eval: int, *, seed: int = 0, **kwa
     return split_rows(make_countdown_rows, num_train, num_eval, seed=seed, train_options={"unique": False}, **kwargs)
 
 
-def teacher_trace(numbers: list[int], target: int, operators: str, rng: random.Random, *, check: bool) -> str:
+RETRY_ORDERS = ("random", "systematic")
+CHECK_STYLES = ("wait", "compare")
+
+
+def teacher_trace(numbers: list[int], target: int, operators: str, rng: random.Random, *, check: bool,
+                  retry_order: str = "random", check_style: str = "wait") -> str:
     """The teacher's completion: tries in a random order; unchecked, the first try is the answer; checked,
-    each wrong try is followed by ``wait, V!=T`` and the next, until one reaches the target."""
+    each wrong try is followed by ``wait, V!=T`` and the next, until one reaches the target. A checked trace with
+    ``retry_order="systematic"`` takes the tries in the prompt's order (``candidates``), so what to try after a
+    failed check follows from the tries so far instead of being drawn again. With ``check_style="compare"`` a
+    checked trace writes the target beside every try's value before deciding (``3+8=11?13;wait;8+5=13?13``), so
+    the decision to retry or stop reads two numbers side by side instead of recalling the target."""
+    if retry_order not in RETRY_ORDERS:
+        raise ValueError(f"retry_order must be one of {RETRY_ORDERS}, got {retry_order!r}")
+    if check_style not in CHECK_STYLES:
+        raise ValueError(f"check_style must be one of {CHECK_STYLES}, got {check_style!r}")
     steps, answer = [], ""
     tries = candidates(numbers, operators)
-    for expr in rng.sample(tries, len(tries)):
+    order = tries if check and retry_order == "systematic" else rng.sample(tries, len(tries))
+    for expr in order:
         value = evaluate_expression(expr)
-        steps.append(f"{expr}={value}")
+        steps.append(f"{expr}={value}" + (f"?{target}" if check and check_style == "compare" else ""))
         answer = expr
         if not check or value == target:
             break
-        steps.append(f"wait, {value}!={target}")
+        steps.append("wait" if check_style == "compare" else f"wait, {value}!={target}")
     return f"<think>{';'.join(steps)}</think><answer>{answer}</answer>"
 
 
 def make_countdown_cold_start(rows: list[dict[str, Any]], *, check_fraction: float = 0.05, operators: str = "+",
-                              seed: int = 0) -> list[dict[str, Any]]:
-    """SFT rows ``{prompt, completion, source}``: a ``check_fraction`` of traces check and retry, the rest commit
-    to the first try."""
+                              seed: int = 0, retry_order: str = "random", check_style: str = "wait"
+                              ) -> list[dict[str, Any]]:
+    """SFT rows ``{prompt, completion, source}``: a ``check_fraction`` of traces check and retry (in
+    ``retry_order`` and ``check_style``, see ``teacher_trace``), the rest commit to the first try."""
     if not 0.0 <= check_fraction <= 1.0:
         raise ValueError(f"check_fraction must be in [0, 1], got {check_fraction}")
     rng = random.Random(seed)
@@ -113,7 +128,8 @@ def make_countdown_cold_start(rows: list[dict[str, Any]], *, check_fraction: flo
         numbers, target = parse_prompt(prompt_text(row["prompt"]))  # type: ignore[misc]
         check = rng.random() < check_fraction
         out.append({"prompt": row["prompt"], "source": SOURCE,
-                    "completion": teacher_trace(numbers, target, operators, rng, check=check)})
+                    "completion": teacher_trace(numbers, target, operators, rng, check=check,
+                                                  retry_order=retry_order, check_style=check_style)})
     return out
 
 

@@ -93,6 +93,10 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="every size tiny: the code path in about a minute")
     p.add_argument("--check-fraction", type=float, default=0.25)
     p.add_argument("--countdown-cold", type=int, default=4000)
+    p.add_argument("--retry-order", choices=countdown.RETRY_ORDERS, default="random",
+                   help="the order in which checked cold-start traces take their tries")
+    p.add_argument("--check-style", choices=countdown.CHECK_STYLES, default="wait",
+                   help="how checked cold-start traces check a try (compare: the target beside each value)")
     p.add_argument("--chain-cold", type=int, default=4000)
     p.add_argument("--sft-steps", type=int, default=400)
     p.add_argument("--sft-lr", type=float, default=1e-3)
@@ -116,7 +120,8 @@ def main() -> None:
     train, ev = countdown.make_countdown_splits(4000, args.num_eval, seed=seed)
     held = {r["prompt"][0]["content"] for r in ev}
     cs_prompts = countdown.make_countdown_rows(args.countdown_cold, seed=10_000 + seed, exclude=held, unique=False)
-    cold = countdown.make_countdown_cold_start(cs_prompts, check_fraction=args.check_fraction, seed=seed)
+    cold = countdown.make_countdown_cold_start(cs_prompts, check_fraction=args.check_fraction, seed=seed,
+                                                retry_order=args.retry_order, check_style=args.check_style)
     c_train, c_ev = synthetic.make_chain_splits(4000, 200, seed=seed)
     c_held = {r["prompt"][0]["content"] for r in c_ev}
     cold += synthetic.make_cold_start_rows(synthetic.make_chain_rows(args.chain_cold, seed=10_000 + seed,

@@ -15,6 +15,7 @@ from grpo_core.data.countdown import (
 )
 from grpo_core.evaluation.emergence import REFLECTION_PHRASES, has_phrase, reasoning_text
 from grpo_core.rewards import get_reward_funcs
+from grpo_core.rewards.base import prompt_text
 
 
 def _score(completion: str, prompt: str = "3,8,5->13:") -> float | None:
@@ -68,3 +69,43 @@ def test_cold_start_checks_only_the_share_asked_for(fraction):
         if "wait" in c["completion"]:
             assert s == 1.0
     assert make_countdown_cold_start(rows, check_fraction=fraction, seed=1) == cold
+
+
+def test_systematic_retries_take_the_tries_in_the_prompts_order():
+    rows = make_countdown_rows(300, seed=2)
+    cold = make_countdown_cold_start(rows, check_fraction=1.0, seed=2, retry_order="systematic")
+    assert countdown_accuracy([c["completion"] for c in cold], prompts=[c["prompt"] for c in cold]) == [1.0] * 300
+    for row, c in zip(rows, cold):
+        numbers, target = parse_prompt(prompt_text(row["prompt"]))
+        tried = [step.split("=")[0] for step in c["completion"][len("<think>"):c["completion"].index("</think>")]
+                 .split(";") if not step.startswith("wait")]
+        assert tried == candidates(numbers, "+")[:len(tried)]  # the first tries in order, up to the right one
+    unchecked = make_countdown_cold_start(rows, check_fraction=0.0, seed=2, retry_order="systematic")
+    firsts = [c["completion"][len("<think>"):].split("=")[0] for c in unchecked]
+    assert sum(f == candidates(parse_prompt(prompt_text(r["prompt"]))[0], "+")[0] for f, r in zip(firsts, rows)) < 150
+    with pytest.raises(ValueError, match="retry_order must be one of"):
+        make_countdown_cold_start(rows, retry_order="sorted")
+
+
+def test_compare_checks_write_the_target_beside_every_try_and_stop_at_the_right_one():
+    rows = make_countdown_rows(300, seed=3)
+    cold = make_countdown_cold_start(rows, check_fraction=0.5, seed=3, retry_order="systematic",
+                                     check_style="compare")
+    scores = countdown_accuracy([c["completion"] for c in cold], prompts=[c["prompt"] for c in cold])
+    checked = 0
+    for row, c, score in zip(rows, cold, scores):
+        numbers, target = parse_prompt(prompt_text(row["prompt"]))
+        steps = c["completion"][len("<think>"):c["completion"].index("</think>")].split(";")
+        if "?" not in c["completion"]:
+            assert len(steps) == 1 and "wait" not in c["completion"]  # unchecked: the first try, committed
+            continue
+        checked += 1
+        tries = steps[::2]
+        assert steps[1::2] == ["wait"] * (len(tries) - 1) and score == 1.0
+        assert [t.split("?")[1] for t in tries] == [str(target)] * len(tries)  # the target beside every value
+        values = [int(t.split("=")[1].split("?")[0]) for t in tries]
+        assert values[-1] == target and target not in values[:-1]  # stops at the first try that reaches it
+        assert has_phrase(reasoning_text(c["completion"]), REFLECTION_PHRASES) == (len(tries) > 1)
+    assert 100 < checked < 200
+    with pytest.raises(ValueError, match="check_style must be one of"):
+        make_countdown_cold_start(rows, check_style="loud")
