@@ -46,10 +46,13 @@ from grpo_core.trainer import train_grpo
 from grpo_core.trainer.sft import train_sft
 
 
-def base_model(work: Path, seed: int, countdown_rows: int = 0, steps: int = 1200) -> Path:
-    """The tiny base pretrained on chain worked solutions, plus ``countdown_rows`` unchecked first tries (the
-    task's language without any check) when asked."""
-    path = work / (f"base-s{seed}" + (f"-cd{countdown_rows}" if countdown_rows else ""))
+def base_model(work: Path, seed: int, countdown_rows: int = 0, steps: int = 1200, check_fraction: float = 0.0,
+               retry_order: str = "random", check_style: str = "wait") -> Path:
+    """The tiny base pretrained on chain worked solutions, plus ``countdown_rows`` countdown tries when asked:
+    unchecked first tries (the task's language without any check), of which ``check_fraction`` check and retry
+    (a base that has seen checking in its corpus, as a large base model has)."""
+    checks = f"-chk{check_fraction:g}-{retry_order}-{check_style}" if check_fraction else ""
+    path = work / (f"base-s{seed}" + (f"-cd{countdown_rows}{checks}" if countdown_rows else ""))
     if (path / "config.json").exists():
         return path
     build_tiny_model(path, seed=seed)
@@ -62,7 +65,7 @@ def base_model(work: Path, seed: int, countdown_rows: int = 0, steps: int = 1200
         cd_held = {r["prompt"][0]["content"] for r in cd_ev}
         rows += [{k: r[k] for k in ("prompt", "completion")} for r in countdown.make_countdown_cold_start(
             countdown.make_countdown_rows(countdown_rows, seed=30_000 + seed, exclude=cd_held, unique=False),
-            check_fraction=0.0, seed=seed)]
+            check_fraction=check_fraction, retry_order=retry_order, check_style=check_style, seed=seed)]
     cfg = SFTConfig(learning_rate=1.5e-3, lr_scheduler_type="cosine", warmup_steps=min(20, steps), max_steps=steps,
                     per_device_train_batch_size=48, save_steps=steps, max_length=64, report_to=[], seed=seed,
                     torch_num_threads=1)
@@ -107,6 +110,8 @@ def main() -> None:
     p.add_argument("--num-eval", type=int, default=200)
     p.add_argument("--pretrain-countdown", type=int, default=4000, help="unchecked countdown tries in the base's corpus")
     p.add_argument("--pretrain-steps", type=int, default=1200)
+    p.add_argument("--pretrain-check-fraction", type=float, default=0.0,
+                   help="share of the base's countdown tries that check and retry (in --retry-order, --check-style)")
     args = p.parse_args()
     if args.quick:
         args.countdown_cold = args.chain_cold = args.pretrain_countdown = 40
@@ -115,7 +120,8 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="countdown-aha-"))
     t0 = time.time()
     seed = args.seed
-    base = base_model(work, seed, args.pretrain_countdown, args.pretrain_steps)
+    base = base_model(work, seed, args.pretrain_countdown, args.pretrain_steps, args.pretrain_check_fraction,
+                      args.retry_order, args.check_style)
     t_base = time.time() - t0
     train, ev = countdown.make_countdown_splits(4000, args.num_eval, seed=seed)
     held = {r["prompt"][0]["content"] for r in ev}
