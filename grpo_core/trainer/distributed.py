@@ -14,6 +14,8 @@ averages; with the loss already divided by global totals a sum gives the full-ba
 
 from __future__ import annotations
 
+import atexit
+
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -61,7 +63,15 @@ def init_distributed() -> DistContext:
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend=process_group_backend(device))
+        atexit.register(_destroy_process_group)  # at exit, a live gloo group can abort the process (SIGABRT)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def _destroy_process_group() -> None:
+    """Tear the default group down before the interpreter does: left to exit, gloo's threads can be destroyed
+    while joinable (``terminate called without an active exception``), failing a rank that finished."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def shard(items: list[Any], ctx: DistContext) -> list[Any]:
