@@ -15,7 +15,6 @@ averages; with the loss already divided by global totals a sum gives the full-ba
 from __future__ import annotations
 
 import atexit
-
 import os
 from dataclasses import dataclass
 from typing import Any

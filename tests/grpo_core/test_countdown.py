@@ -77,11 +77,11 @@ def test_systematic_retries_take_the_tries_in_the_prompts_order():
     assert countdown_accuracy([c["completion"] for c in cold], prompts=[c["prompt"] for c in cold]) == [1.0] * 300
     for row, c in zip(rows, cold):
         numbers, target = parse_prompt(prompt_text(row["prompt"]))
-        tried = [step.split("=")[0] for step in c["completion"][len("<think>"):c["completion"].index("</think>")]
-                 .split(";") if not step.startswith("wait")]
+        steps = reasoning_text(c["completion"]).split(";")
+        tried = [step.split("=")[0] for step in steps if not step.startswith("wait")]
         assert tried == candidates(numbers, "+")[:len(tried)]  # the first tries in order, up to the right one
     unchecked = make_countdown_cold_start(rows, check_fraction=0.0, seed=2, retry_order="systematic")
-    firsts = [c["completion"][len("<think>"):].split("=")[0] for c in unchecked]
+    firsts = [reasoning_text(c["completion"]).split("=")[0] for c in unchecked]
     assert sum(f == candidates(parse_prompt(prompt_text(r["prompt"]))[0], "+")[0] for f, r in zip(firsts, rows)) < 150
     with pytest.raises(ValueError, match="retry_order must be one of"):
         make_countdown_cold_start(rows, retry_order="sorted")
@@ -95,7 +95,7 @@ def test_compare_checks_write_the_target_beside_every_try_and_stop_at_the_right_
     checked = 0
     for row, c, score in zip(rows, cold, scores):
         numbers, target = parse_prompt(prompt_text(row["prompt"]))
-        steps = c["completion"][len("<think>"):c["completion"].index("</think>")].split(";")
+        steps = reasoning_text(c["completion"]).split(";")
         if "?" not in c["completion"]:
             assert len(steps) == 1 and "wait" not in c["completion"]  # unchecked: the first try, committed
             continue
