@@ -143,7 +143,7 @@ def test_a_server_that_went_away_fails_the_call_within_the_timeout(served):
     with pytest.raises(VLLMServerError, match=rf"server at {served.url} did not answer POST /generate .*"
                                               r"vllm_server_timeout=1.5 s.*rerun the stage"):
         client.generate([[1]], n=1, max_tokens=2, seeds=[1])
-    assert 1.4 <= time.monotonic() - start < 4.0
+    assert 1.4 <= time.monotonic() - start < 15  # its bounded retries, with room for a slow machine
 
 
 def test_a_silent_server_fails_within_the_timeout():
@@ -156,7 +156,7 @@ def test_a_silent_server_fails_within_the_timeout():
         with pytest.raises(VLLMServerError, match=rf"{url} did not answer GET /health while waiting for the server "
                                                   r"to start within .*=1 s \(no answer within 1 s\)"):
             ServerBackend(url, timeout=1)
-        assert time.monotonic() - start < 3.0
+        assert time.monotonic() - start < 15  # unbounded, it waits for ever
 
 
 def test_a_started_server_that_exits_fails_at_once_with_its_log(tmp_path, monkeypatch):

@@ -210,7 +210,7 @@ def test_a_dead_writer_on_this_host_is_taken_over_at_once(tmp_path, caplog):
     start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="r1.lease"):
         lease = acquire_lease(store, RUN, settle_s=0)
-    assert time.monotonic() - start < 5  # not the 60 s TTL
+    assert time.monotonic() - start < 20  # not the 60 s TTL
     assert f"pid {dead.pid}" in caplog.text and "that process is gone" in caplog.text
     assert json.loads(store.read_text(store.run_file(RUN, LEASE)))["owner"] == lease.owner
     lease.release()
@@ -264,8 +264,8 @@ def test_a_writer_that_loses_its_lease_stops_at_once(tmp_path):
     store.write_json(store.run_file(RUN, LEASE), {"owner": "b", "host": "host-b", "pid": 4242,
                                                  "expires_at": time.time() + 60})
     start = time.monotonic()
-    assert writer.wait(timeout=20) == 1
-    assert time.monotonic() - start < 5
+    assert writer.wait(timeout=40) == 1
+    assert time.monotonic() - start < 20  # at its next check, not at the end of its work
     last = writer.stderr.read().strip().splitlines()[-1]
     assert last.startswith(f"error: lost the lease on run '{RUN}' in {store.url}: another writer took it: host-b "
                            "pid 4242")

@@ -145,7 +145,7 @@ def test_s3_endpoint_that_never_answers_fails_within_the_timeouts(black_hole, mo
     start = time.monotonic()
     with pytest.raises(StoreStalled, match="while checking .*: no answer within 2 s"):
         _within(30, lambda: store.exists(store.path("r", "x")))
-    assert time.monotonic() - start < 4
+    assert time.monotonic() - start < 12  # one 2 s limit with room for a slow machine; multiplied it is ~30 s
 
 
 def test_a_stalled_s3_endpoint_fails_every_operation_within_twice_the_timeout(own_s3_server, tmp_path, monkeypatch):

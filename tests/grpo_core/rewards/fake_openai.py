@@ -48,18 +48,21 @@ class FakeOpenAI:
                 try:
                     time.sleep(behaviour.delay_s)
                     if failing:
-                        self.answer(behaviour.fail_status, behaviour.fail_body.encode())
+                        status, payload = behaviour.fail_status, behaviour.fail_body.encode()
                     elif self.path == "/v1/chat/completions":
-                        self.answer(200, json.dumps({"choices": [{"index": 0, "finish_reason": "stop", "message": {
-                            "role": "assistant", "content": behaviour.verdict}}]}).encode())
+                        status, payload = 200, json.dumps({"choices": [{"index": 0, "finish_reason": "stop", "message": {
+                            "role": "assistant", "content": behaviour.verdict}}]}).encode()
                     elif self.path == "/classify":
-                        self.answer(200, json.dumps({"data": [{"index": 0, "label": "LABEL_0", "num_classes": 1,
-                                                               "probs": [behaviour.score]}]}).encode())
+                        status, payload = 200, json.dumps({"data": [{"index": 0, "label": "LABEL_0", "num_classes": 1,
+                                                                     "probs": [behaviour.score]}]}).encode()
                     else:
-                        self.answer(404, b'{"detail": "Not Found"}')
+                        status, payload = 404, b'{"detail": "Not Found"}'
                 finally:
+                    # Out of flight before the answer leaves: a client that gets it may send its next request at
+                    # once, and that request must not find this one still counted.
                     with behaviour.lock:
                         behaviour.in_flight -= 1
+                self.answer(status, payload)
 
             def answer(self, status: int, payload: bytes) -> None:
                 self.send_response(status)

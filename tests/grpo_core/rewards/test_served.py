@@ -69,10 +69,8 @@ def test_reward_clip_range_clamps_the_served_score(server):
 def test_requests_are_concurrent_and_bounded_by_batch_size(server):
     server.behaviour.delay_s = 0.3
     fn = ServedJudge(JudgeSpec(model="j", url=server.url, batch_size=3))
-    start = time.monotonic()
     assert fn(prompts=["q"] * 9, completions=["</think>a"] * 9) == pytest.approx([0.7] * 9)
-    assert server.behaviour.max_in_flight == 3
-    assert time.monotonic() - start < 9 * 0.3  # not one after another
+    assert server.behaviour.max_in_flight == 3  # three at once (not one after another), never four
 
 
 def test_unparsed_verdicts_are_counted_and_a_judge_that_never_parses_stops_naming_the_url(server):
@@ -105,17 +103,17 @@ def test_a_stopped_server_scores_none_counted_as_errors_within_the_timeout():
     pop_reward_stats()
     start = time.monotonic()
     assert fn(prompts=["q"] * 6, completions=["</think>a"] * 6) == [None] * 6
-    assert time.monotonic() - start < 5.0
+    assert time.monotonic() - start < 5.0 + 10  # its timeout, with room for a slow machine
     assert pop_reward_stats() == {"rewards/down/errors": 6.0}
 
 
 def test_a_slow_server_is_cut_at_the_timeout(server):
-    server.behaviour.delay_s = 3.0
+    server.behaviour.delay_s = 20.0
     fn = ServedRewardModel(RewardModelSpec(model="rm", name="slow", url=server.url, timeout=0.5))
     pop_reward_stats()
     start = time.monotonic()
     assert fn(prompts=["q"] * 2, completions=["</think>a"] * 2) == [None, None]
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 10.0  # cut at 0.5 s (with room for a slow machine), not waited 20 s for
     assert pop_reward_stats() == {"rewards/slow/timeouts": 2.0}
 
 

@@ -79,4 +79,4 @@ def test_language_consistency_is_fast_on_huge_adversarial_text() -> None:
     start = time.monotonic()
     huge = "\\[" * 200_000 + "$$" * 100_000 + "词 word " * 100_000
     assert language_consistency([huge], prompts=["hello there"])[0] is not None
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 20  # linear: well under a second; a quadratic scan takes hours
