@@ -25,23 +25,40 @@ def measured_emergence(evaluations: dict[str, StageRef | None], histories: dict[
                        window: int = emergence.AHA_WINDOW, delta: float = emergence.AHA_DELTA) -> dict[str, Any]:
     """``{"rows": [...], "aha": {rl_stage: step | None}, "rules": {...}}``: one row per evaluated model stage
     with its phase and features; per RL stage, ``find_aha_step`` over its logged ``completions/reflection_rate``
-    (a stage that logged none is absent from ``aha``)."""
+    (a stage that logged none is absent from ``aha``). Where more than one verifiable source was measured
+    (``eval/{source}/reflection_rate``), each also has its own row, ``stage · source``, and each RL stage that
+    logged ``completions/{source}/reflection_rate`` its own aha verdict: a task that checks its work should
+    not be averaged with one that never does."""
     rows = []
     for stage, evaluation in evaluations.items():
         if evaluation is None:
             continue
-        row: dict[str, Any] = {"stage": stage}
-        for column, keys in MEASURED_COLUMNS.items():
-            row[column] = first_metric(evaluation.metrics, keys)
-        features = [row[c] for c in ("direct answers", "mean steps", "reflection", "backtracking")]
-        row["phase"] = NOT_MEASURED if None in features else emergence.phase_label(*features)
-        rows.append(row)
+        for label, prefix in [(stage, "eval/")] + [(f"{stage} · {src}", f"eval/{src}/")
+                                                    for src in reasoning_sources(evaluation.metrics)]:
+            row: dict[str, Any] = {"stage": label}
+            for column, keys in MEASURED_COLUMNS.items():
+                row[column] = first_metric(evaluation.metrics, tuple(k.replace("eval/", prefix, 1) for k in keys))
+            features = [row[c] for c in ("direct answers", "mean steps", "reflection", "backtracking")]
+            row["phase"] = NOT_MEASURED if None in features else emergence.phase_label(*features)
+            rows.append(row)
     aha = {}
     for stage, hist in histories.items():
-        points = [(h["step"], h[REFLECTION_KEY]) for h in hist if h.get(REFLECTION_KEY) is not None]
-        if points:
-            aha[stage] = emergence.find_aha_step([s for s, _ in points], [v for _, v in points], window, delta)
+        keys = [(stage, REFLECTION_KEY)] + [(f"{stage} · {src}", f"completions/{src}/reflection_rate")
+                                            for src in sorted({k.split("/")[1] for h in hist for k in h
+                                                               if k.startswith("completions/")
+                                                               and k.endswith("/reflection_rate") and k.count("/") == 2})]
+        for label, key in keys:
+            points = [(h["step"], h[key]) for h in hist if h.get(key) is not None]
+            if points:
+                aha[label] = emergence.find_aha_step([s for s, _ in points], [v for _, v in points], window, delta)
     return {"rows": rows, "aha": aha, "rules": {"aha_window": window, "aha_delta": delta}}
+
+
+def reasoning_sources(metrics: dict[str, Any]) -> list[str]:
+    """The verifiable sources an evaluation measured one by one (``eval/{source}/reflection_rate``), when there
+    are at least two; none otherwise (one source's row would repeat the stage's)."""
+    names = sorted({k.split("/")[1] for k in metrics if k.count("/") == 2 and k.endswith("/reflection_rate")})
+    return names if len(names) > 1 else []
 
 
 def emergence_section(measured: dict[str, Any]) -> str:

@@ -56,7 +56,7 @@ def plot_histories(histories: dict[str, list[dict[str, Any]]], out_dir: Path) ->
 
 def plot_reflection(histories: dict[str, list[dict[str, Any]]], aha: dict[str, int | None], out_dir: Path) -> Path:
     """reflection.png: reflection rate and accuracy reward per GRPO step (RL stages one after the other, as
-    ``plot_histories``), a dashed line at each stage's candidate aha step."""
+    ``plot_histories``), each source's reflection rate in a mixture, a dashed line at each candidate aha step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,8 +73,13 @@ def plot_reflection(histories: dict[str, list[dict[str, Any]]], aha: dict[str, i
             if points:
                 marker = None if "held-out" in label else "." if len(points) < 40 else None
                 ax.plot(*zip(*points), style, color=f"C{i}", marker=marker, label=f"{stage} {label}")
-        if aha.get(stage) is not None:
-            ax.axvline(offset + aha[stage], color=f"C{i}", linestyle="--", label=f"{stage} aha? step {aha[stage]}")
+        for j, src in enumerate(sorted({k.split("/")[1] for h in hist for k in h if k.count("/") == 2
+                                        and k.startswith("completions/") and k.endswith("/reflection_rate")})):
+            points = series(hist, (f"completions/{src}/reflection_rate",), offset)  # a mixture: each source's own
+            ax.plot(*zip(*points), "-", color=f"C{i}", alpha=0.5, linewidth=0.8 + j, label=f"{stage} {src} reflection")
+        for label in [k for k in aha if k == stage or k.startswith(f"{stage} · ")]:
+            if aha[label] is not None:
+                ax.axvline(offset + aha[label], color=f"C{i}", linestyle="--", label=f"{label} aha? step {aha[label]}")
         offset += max((h["step"] for h in hist), default=0)
     ax.set_xlabel("GRPO step (final_rl continues after grpo_train)")
     ax.set_ylabel("share of completions")

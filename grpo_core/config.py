@@ -905,6 +905,30 @@ ColdStartSource = Annotated[
 ]
 
 
+class CountdownData(_Strict):
+    """The built-in countdown task (``grpo_core.data.countdown``), beside the chain task: a task where checking a try
+    and retrying pays, so reflection can emerge under RL. Its cold start checks rarely (``check_fraction``); the
+    tiny base's corpus (``model.tiny.pretrain``) holds ``pretrain_size`` tries of which ``pretrain_check_fraction``
+    check and retry, as a large base model has seen verification."""
+
+    num_train: int = Field(1200, gt=0, description="training prompts, distinct (three numbers in 1..9 make ~1,700 "
+                           "problems in all)")
+    num_eval: int = Field(200, gt=0, description="held-out prompts, none among the training, cold-start or "
+                          "pretraining prompts")
+    cold_start_size: int = Field(4000, ge=0, description="cold-start traces (prompts may repeat)")
+    check_fraction: float = Field(0.08, ge=0, le=1, description="share of cold-start traces that check each try "
+                                  "and retry until one reaches the target; the rest commit to their first try")
+    pretrain_size: int = Field(0, ge=0, description="tries in the tiny base's pretraining corpus (needs "
+                               "data.pretrain_size > 0); 0: none")
+    pretrain_check_fraction: float = Field(0.3, ge=0, le=1, description="share of the pretraining tries that check "
+                                           "and retry")
+    retry_order: Literal["random", "systematic"] = Field(
+        "systematic", description="checked traces take their tries in the prompt's order (systematic) or at random")
+    check_style: Literal["wait", "compare"] = Field(
+        "compare", description="checked traces write the target beside each value (compare: 3+8=11?13;wait;...) "
+        "or only after a miss (wait: 3+8=11;wait, 11!=13;...)")
+
+
 class DataConfig(_Strict):
     """prepare_data: built-in task and/or external sources -> normalised, deduplicated, decontaminated splits."""
 
@@ -919,6 +943,9 @@ class DataConfig(_Strict):
                                "embedded default's tiny model is pretrained on (model.tiny.pretrain); 0: none")
     cold_start_coarse_fraction: float = Field(
         0.0, ge=0, le=1, description="share of cold-start rows worked in coarse steps (two operations a step)")
+    countdown: CountdownData | None = Field(
+        None, description="the built-in countdown task beside the chain task (grpo_core.data.countdown): its rows "
+        "have source countdown, rewarded by countdown_accuracy; None = not built")
     builtin_general: list[Literal["helpful", "unsafe"]] = Field(
         default_factory=list, description="built-in non-verifiable sources (grpo_core.data.general): prompts, held-out "
         "prompts, cold-start answers and rule-made preference pairs (preferences.parquet)")
@@ -956,8 +983,12 @@ class DataConfig(_Strict):
         if self.cold_start_direct_fraction + self.cold_start_coarse_fraction > 1:
             raise ValueError(f"cold_start_direct_fraction ({self.cold_start_direct_fraction}) + cold_start_coarse_fraction "
                              f"({self.cold_start_coarse_fraction}) is above 1: they are shares of the same cold-start rows")
-        if self.builtin_task is None and not self.train_sources:
+        if self.builtin_task is None and not self.train_sources and self.countdown is None:
             raise ValueError("no training data: set builtin_task: chain or give train_sources")
+        if self.countdown is not None and self.countdown.pretrain_size and not self.pretrain_size:
+            raise ValueError(f"data.countdown.pretrain_size ({self.countdown.pretrain_size}) adds to the tiny base's "
+                             "pretraining corpus, and there is none: set data.pretrain_size (and model.tiny.pretrain) "
+                             "or data.countdown.pretrain_size: 0")
         return self
 
 
@@ -1003,6 +1034,9 @@ class EvalConfig(_Strict):
                                    "lengths, backend (flat names accepted, SamplingConfig.nest_flat_fields)")
     max_rows: int | None = Field(None, gt=0, description="evaluate on the first N held-out rows of each source")
     reward_func: str = Field("chain_accuracy", description="registered reward that scores 1.0 for a correct completion")
+    source_rewards: dict[str, str] = Field(
+        default_factory=dict, description="a registered reward per verifiable source, for sources reward_func does "
+        "not score (e.g. {countdown: countdown_accuracy}); every metric is then also given per source")
     general_sources: list[str] = Field(
         default_factory=list, description="sources without a verifiable answer (e.g. helpful, unsafe): their held-out "
         "rows are measured by rm_reward and rule_reward, not by reward_func")

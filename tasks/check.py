@@ -72,6 +72,10 @@ def _shrink_data(data: dict[str, Any], rows: int) -> None:
                            ("general_cold_start_size", 2 * rows), ("general_pretrain_size", 2 * rows),
                            ("general_num_pairs", 4 * rows)):
             _cap(data, key, value)
+    if isinstance(data.get("countdown"), dict):
+        for key, value in (("num_train", 8 * rows), ("num_eval", rows), ("cold_start_size", 4 * rows),
+                           ("pretrain_size", 4 * rows)):
+            _cap(data["countdown"], key, value)
 
 
 def _map_values(node: Any, field: str, change: Callable[[Any], Any]) -> Any:

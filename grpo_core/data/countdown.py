@@ -79,11 +79,13 @@ def make_countdown_rows(num_rows: int, *, seed: int = 0, num_numbers: int = 3, o
                        hint="allow more numbers or set unique=False")
 
 
-def make_countdown_splits(num_train: int, num_eval: int, *, seed: int = 0, **kwargs: Any
-                          ) -> tuple[list[dict], list[dict]]:
+def make_countdown_splits(num_train: int, num_eval: int, *, seed: int = 0, unique_train: bool = False,
+                          **kwargs: Any) -> tuple[list[dict], list[dict]]:
     """Train and held-out rows with no prompt in common (``synthetic.split_rows``: eval drawn first, distinct).
-    Three numbers in 1..9 make ~1,700 distinct problems, so train may repeat a prompt (never a held-out one)."""
-    return split_rows(make_countdown_rows, num_train, num_eval, seed=seed, train_options={"unique": False}, **kwargs)
+    Three numbers in 1..9 make ~1,700 distinct problems, so train may repeat a prompt (never a held-out one)
+    unless ``unique_train``."""
+    return split_rows(make_countdown_rows, num_train, num_eval, seed=seed, train_options={"unique": unique_train},
+                      **kwargs)
 
 
 RETRY_ORDERS = ("random", "systematic")
@@ -154,3 +156,40 @@ def countdown_accuracy(completions: list[Any], prompts: list[Any] | None = None,
             ok = x in rest and (rest.remove(x) or y in rest) and apply_op(x, op, y) == target
         scores.append(1.0 if ok else 0.0)
     return scores
+
+
+TRY = re.compile(r"^(\d+)([-+*])(\d+)=")
+
+
+def try_hits(completion: str, prompt: Any) -> list[bool] | None:
+    """Whether each try in a completion's reasoning reaches the target: a try is a ``;``-separated piece
+    ``x op y=...`` (what the model wrote after ``=`` is not trusted: ``x op y`` is computed), and it hits when ``x``
+    and ``y`` are two of the prompt's numbers and ``x op y`` is the target. None for a prompt that is not countdown."""
+    problem = parse_prompt(prompt_text(prompt))
+    if problem is None:
+        return None
+    numbers, target = problem
+    text = completion_text(completion)
+    think = text[text.find("<think>") + len("<think>"):text.find("</think>")] if "</think>" in text else text
+    hits = []
+    for piece in think.split(";"):
+        m = TRY.match(piece.strip())
+        if m:
+            x, op, y = int(m.group(1)), m.group(2), int(m.group(3))
+            rest = list(numbers)
+            hits.append(x in rest and (rest.remove(x) or y in rest) and apply_op(x, op, y) == target)
+    return hits
+
+
+def attempt_stats(completions: list[Any], prompts: list[Any]) -> dict[str, float]:
+    """Tries per response and whether retrying pays: ``first_try_hit_rate`` (responses whose first try reaches the
+    target), ``retry_hit_rate`` (tries made after a try that missed: the share that reach it), ``retries`` (how
+    many such tries). Countdown prompts only; NaN where there is nothing to count."""
+    per = [h for h in (try_hits(c, p) for c, p in zip(completions, prompts)) if h is not None]
+    with_tries = [h for h in per if h]
+    retries = [hit for h in with_tries for i, hit in enumerate(h) if i > 0 and not h[i - 1]]
+    nan = float("nan")
+    return {"attempts_per_response": sum(map(len, per)) / len(per) if per else nan,
+            "first_try_hit_rate": sum(h[0] for h in with_tries) / len(with_tries) if with_tries else nan,
+            "retry_hit_rate": sum(retries) / len(retries) if retries else nan,
+            "retries": float(len(retries))}

@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from grpo_core.config import DataConfig, DatasetSource
-from grpo_core.data import general, synthetic
+from grpo_core.config import CountdownData, DataConfig, DatasetSource
+from grpo_core.data import countdown, general, synthetic
 from grpo_core.data.cold_start import load_cold_start_source, source_key
 from grpo_core.data.rows import (RAW_PROMPT, DataError, load_prompt_rows, normalized_prompt_hash, source_label)
 from grpo_core.rewards.base import prompt_text
@@ -131,6 +131,25 @@ def split_rows(rows: list[dict[str, Any]], *, eval_fraction: float = 0.05, eval_
 # ---------------------------------------------------------------- the prepare_data stage, as a function
 
 
+def countdown_rows(config: CountdownData, seed: int, *, pretrain: bool) -> tuple[list[dict], list[dict], list[dict],
+                                                                               list[dict]]:
+    """The countdown task's (train, eval, cold start, pretraining) rows (``grpo_core.data.countdown``): distinct
+    training prompts, none held out; cold-start and pretraining prompts drawn apart from the held-out ones, repeats
+    allowed (there are ~1,700 problems); pretraining rows only with ``pretrain`` (a tiny base is pretrained)."""
+    c_train, c_eval = countdown.make_countdown_splits(config.num_train, config.num_eval, seed=seed, unique_train=True)
+    held_out = {r["prompt"][0]["content"] for r in c_eval}
+    style = {"retry_order": config.retry_order, "check_style": config.check_style}
+    cold = countdown.make_countdown_cold_start(countdown.make_countdown_rows(
+        config.cold_start_size, seed=10_000 + seed, exclude=held_out, unique=False),
+        check_fraction=config.check_fraction, seed=seed, **style) if config.cold_start_size else []
+    pre: list[dict] = []
+    if pretrain and config.pretrain_size:
+        pre = [{k: r[k] for k in ("prompt", "completion")} for r in countdown.make_countdown_cold_start(
+            countdown.make_countdown_rows(config.pretrain_size, seed=30_000 + seed, exclude=held_out, unique=False),
+            check_fraction=config.pretrain_check_fraction, seed=seed, **style)]
+    return c_train, c_eval, cold, pre
+
+
 @dataclass
 class PreparedData:
     train: list[dict[str, Any]]
@@ -163,6 +182,10 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
         if config.pretrain_size:  # other problems than the cold start's, none held out, every one worked in full
             pretrain = synthetic.make_cold_start_rows(synthetic.make_chain_rows(
                 config.pretrain_size, seed=30_000 + config.seed, exclude=held_out, **kw), direct_fraction=0.0)
+    if config.countdown is not None:
+        c_train, c_eval, c_cold, c_pretrain = countdown_rows(config.countdown, config.seed,
+                                                             pretrain=bool(config.pretrain_size))
+        train, eval_rows, cold, pretrain = train + c_train, eval_rows + c_eval, cold + c_cold, pretrain + c_pretrain
     preferences: list[dict[str, Any]] = []
     for name in config.builtin_general:  # grpo_core.data.general: prompts, cold-start answers, rule-made pairs
         g_train, g_eval = general.make_general_splits(name, config.general_num_train, config.general_num_eval,

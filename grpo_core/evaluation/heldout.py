@@ -29,6 +29,11 @@ made the reward model's training pairs but is never the RL reward, so a hacked r
 between the two. The metrics above are then over the verifiable rows only, and every metric is also given
 per source (``eval/{source}/accuracy``, ``eval/{source}/rm_score``, ``eval/{source}/preferred_rate``).
 
+Several verifiable sources (the embedded default's chain and countdown): a source named in ``source_rewards`` is
+scored by its own reward, the others by ``reward_func``, and every metric above, the emergence features included,
+is also given per source (``eval/countdown/reflection_rate``), so a task that checks its work is not averaged with
+one that never does.
+
 Prompts longer than ``max_prompt_length`` are truncated or dropped by ``long_prompts``
 (``trainer.prompts.encode_prompts``, the call training makes); the counts are ``eval/prompts_truncated`` and
 ``eval/prompts_dropped``, and every other metric is over the rows kept (``eval/num_rows``).
@@ -93,10 +98,10 @@ def evaluate(config: EvalConfig, model: str | Path | torch.nn.Module, rows: list
     if verifiable := [r for r in rows if r.get("source") not in general]:
         metrics = evaluate_verifiable(config, module, tokenizer, backend, verifiable, reward, True)
         out_rows = metrics.pop("rows")
-        for source in sorted({str(r["source"]) for r in out_rows}):
-            mine = [r for r in out_rows if str(r["source"]) == source]
-            metrics[f"eval/{source}/accuracy"] = _mean([r["correct"] for r in mine])
-            metrics[f"eval/{source}/format_rate"] = _mean([r["format"] for r in mine])
+        if len(names := {str(r["source"]) for r in out_rows}) == 1:  # one verifiable source: its metrics by name too
+            (source,) = names
+            metrics.update({key.replace("eval/", f"eval/{source}/", 1): value for key, value in list(metrics.items())
+                            if key.count("/") == 1 and not key.startswith("eval/prompts_")})
     if general_rows := [r for r in rows if r.get("source") in general]:
         g_metrics, g_rows = evaluate_general(backend, tokenizer, general_rows, config)
         metrics.update(g_metrics)
@@ -129,62 +134,92 @@ def evaluate_verifiable(config: EvalConfig, module: torch.nn.Module | None, toke
                         backend: GenerationBackend, rows: list[dict[str, Any]], reward: str | RewardFunc,
                         return_rows: bool) -> dict[str, Any]:
     """The metrics of rows with a verifiable answer: greedy, sampled (pass@1, emergence features), forced
-    reasoning; ``rows`` (per-row verdicts) with ``return_rows``."""
+    reasoning; ``rows`` (per-row verdicts) with ``return_rows``. A source named in ``config.source_rewards`` is
+    scored by its own reward, the rest by ``reward``; with more than one source every metric is also given per
+    source (``eval/{source}/...``)."""
     s = config.sampling
-    fn, name = resolve_reward(reward)
     format_fn = get_reward_funcs(["format"])[0]
     encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], s.max_prompt_length, s.long_prompts)
     if not encoded.kept:
         raise all_dropped_error("evaluate", len(rows), s.max_prompt_length)
     row_ids = [str(rows[i].get("id", i)) for i in encoded.kept]  # seeds keep the row's original index
     rows, prompt_ids = [rows[i] for i in encoded.kept], encoded.ids
+    correct = SourceRewards(config.source_rewards, reward, rows)
 
     greedy = _generate(backend, prompt_ids, n=1, max_tokens=s.max_completion_length, greedy=True, batch=s.batch_size)
-    greedy_scores = score_completions([fn, format_fn], [name, "format"], rows, greedy, 1,
-                                      s.max_completion_length)  # [N, 2]
-    greedy_ok, formatted = passes(greedy_scores[:, 0]), passes(greedy_scores[:, 1])
+    greedy_ok = correct(greedy, 1, s.max_completion_length)
+    formatted = passes(score_completions([format_fn], ["format"], rows, greedy, 1, s.max_completion_length)[:, 0])
     texts = [g.text for g in greedy]
-    metrics: dict[str, Any] = {
-        "eval/accuracy": _mean(greedy_ok),
-        "eval/mean_length": _mean([completion_length(g) for g in greedy]),
-        "eval/format_rate": _mean(formatted),
-        "eval/direct_answer_rate": _mean([is_direct(t) for t in texts]),
-        "eval/num_rows": len(rows),
-        **encoded.counts("eval/prompts_"),
-    }
-    sampled_ok: list[bool] = []
-    population, population_ok = greedy, greedy_ok  # what the emergence features describe
+    sampled, sampled_ok = [], []
     if s.num_generations > 0:
         seeds = [sample_seed(config.seed, row_id, j) for row_id in row_ids for j in range(s.num_generations)]
         sampled = sample(backend, prompt_ids, s, seeds)
-        sampled_ok = passes(score_completions([fn], [name], rows, sampled, s.num_generations,
-                                              s.max_completion_length)[:, 0])
-        metrics["eval/pass@1"] = _mean(sampled_ok)
-        metrics["eval/mean_length_sampled"] = _mean([completion_length(r) for r in sampled])
-        population, population_ok = sampled, sampled_ok
-    features = emergence_metrics([r.text for r in population], correct=population_ok,
-                                 reflection_phrases=config.emergence.reflection_phrases,
-                                 backtrack_phrases=config.emergence.backtrack_phrases)
-    metrics.update({f"eval/{k}": v for k, v in features.items() if k != "mean_length"})  # length: above
-    forced_texts, forced_ok = texts, greedy_ok
+        sampled_ok = correct(sampled, s.num_generations, s.max_completion_length)
+    forced, forced_ok = None, greedy_ok
     if config.forced_reasoning:
         forced = force_reasoning(module, tokenizer, backend, prompt_ids, greedy, s.max_completion_length, s.batch_size)
-        if forced is None:
-            metrics["eval/accuracy_forced_reasoning"] = math.nan
-        else:
-            forced_texts = [f.text for f in forced]
-            forced_ok = passes(score_completions([fn], [name], rows, forced, 1, s.max_completion_length)[:, 0])
-            metrics["eval/accuracy_forced_reasoning"] = _mean(forced_ok)
+        if forced is not None:
+            forced_ok = correct(forced, 1, s.max_completion_length)
+    forced_texts = [f.text for f in forced] if forced is not None else texts
+    k = max(s.num_generations, 1)
+
+    def measure(idx: list[int], prefix: str) -> dict[str, Any]:
+        """The metrics over the rows ``idx``, keys ``{prefix}accuracy`` and the rest."""
+        out: dict[str, Any] = {
+            "accuracy": _mean([greedy_ok[i] for i in idx]),
+            "mean_length": _mean([completion_length(greedy[i]) for i in idx]),
+            "format_rate": _mean([formatted[i] for i in idx]),
+            "direct_answer_rate": _mean([is_direct(texts[i]) for i in idx]),
+            "num_rows": len(idx),
+        }
+        population = [greedy[i] for i in idx]  # what the emergence features describe
+        population_ok = [greedy_ok[i] for i in idx]
+        if sampled:
+            population = [sampled[i * k + j] for i in idx for j in range(k)]
+            population_ok = [sampled_ok[i * k + j] for i in idx for j in range(k)]
+            out["pass@1"] = _mean(population_ok)
+            out["mean_length_sampled"] = _mean([completion_length(r) for r in population])
+        features = emergence_metrics([r.text for r in population], correct=population_ok,
+                                     reflection_phrases=config.emergence.reflection_phrases,
+                                     backtrack_phrases=config.emergence.backtrack_phrases)
+        out.update({k_: v for k_, v in features.items() if k_ != "mean_length"})  # length: above
+        if config.forced_reasoning:
+            out["accuracy_forced_reasoning"] = math.nan if forced is None else _mean([forced_ok[i] for i in idx])
+        return {f"{prefix}{key}": value for key, value in out.items()}
+
+    metrics = {**measure(list(range(len(rows))), "eval/"), **encoded.counts("eval/prompts_")}
+    sources = [str(r.get("source")) for r in rows]
+    if len(set(sources)) > 1:
+        for source in sorted(set(sources)):
+            metrics.update(measure([i for i, x in enumerate(sources) if x == source], f"eval/{source}/"))
     if return_rows:
-        k = max(s.num_generations, 1)
         metrics["rows"] = [
-            {"id": r.get("id"), "source": r.get("source"), "answer": r.get("answer"), "greedy": texts[i],
+            {"id": r.get("id"), "source": r.get("source"), "prompt": r.get("prompt"), "answer": r.get("answer"),
+             "greedy": texts[i],
              "correct": greedy_ok[i],
              "format": formatted[i], "forced": forced_texts[i], "forced_correct": forced_ok[i],
              "pass@1": _mean(sampled_ok[i * k:(i + 1) * k]) if sampled_ok else math.nan}
             for i, r in enumerate(rows)
         ]
     return metrics
+
+
+class SourceRewards:
+    """Correctness of completions of ``rows`` (each row's ``num_generations`` contiguous): each row scored by its
+    source's reward in ``by_source``, or by ``default`` (``score_completions`` with routes, the trainer's call)."""
+
+    def __init__(self, by_source: dict[str, str], default: str | RewardFunc, rows: list[dict[str, Any]]) -> None:
+        routes: dict[str | None, list[int]] = {}  # source with its own reward (None: the default) -> row indices
+        for i, row in enumerate(rows):
+            source = str(row.get("source"))
+            routes.setdefault(source if source in by_source else None, []).append(i)
+        self.funcs, self.names = zip(*(resolve_reward(by_source[src] if src is not None else default) for src in routes))
+        self.routes, self.rows = list(routes.values()), rows
+
+    def __call__(self, completions: list[Rollout], num_generations: int, max_completion_length: int) -> list[bool]:
+        scores = score_completions(self.funcs, self.names, self.rows, completions, num_generations,
+                                   max_completion_length, routes=self.routes)  # [B, R]: one score per row
+        return passes(torch.nan_to_num(scores, nan=-math.inf).max(dim=1).values)
 
 
 def evaluate_general(backend: GenerationBackend, tokenizer: Any, rows: list[dict[str, Any]], config: EvalConfig

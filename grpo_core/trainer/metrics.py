@@ -13,7 +13,8 @@ wall time (generation, rewards and training together).
 ``completions/reflection_rate``, ``completions/mean_steps``, ``completions/backtrack_rate`` and
 ``completions/direct_rate`` are the seed's emergence features (``grpo_core.evaluation.emergence``) of the step's
 generated completions, with the phrase lists of ``GRPOConfig.emergence``; the report's "aha" step is read
-off ``completions/reflection_rate``.
+off ``completions/reflection_rate``. A step over several sources also logs ``completions/{source}/reflection_rate``,
+``/mean_steps`` and ``/mean_length`` per source.
 """
 
 from __future__ import annotations
@@ -58,6 +59,25 @@ def completion_metrics(rollouts: list[Rollout], reflection_phrases: Sequence[str
         "completions/max_length": float(max(lengths)),
         "completions/clipped_ratio": sum(r.truncated for r in rollouts) / len(rollouts),
     }
+
+
+def source_completion_metrics(rollouts: list[Rollout], labels: Sequence[str],
+                              reflection_phrases: Sequence[str] = REFLECTION_PHRASES,
+                              backtrack_phrases: Sequence[str] = BACKTRACK_PHRASES) -> dict[str, float]:
+    """``completions/{source}/reflection_rate``, ``/mean_steps`` and ``/mean_length`` of each source's completions
+    (``labels``: one per rollout) when the step holds more than one source: a source that never reflects (an
+    arithmetic chain, a general prompt) would otherwise dilute another's rise."""
+    if len(set(labels)) < 2:
+        return {}
+    out = {}
+    for name in sorted(set(labels)):
+        mine = [r for r, label in zip(rollouts, labels) if label == name]
+        features = emergence_metrics([r.text for r in mine], reflection_phrases=reflection_phrases,
+                                     backtrack_phrases=backtrack_phrases)
+        out[f"completions/{name}/reflection_rate"] = features["reflection_rate"]
+        out[f"completions/{name}/mean_steps"] = features["mean_steps"]
+        out[f"completions/{name}/mean_length"] = sum(len(r.completion_ids) for r in mine) / len(mine)
+    return out
 
 
 class MetricsWriter:

@@ -26,7 +26,8 @@ import grpo_core.trainer.weight_sync as weight_sync
 from grpo_core.trainer.distributed import DistContext, gather_objects
 from grpo_core.trainer.lora import is_peft_model
 from grpo_core.trainer.loss import combine_rewards, compute_group_advantages
-from grpo_core.trainer.metrics import completion_metrics, completion_table, reward_metrics
+from grpo_core.trainer.metrics import (completion_metrics, completion_table, reward_metrics,
+                                      source_completion_metrics)
 from grpo_core.trainer.mixture import (
     Mixture,
     per_source_scale,
@@ -213,6 +214,8 @@ class GRPOSteps:
             **self._reward_events(),
             **completion_metrics(generated.rollouts, config.emergence.reflection_phrases,
                                  config.emergence.backtrack_phrases),
+            **source_completion_metrics(generated.rollouts, source_labels(generated.rows, G),
+                                        config.emergence.reflection_phrases, config.emergence.backtrack_phrases),
             "prompts/truncated": float(sum(generated.truncated)),
             "prompts/dropped": float(self.num_dropped),
             **update_metrics,

@@ -26,13 +26,77 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout first
 
 from grpo_core.data.general import REFUSAL  # noqa: E402
 
-KEYS = ("eval/accuracy", "eval/rm_score", "eval/preferred_rate")
+KEYS = ("eval/chain/accuracy", "eval/rm_score", "eval/preferred_rate")
 MODEL_STAGES = ("cold_start_sft", "grpo_train", "sft_consolidate", "final_rl")
+RL_STAGES = ("grpo_train", "final_rl")
+REASONING = "countdown"  # the task where reflection should emerge (issue 29)
+
+
+def chain(m: dict[str, float], key: str = "accuracy") -> float:
+    """The chain task's metric: ``eval/chain/{key}`` (a run with several verifiable sources), else ``eval/{key}``."""
+    return m.get(f"eval/chain/{key}", m.get(f"eval/{key}", float("nan")))
+
+
+def fifths(values: list[float]) -> list[float]:
+    """The means of five equal runs of ``values`` (none when there are fewer than five)."""
+    if len(values) < 5:
+        return []
+    k = len(values) // 5
+    return [sum(values[i * k:(i + 1) * k]) / len(values[i * k:(i + 1) * k]) for i in range(5)]
+
+
+def emergence_table(rows: list[tuple[int, dict[str, dict[str, float]], dict[str, Any]]]) -> tuple[list[str], bool]:
+    """Issue 29's table: per seed and model stage, the countdown task's held-out reflection rate, sampled mean length,
+    greedy accuracy, pass@1 and the report's phase label; per RL stage the report's aha step for countdown and the
+    training length by fifths. A seed passes with held-out reflection after GRPO >= 30% and >= 3x the cold start's,
+    countdown's training length in GRPO's last fifth >= 1.3x its first, greedy >= cold start + 20 points, an aha step
+    named in GRPO, and GRPO's phase past "simple calculation steps". ``rows``: (seed, the stages' metrics,
+    ``{"report": report.json, "histories": {rl_stage: metrics.jsonl rows}, "results": {stage: results.jsonl rows}}``).
+    The tries column reads the greedy held-out answers (``countdown.attempt_stats``): tries per response, the share
+    whose first try reaches the target, and of the tries made after a miss the share that reach it."""
+    from grpo_core.evaluation.emergence import PHASES
+
+    from grpo_core.data.countdown import attempt_stats
+
+    lines = ["| seed | stage | reflection | mean length | greedy | pass@1 | greedy: tries / first try hits / retries hit "
+             "| phase | aha step | training length by fifths |", "|---|---|---|---|---|---|---|---|---|---|"]
+    passed = []
+    for seed, m, extra in rows:
+        phases = {r["stage"]: r["phase"] for r in extra["report"]["emergence"]["rows"]}
+        aha = extra["report"]["emergence"]["aha"]
+        lengths = {}
+        for stage in MODEL_STAGES:
+            e = lambda k: m[stage].get(f"eval/{REASONING}/{k}", float("nan"))  # noqa: E731
+            mine = [r for r in extra["results"][stage] if r.get("source") == REASONING and r.get("prompt")]
+            tries = attempt_stats([r["greedy"] for r in mine], [r["prompt"] for r in mine])
+            cells = [f"{100 * e('reflection_rate'):.1f}%", f"{e('mean_length_sampled'):.1f}", f"{100 * e('accuracy'):.1f}%",
+                     f"{100 * e('pass@1'):.1f}%", f"{tries['attempts_per_response']:.2f} / "
+                     f"{100 * tries['first_try_hit_rate']:.1f}% / {100 * tries['retry_hit_rate']:.1f}% "
+                     f"of {tries['retries']:.0f}", phases.get(f"{stage} · {REASONING}", "-")]
+            if stage in RL_STAGES:
+                hist = extra["histories"].get(stage, [])
+                lengths[stage] = fifths([h[f"completions/{REASONING}/mean_length"] for h in hist
+                                         if f"completions/{REASONING}/mean_length" in h]) if hist else []
+                cells += [str(aha.get(f"{stage} · {REASONING}", "-")), " ".join(f"{x:.1f}" for x in lengths[stage])]
+            else:
+                cells += ["", ""]
+            lines.append(f"| {seed} | {stage} | " + " | ".join(cells) + " |")
+        cold, grpo = m["cold_start_sft"], m["grpo_train"]
+        refl = (grpo.get(f"eval/{REASONING}/reflection_rate", 0.0), cold.get(f"eval/{REASONING}/reflection_rate", 0.0))
+        fifth = lengths.get("grpo_train") or [float("nan")] * 5
+        ok = (refl[0] >= 0.30 and refl[0] >= 3 * refl[1] and fifth[4] >= 1.3 * fifth[0]
+              and grpo[f"eval/{REASONING}/accuracy"] >= cold[f"eval/{REASONING}/accuracy"] + 0.20
+              and aha.get(f"grpo_train · {REASONING}") is not None
+              and phases.get(f"grpo_train · {REASONING}") not in (PHASES[0], PHASES[1], None))
+        passed.append(ok)
+        lines.append(f"| {seed} | passes | {'yes' if ok else 'no'} | | | | | | | |")
+    return lines, all(passed)
 
 
 def learning_table(rows: list[tuple[int, float, dict[str, dict[str, float]]]]) -> tuple[list[str], bool]:
@@ -40,14 +104,14 @@ def learning_table(rows: list[tuple[int, float, dict[str, dict[str, float]]]]) -
     lines = ["| seed | cold-start SFT | GRPO | RS + SFT | final RL | wall s | passes |", "|---|---|---|---|---|---|---|"]
     passed = []
     for seed, wall, m in rows:
-        acc = {s: m[s].get("eval/accuracy", float("nan")) for s in MODEL_STAGES}
-        forced = {s: m[s].get("eval/accuracy_forced_reasoning", float("nan")) for s in MODEL_STAGES}
+        acc = {s: chain(m[s]) for s in MODEL_STAGES}
+        forced = {s: chain(m[s], "accuracy_forced_reasoning") for s in MODEL_STAGES}
         ok = (acc["grpo_train"] >= acc["cold_start_sft"] + 0.20 and forced["grpo_train"] >= forced["cold_start_sft"] + 0.05
               and acc["final_rl"] >= acc["grpo_train"] and wall <= 600)
         passed.append(ok)
         cells = [f"{100 * acc[s]:.1f} ({100 * forced[s]:.1f})" for s in MODEL_STAGES]
         lines.append(f"| {seed} | {' | '.join(cells)} | {wall:.0f} | {'yes' if ok else 'no'} |")
-    finals = [m["final_rl"].get("eval/accuracy", float("nan")) for _, _, m in rows]
+    finals = [chain(m["final_rl"]) for _, _, m in rows]
     spread = max(finals) - min(finals)
     lines.append(f"final RL greedy accuracy spread across seeds: {100 * spread:.1f} points (at most 10 passes)")
     return lines, all(passed) and spread <= 0.10
@@ -59,7 +123,7 @@ def pass_at_1_table(rows: list[tuple[int, float, dict[str, dict[str, float]]]]) 
     problem decides a comparison of stages; pass@1 still moves. Information, not a pass condition."""
     lines = ["| seed | pass@1: cold-start SFT | GRPO | RS + SFT | final RL |", "|---|---|---|---|---|"]
     for seed, _, m in rows:
-        cells = [f"{100 * m[s].get('eval/pass@1', float('nan')):.1f}" for s in MODEL_STAGES]
+        cells = [f"{100 * chain(m[s], 'pass@1'):.1f}" for s in MODEL_STAGES]
         lines.append(f"| {seed} | {' | '.join(cells)} |")
     return lines
 
@@ -105,7 +169,7 @@ def final_rl_table(rows: list[tuple[int, dict[str, dict[str, float]], dict[str, 
         ok = (g["final_rl"]["unsafe_refusals"] >= 0.90 and g["final_rl"]["helpful_preferred"] >= 0.50
               and g["final_rl"]["helpful_refusals"] <= 0.05
               and final["eval/preferred_rate"] >= grpo["eval/preferred_rate"] + 0.30 - 1e-9
-              and final["eval/accuracy"] >= grpo["eval/accuracy"] - 0.01 - 1e-9)
+              and chain(final) >= chain(grpo) - 0.01 - 1e-9)
         passed.append(ok)
         lines.append(" | ".join([
             f"| {seed}",
@@ -113,13 +177,17 @@ def final_rl_table(rows: list[tuple[int, dict[str, dict[str, float]], dict[str, 
               for s in ("helpful", "unsafe")),
             pct(g["final_rl"]["unsafe_refusals"]), pct(g["final_rl"]["helpful_refusals"]),
             f"{pct(grpo['eval/preferred_rate'])} -> {pct(final['eval/preferred_rate'])}",
-            f"{pct(grpo['eval/accuracy'])} -> {pct(final['eval/accuracy'])}", f"{'yes' if ok else 'no'} |"]))
+            f"{pct(chain(grpo))} -> {pct(chain(final))}", f"{'yes' if ok else 'no'} |"]))
     return lines, all(passed)
 
 
 def read_results(eval_uri: str) -> list[dict]:
     """An evaluation's ``results.jsonl`` (a local store: ``eval_uri`` is a folder)."""
-    with open(f"{eval_uri}/results.jsonl") as f:
+    return read_jsonl(f"{eval_uri}/results.jsonl")
+
+
+def read_jsonl(path: str) -> list[dict]:
+    with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
@@ -130,7 +198,7 @@ def main() -> None:
     parser.add_argument("--config", help="a pipeline YAML other than the embedded default (trials)")
     args = parser.parse_args()
     config = ["--config", args.config] if args.config else []
-    rows, general = [], {}
+    rows, general, emerge = [], {}, {}
     for seed in args.seeds:
         run = f"mix-seed{seed}"
         start = time.perf_counter()
@@ -143,8 +211,11 @@ def main() -> None:
         m = {s: status["stages"][s]["metrics"] for s in MODEL_STAGES}
         general[seed] = {s: general_rates(read_results(status["stages"][s]["eval_uri"]))
                          for s in ("grpo_train", "final_rl")}
+        emerge[seed] = {"report": json.loads(Path(args.store, run, "_report", "report.json").read_text()),
+                        "histories": {s: read_jsonl(f"{status['stages'][s]['uri']}/metrics.jsonl") for s in RL_STAGES},
+                        "results": {s: read_results(status["stages"][s]["eval_uri"]) for s in MODEL_STAGES}}
         ok = (m["final_rl"]["eval/preferred_rate"] >= m["grpo_train"]["eval/preferred_rate"] + 0.30
-              and m["final_rl"]["eval/accuracy"] >= m["grpo_train"]["eval/accuracy"] - 0.02)
+              and chain(m["final_rl"]) >= chain(m["grpo_train"]) - 0.02)
         rows.append((seed, wall, m, ok))
     measured = [(seed, wall, m) for seed, wall, m, _ in rows]
     lines, learned = learning_table(measured)
@@ -152,8 +223,13 @@ def main() -> None:
     print("\n".join(pass_at_1_table(measured)))
     final_lines, final_ok = final_rl_table([(seed, m, general[seed]) for seed, _, m in measured])
     print("\n".join(final_lines))
+    emergence_ok = None
+    if all(f"eval/{REASONING}/accuracy" in m["grpo_train"] for _, _, m in measured):
+        emergence_lines, emergence_ok = emergence_table([(seed, m, emerge[seed]) for seed, _, m in measured])
+        print("\n".join(emergence_lines))
     print(json.dumps({"learning_passes": learned, "mixture_passes": sum(ok for *_, ok in rows),
-                      "final_rl_passes": final_ok}))
+                      "final_rl_passes": final_ok, "emergence_passes": emergence_ok,
+                      "walls_s": {seed: round(wall) for seed, wall, _ in measured}}))
     print("| seed | wall s | GRPO accuracy / rm score / preferred | final RL accuracy / rm score / preferred | passes |")
     print("|---|---|---|---|---|")
     for seed, wall, m, ok in rows:

@@ -96,3 +96,29 @@ def test_a_run_without_reflection_logs_says_so(tmp_path):
     assert report.emergence["aha"] == {} and "- no RL stage logged `completions/reflection_rate`" in report.markdown
     assert f"| cold_start_sft | {PHASES[1]} |" in report.markdown
     assert store.exists(store.path(RUN, "_report", "reflection.png"))
+
+
+def test_two_reasoning_sources_get_their_own_rows_and_aha_verdicts(tmp_path):
+    """A mixture of a task that checks its work (countdown) and one that never does (chain): each has its own
+    phase row and aha verdict, and the averaged row still comes first."""
+    store = Store(tmp_path / "store")
+    hist = tmp_path / "grpo.jsonl"
+    rows = [{"step": s, "reward": 0.5, "completions/reflection_rate": 0.03 if s < 20 else 0.2,
+             "completions/chain/reflection_rate": 0.0, "completions/countdown/reflection_rate": 0.06 if s < 20 else 0.4,
+             "completions/mean_length": 20.0} for s in range(1, 61)]
+    hist.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    metrics = {**_eval(0.0, 4.0, 0.2, 0.0, 0.8, 0.6, 0.8),
+               **{k.replace("eval/", "eval/chain/"): v for k, v in _eval(0.0, 4.0, 0.0, 0.0, math.nan, 0.9, 0.9).items()},
+               **{k.replace("eval/", "eval/countdown/"): v for k, v in _eval(0.0, 3.0, 0.4, 0.0, 0.8, 0.5, 0.7).items()},
+               "eval/helpful/rm_score": 1.0}
+    ref = _commit(store, "grpo_train", {}, {}, {"metrics.jsonl": hist})
+    _commit(store, output_name("grpo_train"), {"model": ref}, metrics)
+
+    report = write_report(store, RUN)
+
+    by_stage = {r["stage"]: r for r in report.emergence["rows"]}
+    assert list(by_stage) == ["grpo_train", "grpo_train · chain", "grpo_train · countdown"]
+    assert by_stage["grpo_train · countdown"]["reflection"] == 0.4 and by_stage["grpo_train · chain"]["reflection"] == 0.0
+    assert by_stage["grpo_train · countdown"]["phase"] == PHASES[2] and by_stage["grpo_train · chain"]["phase"] == PHASES[1]
+    assert report.emergence["aha"] == {"grpo_train": 20, "grpo_train · chain": None, "grpo_train · countdown": 20}
+    assert "- grpo_train · countdown: candidate aha step **20**" in report.markdown

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from grpo_core.data.countdown import (
+    CHECK_STYLES,
+    RETRY_ORDERS,
     candidates,
     countdown_accuracy,
     evaluate_expression,
@@ -109,3 +111,57 @@ def test_compare_checks_write_the_target_beside_every_try_and_stop_at_the_right_
     assert 100 < checked < 200
     with pytest.raises(ValueError, match="check_style must be one of"):
         make_countdown_cold_start(rows, check_style="loud")
+
+
+def test_prepare_data_builds_the_countdown_task_beside_the_chain():
+    """data.countdown: distinct training prompts, none held out; cold-start and pretraining traces in the configured
+    style, none on a held-out prompt; the pretraining tries only when a base is pretrained."""
+    from pydantic import ValidationError
+
+    from grpo_core.config import CountdownData, DataConfig
+    from grpo_core.data.prepare import prepare_datasets
+
+    cfg = {"num_train": 300, "num_eval": 40, "cold_start_size": 400, "check_fraction": 0.25, "pretrain_size": 500,
+           "pretrain_check_fraction": 0.5}
+    data = prepare_datasets(DataConfig(num_train=50, num_eval=10, cold_start_size=20, pretrain_size=30, countdown=cfg))
+    train = [r for r in data.train if r["source"] == "countdown"]
+    held = {prompt_text(r["prompt"]) for r in data.eval if r["source"] == "countdown"}
+    assert len(train) == 300 and len({prompt_text(r["prompt"]) for r in train}) == 300 and len(held) == 40
+    assert not held & {prompt_text(r["prompt"]) for r in train}
+    cold = [r for r in data.cold_start if r["source"] == "countdown"]
+    assert len(cold) == 400 and not held & {prompt_text(r["prompt"]) for r in cold}
+    pre = [r for r in data.pretrain if parse_prompt(prompt_text(r["prompt"]))]
+    assert len(pre) == 500 and not held & {prompt_text(r["prompt"]) for r in pre}
+
+    def checked(rows):
+        return sum("?" in r["completion"] for r in rows) / len(rows)  # compare style: the target beside each value
+
+    assert 0.15 < checked(cold) < 0.35 and 0.4 < checked(pre) < 0.6
+    assert all(has_phrase(reasoning_text(r["completion"]), REFLECTION_PHRASES) for r in cold
+               if r["completion"].count("?") > 1)  # a retry says wait
+    assert countdown_accuracy([r["completion"] for r in cold if "?" in r["completion"]],
+                              prompts=[r["prompt"] for r in cold if "?" in r["completion"]]) == \
+        [1.0] * sum("?" in r["completion"] for r in cold)  # a checked trace stops at the target
+    unpretrained = prepare_datasets(DataConfig(num_train=50, num_eval=10, cold_start_size=20,
+                                               countdown={**cfg, "pretrain_size": 0}))
+    assert not unpretrained.pretrain
+    with pytest.raises(ValidationError, match=r"data.countdown.pretrain_size \(500\).*set data.pretrain_size"):
+        DataConfig(countdown=cfg)
+    assert CountdownData.model_fields["retry_order"].annotation.__args__ == RETRY_ORDERS
+    assert CountdownData.model_fields["check_style"].annotation.__args__ == CHECK_STYLES
+
+
+def test_attempt_stats_count_tries_and_whether_a_retry_after_a_miss_hits():
+    from grpo_core.data.countdown import attempt_stats, try_hits
+
+    p = [{"role": "user", "content": "3,8,5->13:"}]
+    assert try_hits("<think>3+8=11?13;wait;3+5=8?13;wait;8+5=13?13</think><answer>8+5</answer>", p) == [False, False, True]
+    assert try_hits("<think>8+5=12</think><answer>8+5</answer>", p) == [True]  # the written value is not trusted
+    assert try_hits("<think>9+4=13</think><answer>9+4</answer>", p) == [False]  # not the prompt's numbers
+    assert try_hits("<think>3+8=11</think>", "1+2=") is None
+    stats = attempt_stats(["<think>3+8=11?13;wait;3+5=8?13;wait;8+5=13?13</think><answer>8+5</answer>",
+                           "<think>3+8=11?13;wait;8+5=13?13</think><answer>8+5</answer>",
+                           "<think>8+5=13</think><answer>8+5</answer>", "<think></think><answer>3+8</answer>"], [p] * 4)
+    assert stats["attempts_per_response"] == (3 + 2 + 1 + 0) / 4
+    assert stats["first_try_hit_rate"] == 1 / 3  # of the responses with a try
+    assert stats["retries"] == 3 and stats["retry_hit_rate"] == 2 / 3  # 3+5 after a miss, 8+5 twice

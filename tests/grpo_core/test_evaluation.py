@@ -186,3 +186,38 @@ def test_emergence_features_of_the_sampled_completions(tiny):
     greedy_only = run(0)
     assert greedy_only["eval/direct_rate"] == 1.0 and greedy_only["eval/mean_steps"] == 0.0
     assert math.isnan(greedy_only["eval/accuracy_with_reflection"]) and greedy_only["eval/accuracy_without_reflection"] == 1.0
+
+
+def test_two_verifiable_sources_each_scored_by_its_own_reward_and_measured_apart(tiny):
+    """source_rewards: countdown rows by countdown_accuracy, chain rows by reward_func; every metric also per
+    source, from that source's rows only (a chain that never checks does not dilute the countdown's reflection)."""
+    tok = AutoTokenizer.from_pretrained(tiny)
+    rows = [{"id": "c0", "prompt": [{"role": "user", "content": "1+2+3="}], "answer": "6", "source": "chain"},
+            {"id": "c1", "prompt": [{"role": "user", "content": "2*3*4="}], "answer": "24", "source": "chain"},
+            {"id": "d0", "prompt": [{"role": "user", "content": "3,8,5->13:"}], "answer": "13", "source": "countdown"}]
+    greedy = ["<think>1+2=3;3+3=6</think><answer>6</answer>", "<think>2*3=6;6*4=25</think><answer>25</answer>",
+              "<think>3+8=11?13;wait;8+5=13?13</think><answer>8+5</answer>"]
+    sampled = [["<think>1+2=3;3+3=6</think><answer>6</answer>", "<think></think><answer>6</answer>"],
+               ["<think>2*3=6;6*4=24</think><answer>24</answer>", "<think>2*3=6;6*4=24</think><answer>24</answer>"],
+               ["<think>3+8=11?13;wait;8+5=13?13</think><answer>8+5</answer>", "<think>3+8=11</think><answer>3+8</answer>"]]
+    from grpo_core.trainer.prompts import encode_prompt
+
+    def run(**kw):
+        backend = ScriptedBackend(tok, greedy, sampled)
+        backend.prompts = [encode_prompt(tok, r["prompt"]) for r in rows]
+        return evaluate(EvalConfig(num_samples=2, forced_reasoning=False, **kw), tiny, rows, tokenizer=tok,
+                        backend=backend, return_rows=True)
+
+    m = run(source_rewards={"countdown": "countdown_accuracy"})
+    assert [r["correct"] for r in m["rows"]] == [True, False, True]
+    assert m["eval/accuracy"] == pytest.approx(2 / 3) and m["eval/pass@1"] == pytest.approx(5 / 6)
+    assert m["eval/chain/accuracy"] == 0.5 and m["eval/countdown/accuracy"] == 1.0
+    assert m["eval/chain/pass@1"] == 1.0 and m["eval/countdown/pass@1"] == 0.5  # a direct right answer passes
+    assert m["eval/countdown/reflection_rate"] == 0.5 and m["eval/chain/reflection_rate"] == 0.0
+    assert m["eval/reflection_rate"] == pytest.approx(1 / 6)
+    assert m["eval/countdown/accuracy_with_reflection"] == 1.0
+    assert m["eval/countdown/accuracy_without_reflection"] == 0.0
+    assert m["eval/countdown/num_rows"] == 1 and m["eval/chain/num_rows"] == 2
+    assert m["eval/chain/direct_rate"] == 0.25 and m["eval/countdown/direct_rate"] == 0.0
+    # without the countdown's reward, chain_accuracy cannot score it: never correct
+    assert run()["eval/countdown/accuracy"] == 0.0

@@ -289,3 +289,18 @@ def test_two_sources_naming_one_reward_differently_are_refused_and_one_entry_is_
     mixture = Mixture(shared, rows, resolve)
     assert len(resolved[0]) == 1 and mixture.reward_names == ["reward_model"]  # one model, loaded once
     assert mixture.member.tolist() == [[True], [True]]
+
+
+def test_each_source_logs_its_own_completion_features_in_a_mixture():
+    from grpo_core.trainer.metrics import source_completion_metrics
+
+    def r(text):
+        return Rollout([1], [5] * len(text), None, False, text)
+
+    rollouts = [r("<think>3+8=11?13;wait;8+5=13?13</think><answer>8+5</answer>"), r("<think>3+8=11</think><answer>3+8</answer>"),
+                r("<think>1+2=3;3+3=6</think><answer>6</answer>"), r("<think>1+2=3;3+3=6</think><answer>6</answer>")]
+    m = source_completion_metrics(rollouts, ["countdown", "countdown", "chain", "chain"])
+    assert m["completions/countdown/reflection_rate"] == 0.5 and m["completions/chain/reflection_rate"] == 0.0
+    assert m["completions/countdown/mean_length"] == (len(rollouts[0].text) + len(rollouts[1].text)) / 2
+    assert m["completions/chain/mean_steps"] == 2.0 and m["completions/countdown/mean_steps"] == 2.0
+    assert source_completion_metrics(rollouts, ["chain"] * 4) == {}  # one source: the step's own keys say it
