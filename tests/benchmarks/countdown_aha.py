@@ -9,7 +9,8 @@ sampled reflection rate and mean length after the cold start and after GRPO, the
 ``completions/reflection_rate``) and the wall time; one JSON line at the end. The base and the cold-start model are
 cached under ``--work`` (delete to rebuild).
 
-EXPERIMENT, not a pass/fail benchmark; not yet the embedded default's pipeline. Measured on the shared 2-core
+EXPERIMENT, not a pass/fail benchmark: how the countdown task's design was found. Design I is now the embedded
+default's (``data.countdown`` in configs/tiny-cpu.yaml; measured in ``r1 run`` by mixture_seeds.py's emergence table). Measured on the shared 2-core
 machine, pinned to one core (``taskset -c``, one thread), held-out 200 countdown problems (greedy accuracy;
 reflection rate and length over 4 samples per problem at T=1, length in tokens); GRPO 150 steps at 5e-5 unless
 said. Designs D-I were measured with the other core busy (CI or a second run), so their walls are high:

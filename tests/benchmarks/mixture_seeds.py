@@ -13,7 +13,10 @@ The learning table gives, per seed, greedy held-out chain accuracy (and in brack
 conditions: GRPO >= cold-start SFT + 20 points (greedy), forced-reasoning after GRPO >= after SFT + 5, final RL
 >= GRPO, wall <= 600 s in every seed, and final greedy accuracy within 10 points across seeds. Then issue 28's
 final RL table (``final_rl_table``: per general source, the preferred rate GRPO -> final RL, unsafe refusals spelt
-right, helpful answers that refuse in any spelling, from each evaluation's ``results.jsonl``) with its bars. Runs already
+right, helpful answers that refuse in any spelling, from each evaluation's ``results.jsonl``) with its bars, and issue
+29's emergence table for the countdown task (``emergence_table``: reflection, length, accuracy, tries, the report's
+phase and aha step per stage) with its bars. The chain columns read ``eval/chain/...`` (the default evaluates chain
+and countdown apart; ``eval/...`` for runs with one verifiable source). Runs already
 committed in STORE are reused (the stages are cached), so a rerun only prints the tables (its wall is then the
 cache's, not a run's).
 """
