@@ -120,8 +120,8 @@ def test_three_paths_one_function_identical_scores(tok, spy):
                                           backend, tok, ROWS, reward_func=probe)
     assert [p["pass_rate"] for p in stats["per_prompt"]] == [sum(direct_ok[i * G:(i + 1) * G]) / G for i in range(3)]
 
-    assert [module for module, _, _ in spy] == [
-        "grpo_core.trainer.rollouts", "grpo_core.evaluation.heldout", "grpo_core.evaluation.heldout", "grpo_core.generation.rejection"]
+    assert [module for module, _, _ in spy] == [  # evaluation: greedy verdicts, greedy format, samples
+        "grpo_core.trainer.rollouts", *["grpo_core.evaluation.heldout"] * 3, "grpo_core.generation.rejection"]
     # the reward saw the same argument types on every path: chat completions, every column, completion_ids
     assert len(CALLS) == 4 and all(call == reference_call for call in CALLS), (reference_call, CALLS)
     assert reference_call["completion_type"] == "list" and reference_call["columns"] == ["id", "source", "task"]
