@@ -44,14 +44,19 @@ def measured_emergence(evaluations: dict[str, StageRef | None], histories: dict[
     aha = {}
     for stage, hist in histories.items():
         keys = [(stage, REFLECTION_KEY)] + [(f"{stage} · {src}", f"completions/{src}/reflection_rate")
-                                            for src in sorted({k.split("/")[1] for h in hist for k in h
-                                                               if k.startswith("completions/")
-                                                               and k.endswith("/reflection_rate") and k.count("/") == 2})]
+                                            for src in logged_sources(hist)]
         for label, key in keys:
             points = [(h["step"], h[key]) for h in hist if h.get(key) is not None]
             if points:
                 aha[label] = emergence.find_aha_step([s for s, _ in points], [v for _, v in points], window, delta)
     return {"rows": rows, "aha": aha, "rules": {"aha_window": window, "aha_delta": delta}}
+
+
+def logged_sources(hist: list[dict[str, Any]]) -> list[str]:
+    """The sources an RL stage logged its own training reflection rate for (``completions/{source}/reflection_rate``:
+    a step over several sources)."""
+    return sorted({k.split("/")[1] for h in hist for k in h
+                   if k.startswith("completions/") and k.endswith("/reflection_rate") and k.count("/") == 2})
 
 
 def reasoning_sources(metrics: dict[str, Any]) -> list[str]:

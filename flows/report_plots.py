@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flows.report_emergence import REFLECTION_KEY
+from flows.report_emergence import REFLECTION_KEY, logged_sources
 from flows.report_tables import ACCURACY_KEYS, LENGTH_KEYS, first_metric
 
 HELDOUT_ACCURACY = ("eval/accuracy",)
@@ -73,8 +73,7 @@ def plot_reflection(histories: dict[str, list[dict[str, Any]]], aha: dict[str, i
             if points:
                 marker = None if "held-out" in label else "." if len(points) < 40 else None
                 ax.plot(*zip(*points), style, color=f"C{i}", marker=marker, label=f"{stage} {label}")
-        for j, src in enumerate(sorted({k.split("/")[1] for h in hist for k in h if k.count("/") == 2
-                                        and k.startswith("completions/") and k.endswith("/reflection_rate")})):
+        for j, src in enumerate(logged_sources(hist)):
             points = series(hist, (f"completions/{src}/reflection_rate",), offset)  # a mixture: each source's own
             ax.plot(*zip(*points), "-", color=f"C{i}", alpha=0.5, linewidth=0.8 + j, label=f"{stage} {src} reflection")
         for label in [k for k in aha if k == stage or k.startswith(f"{stage} · ")]:

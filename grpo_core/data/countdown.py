@@ -149,13 +149,15 @@ def countdown_accuracy(completions: list[Any], prompts: list[Any] | None = None,
             continue
         numbers, target = problem
         m = ANSWER.match(completion_text(completion).strip())
-        ok = False
-        if m is not None:
-            x, op, y = int(m.group(2)), m.group(3), int(m.group(4))
-            rest = list(numbers)
-            ok = x in rest and (rest.remove(x) or y in rest) and apply_op(x, op, y) == target
+        ok = m is not None and reaches(numbers, target, int(m.group(2)), m.group(3), int(m.group(4)))
         scores.append(1.0 if ok else 0.0)
     return scores
+
+
+def reaches(numbers: list[int], target: int, x: int, op: str, y: int) -> bool:
+    """``x op y`` uses two of ``numbers`` (each at most as often as given) and equals ``target``."""
+    rest = list(numbers)
+    return x in rest and (rest.remove(x) or y in rest) and apply_op(x, op, y) == target
 
 
 TRY = re.compile(r"^(\d+)([-+*])(\d+)=")
@@ -173,11 +175,8 @@ def try_hits(completion: str, prompt: Any) -> list[bool] | None:
     think = text[text.find("<think>") + len("<think>"):text.find("</think>")] if "</think>" in text else text
     hits = []
     for piece in think.split(";"):
-        m = TRY.match(piece.strip())
-        if m:
-            x, op, y = int(m.group(1)), m.group(2), int(m.group(3))
-            rest = list(numbers)
-            hits.append(x in rest and (rest.remove(x) or y in rest) and apply_op(x, op, y) == target)
+        if m := TRY.match(piece.strip()):
+            hits.append(reaches(numbers, target, int(m.group(1)), m.group(2), int(m.group(3))))
     return hits
 
 

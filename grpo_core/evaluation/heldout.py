@@ -96,12 +96,8 @@ def evaluate(config: EvalConfig, model: str | Path | torch.nn.Module, rows: list
     metrics: dict[str, Any] = {}
     out_rows: list[dict[str, Any]] = []
     if verifiable := [r for r in rows if r.get("source") not in general]:
-        metrics = evaluate_verifiable(config, module, tokenizer, backend, verifiable, reward, True)
+        metrics = evaluate_verifiable(config, module, tokenizer, backend, verifiable, reward, True, per_source=True)
         out_rows = metrics.pop("rows")
-        if len(names := {str(r["source"]) for r in out_rows}) == 1:  # one verifiable source: its metrics by name too
-            (source,) = names
-            metrics.update({key.replace("eval/", f"eval/{source}/", 1): value for key, value in list(metrics.items())
-                            if key.count("/") == 1 and not key.startswith("eval/prompts_")})
     if general_rows := [r for r in rows if r.get("source") in general]:
         g_metrics, g_rows = evaluate_general(backend, tokenizer, general_rows, config)
         metrics.update(g_metrics)
@@ -132,11 +128,11 @@ def _open(model: str | Path | torch.nn.Module, tokenizer: Any, backend: Generati
 
 def evaluate_verifiable(config: EvalConfig, module: torch.nn.Module | None, tokenizer: Any,
                         backend: GenerationBackend, rows: list[dict[str, Any]], reward: str | RewardFunc,
-                        return_rows: bool) -> dict[str, Any]:
+                        return_rows: bool, per_source: bool = False) -> dict[str, Any]:
     """The metrics of rows with a verifiable answer: greedy, sampled (pass@1, emergence features), forced
     reasoning; ``rows`` (per-row verdicts) with ``return_rows``. A source named in ``config.source_rewards`` is
-    scored by its own reward, the rest by ``reward``; with more than one source every metric is also given per
-    source (``eval/{source}/...``)."""
+    scored by its own reward, the rest by ``reward``; with more than one source (or ``per_source``) every metric is
+    also given per source (``eval/{source}/...``)."""
     s = config.sampling
     format_fn = get_reward_funcs(["format"])[0]
     encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], s.max_prompt_length, s.long_prompts)
@@ -189,7 +185,7 @@ def evaluate_verifiable(config: EvalConfig, module: torch.nn.Module | None, toke
 
     metrics = {**measure(list(range(len(rows))), "eval/"), **encoded.counts("eval/prompts_")}
     sources = [str(r.get("source")) for r in rows]
-    if len(set(sources)) > 1:
+    if per_source or len(set(sources)) > 1:
         for source in sorted(set(sources)):
             metrics.update(measure([i for i, x in enumerate(sources) if x == source], f"eval/{source}/"))
     if return_rows:

@@ -71,12 +71,10 @@ def source_completion_metrics(rollouts: list[Rollout], labels: Sequence[str],
         return {}
     out = {}
     for name in sorted(set(labels)):
-        mine = [r for r, label in zip(rollouts, labels) if label == name]
-        features = emergence_metrics([r.text for r in mine], reflection_phrases=reflection_phrases,
-                                     backtrack_phrases=backtrack_phrases)
-        out[f"completions/{name}/reflection_rate"] = features["reflection_rate"]
-        out[f"completions/{name}/mean_steps"] = features["mean_steps"]
-        out[f"completions/{name}/mean_length"] = sum(len(r.completion_ids) for r in mine) / len(mine)
+        mine = completion_metrics([r for r, label in zip(rollouts, labels) if label == name], reflection_phrases,
+                                  backtrack_phrases)
+        out.update({f"completions/{name}/{key}": mine[f"completions/{key}"]
+                    for key in ("reflection_rate", "mean_steps", "mean_length")})
     return out
 
 

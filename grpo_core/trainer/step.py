@@ -206,16 +206,17 @@ class GRPOSteps:
         end = time.perf_counter()
         config, generated, G = self.config, rollouts.generated, self.config.sampling.num_generations
         num_tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in generated.rollouts)
+        labels = source_labels(generated.rows, G)
         metrics = {
             **group_metrics,
             **reward_metrics(generated.rewards_per_func, self.mixture.reward_names),
-            **source_reward_metrics(rewards.generated, source_labels(generated.rows, G), G),
+            **source_reward_metrics(rewards.generated, labels, G),
             **source_group_metrics(rollouts.groups.rows, self.mixture.names, rollouts.short if config.dynamic_sampling else None),
             **self._reward_events(),
             **completion_metrics(generated.rollouts, config.emergence.reflection_phrases,
                                  config.emergence.backtrack_phrases),
-            **source_completion_metrics(generated.rollouts, source_labels(generated.rows, G),
-                                        config.emergence.reflection_phrases, config.emergence.backtrack_phrases),
+            **source_completion_metrics(generated.rollouts, labels, config.emergence.reflection_phrases,
+                                        config.emergence.backtrack_phrases),
             "prompts/truncated": float(sum(generated.truncated)),
             "prompts/dropped": float(self.num_dropped),
             **update_metrics,
