@@ -1,7 +1,17 @@
 """The algorithm, with no orchestration or storage: everything here runs from a Python prompt on local paths.
 
-Sub-packages, bottom up: ``config`` (every section's pydantic model), ``rewards`` (verifiable rewards, reward
-models, judges), ``data`` (rows, the prepare_data function, built-in tasks, cold-start sets), ``generation``
-(vLLM / transformers backends, rejection sampling), ``trainer`` (GRPO, SFT, reward-model training), ``evaluation``
-(held-out accuracy, benchmarks, emergence features), ``models`` (the tiny base, miniatures) and ``plan`` (memory).
+Sub-packages by floor, bottom up; each imports only its own floor's package and the floors below
+(``tests/test_layers.py`` checks it, imports inside functions included):
+
+1. ``config`` (every section's pydantic model, the phrase lists of the emergence features), ``seeds`` (derived
+   seeds), ``models`` (the tiny base, miniatures of real architectures);
+2. ``rewards``: verifiable rewards, reward models, judges, and how a completion is scored;
+3. ``data`` (rows in one schema, the built-in tasks, readability filters) and ``generation`` (the vLLM and
+   transformers backends, prompt encoding and the prompt stream, the generation server);
+4. ``evaluation`` (held-out accuracy, pass@k, benchmarks, emergence features) and ``plan`` (the memory plan);
+5. ``trainer``: GRPO, SFT and reward-model training on one skeleton, with evaluation during RL and the
+   reward-hacking monitor;
+6. ``recipe``: the R1 recipe's steps as functions (prepare the data, pretrain the tiny base, cold-start traces,
+   rejection sampling, the consolidation mix), what the pipeline's stage tasks call;
+7. ``train``: ``python -m grpo_core.train CONFIG.yaml``, GRPO from a YAML file without the pipeline.
 """

@@ -16,8 +16,6 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from grpo_core.evaluation.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES
-
 
 LONG_PROMPTS_HELP = ("a prompt longer than max_prompt_length: truncate keeps its last max_prompt_length tokens "
                      "(left truncation, as TRL and GRPO training always did), drop skips the row and counts it")
@@ -269,6 +267,23 @@ class TeacherSampling(BatchedSampling):
                             "prompt at once)")
 
 
+# The emergence features' default phrase lists (grpo_core.evaluation.emergence matches them).
+# Self-verification and reconsideration (the seed's "Wait, let me reconsider..."), English and Chinese.
+REFLECTION_PHRASES: tuple[str, ...] = (
+    "wait", "let me check", "let's check", "let us check", "let me verify", "verify", "double-check", "double check",
+    "check again",
+    "recheck", "re-check", "reconsider", "re-evaluate", "re-examine", "let me make sure", "aha",
+    "等等", "等一下", "验证", "检查", "重新考虑", "再想想", "核对",
+)
+# Abandoning a line of reasoning for another.
+BACKTRACK_PHRASES: tuple[str, ...] = (
+    "actually", "that's wrong", "that is wrong", "this is wrong", "that's incorrect", "that is incorrect",
+    "this is incorrect", "that's not right", "that was wrong", "i made a mistake",
+    "my mistake", "let me redo", "let me try again", "let me start over", "scratch that", "instead",
+    "不对", "错了", "重新计算", "重新来", "其实",
+)
+
+
 class EmergenceConfig(_Strict):
     """The phrase lists of the emergence features (``grpo_core.evaluation.emergence``), for evaluation and GRPO's logs.
 
@@ -277,11 +292,11 @@ class EmergenceConfig(_Strict):
     reflection_phrases: list[str] = Field(
         default_factory=lambda: list(REFLECTION_PHRASES),
         description="self-verification/reconsideration phrases (reflection rate); default English + Chinese, "
-        "grpo_core.evaluation.emergence.REFLECTION_PHRASES")
+        "grpo_core.config.REFLECTION_PHRASES")
     backtrack_phrases: list[str] = Field(
         default_factory=lambda: list(BACKTRACK_PHRASES),
         description="phrases that abandon a line of reasoning (backtracking rate); default "
-        "grpo_core.evaluation.emergence.BACKTRACK_PHRASES")
+        "grpo_core.config.BACKTRACK_PHRASES")
 
 
 class PaddingFreeConfig(_Strict):
@@ -632,12 +647,12 @@ class GRPOConfig(OptimConfig, PaddingFreeConfig):
         "table in each tracker); None = never")
     eval_steps: int | None = Field(
         None, gt=0, description="every N steps evaluate the policy on a fixed held-out slice (greedy accuracy, "
-        "pass@1, emergence features; grpo_core/evaluation/during_rl.py), logged as eval/... in that step's row; "
+        "pass@1, emergence features; grpo_core/trainer/during_rl.py), logged as eval/... in that step's row; "
         "needs held-out rows (train_grpo's eval_rows; the pipeline passes prepare_data's eval.parquet); None = never")
     eval_samples: int = Field(64, gt=0, description="held-out prompts in the fixed slice eval_steps evaluates "
                               "(the first N verifiable rows; the monitor: the first N rows of each monitored source)")
 
-    # --- reward-hacking monitor (grpo_core/evaluation/monitor.py) ---
+    # --- reward-hacking monitor (grpo_core/trainer/monitor.py) ---
     monitor_reward: RewardEntry | None = Field(
         None, description="eval_steps: the held-out signal the monitor scores the general sources' held-out rows by, "
         "beside their training reward (the proxy): a registered reward, {reward_model: ...} or {judge: ...} that no "
@@ -837,7 +852,7 @@ class ReadabilityConfig(_Strict):
 
 class TraceSource(_Strict):
     """``kind: traces``: a reasoning-trace data set (hub name or local file) whose rows hold a problem and several
-    generations with a verdict each, e.g. ``open-r1/OpenR1-Math-220k`` (``grpo_core.data.cold_start.load_trace_rows``)."""
+    generations with a verdict each, e.g. ``open-r1/OpenR1-Math-220k`` (``grpo_core.recipe.cold_start.load_trace_rows``)."""
 
     kind: Literal["traces"] = "traces"
     dataset: str = Field(..., min_length=1, description="hub name (open-r1/OpenR1-Math-220k) or local jsonl/json/parquet")
@@ -869,7 +884,7 @@ class FewShotExample(_Strict):
 
 class TeacherSource(_Strict):
     """``kind: teacher``: long chains of thought sampled from a teacher model with a few-shot long-CoT prompt,
-    verified by ``reward_func``, filtered for readability, k kept per prompt (``grpo_core.data.cold_start``)."""
+    verified by ``reward_func``, filtered for readability, k kept per prompt (``grpo_core.recipe.cold_start``)."""
 
     kind: Literal["teacher"] = "teacher"
     model: str = Field(..., min_length=1, description="local model folder of the teacher, or run:RUN/STAGE for a "
@@ -962,7 +977,7 @@ class DataConfig(_Strict):
     cold_start_sources: list[ColdStartSource] = Field(
         default_factory=list, description="reasoning traces for real runs: a {prompt, completion} file (field_map "
         "needs prompt and completion), kind: traces (a trace set such as open-r1/OpenR1-Math-220k) or kind: teacher "
-        "(sampled from a teacher model); grpo_core.data.cold_start"
+        "(sampled from a teacher model); grpo_core.recipe.cold_start"
     )
     eval_fraction: float = Field(0.05, gt=0, lt=1, description="held-out share when no eval_sources are given")
     on_error: Literal["raise", "skip"] = Field("raise", description="a bad row fails the stage, or is skipped and counted")

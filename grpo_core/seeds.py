@@ -4,18 +4,18 @@ A derived seed is a pure function of the run's ``seed`` and integer keys that na
 ``SeedSequence`` hashes them: no two key tuples collide in practice, unlike ``seed + offset``), never of a rank,
 a batch slot or a wall clock; so results do not depend on batching, process count or resume. Used by the GRPO
 trainer: a completion's sampling seed is ``derive_seed(seed, step, stream position, j)`` and the prompt stream's
-epoch ``e`` is shuffled by ``seeded_rng(seed, e)`` (``trainer/prompts.py``).
+epoch ``e`` is shuffled by ``seeded_rng(seed, e)`` (``generation/prompts.py``).
 
 Recorded streams kept for reproducibility. These predate ``derive_seed``; converting them would change the
 embedded default's data and every number in the README's learning table, so they stay as they are:
 
-- additive offsets: ``data/prepare.py`` (cold-start ``10_000 + seed``, preference pairs ``20_000 + seed``,
+- additive offsets: ``recipe/prepare.py`` (cold-start ``10_000 + seed``, preference pairs ``20_000 + seed``,
   pretraining ``30_000 + seed`` / ``40_000 + seed``), ``data/synthetic.py`` and ``data/general.py`` (the eval
   split's ``2 * seed + 1``), ``trainer/mixture.py`` (source ``i``'s prompt stream ``seed * 1_000 + i``);
 - sha256: ``evaluation/heldout.py`` ``sample_seed(seed, row_id, j)`` (evaluation, rejection sampling, teacher
-  sampling: keyed by a row id string, not an integer) and the split order in ``data/prepare.py``;
+  sampling: keyed by a row id string, not an integer) and the split order in ``recipe/prepare.py``;
 - ``random.Random(seed)`` / ``random.Random(f"{source}:{seed}")``: ``data/synthetic.py``, ``data/general.py``,
-  ``data/consolidation.py``, ``trainer/reward_model.py``.
+  ``recipe/consolidation.py``, ``trainer/reward_model.py``.
 """
 
 from __future__ import annotations

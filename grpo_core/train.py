@@ -85,8 +85,9 @@ def read_train_file(path: str | Path) -> TrainFile:
 
 def run(config: TrainFile) -> dict[str, Any]:
     """Load the rows and train; returns the last step's metrics (the model is in ``output_dir/final``)."""
+    # heavy import (torch, transformers): --help and a config's problems answer without them
     from grpo_core.data.rows import load_prompt_rows
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     rows, _ = load_prompt_rows(config.source())
     return train_grpo(config.grpo, config.model, rows, config.output_dir, resume=config.resume)

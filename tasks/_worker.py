@@ -45,7 +45,7 @@ class StoreCheckpoints:
         self.emit({"event": "checkpoint", "step": int(step), "uri": uri})
 
     def on_alarm(self, alarm: dict[str, Any]) -> None:
-        """The reward-hacking monitor's alarm (grpo_core/evaluation/monitor.py), for the stage task to publish."""
+        """The reward-hacking monitor's alarm (grpo_core/trainer/monitor.py), for the stage task to publish."""
         self.emit({**_plain(alarm), "event": "alarm"})
 
 

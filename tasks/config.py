@@ -43,7 +43,7 @@ class _Strict(BaseModel):
 class TinyModelConfig(_Strict):
     """The embedded default's model, built by prepare_data: random init (grpo_core.models.tiny.build_tiny_model), then
     optionally pretrained on worked solutions of the built-in task, as a real base model is pretrained before
-    the R1 recipe starts (grpo_core.models.tiny.pretrain_tiny_model)."""
+    the R1 recipe starts (grpo_core.recipe.pretrain.pretrain_tiny_model)."""
 
     seed: int = 0
     hidden_size: int = Field(128, gt=0)

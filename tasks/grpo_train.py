@@ -1,6 +1,6 @@
 """Stage 3, grpo_train: GRPO on verifiable rewards, starting from the cold-start SFT model.
 
-The trainer (grpo_core.trainer.train_grpo) reports each step to a Prefect progress artifact and each
+The trainer (grpo_core.trainer.loop.train_grpo) reports each step to a Prefect progress artifact and each
 checkpoint to the store; a crashed attempt is retried and resumes from the store's newest checkpoint.
 Output: ``model/`` and ``metrics.jsonl`` (reward, accuracy, completion length per step: the report's plots).
 """

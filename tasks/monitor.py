@@ -1,6 +1,6 @@
 """The reward-hacking monitor in the pipeline: its alarms as Prefect events, its record in the stage manifest.
 
-The trainer (grpo_core/evaluation/monitor.py) scores the held-out rows of the general sources with the training reward
+The trainer (grpo_core/trainer/monitor.py) scores the held-out rows of the general sources with the training reward
 (the proxy) and a held-out signal every ``eval_steps`` and calls ``on_alarm`` when the proxy rose while the held-out
 signal fell; ``tasks._worker`` relays that as an ``alarm`` event, and ``publish_alarm`` logs it and emits the
 Prefect event ``r1.reward_hacking.alarm`` on the run's stage, so an automation can page someone or stop the run.

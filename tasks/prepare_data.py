@@ -21,7 +21,7 @@ from typing import Any
 
 from grpo_core.config import TeacherSource
 from grpo_core.data.rows import write_parquet
-from grpo_core.data.prepare import prepare_datasets
+from grpo_core.recipe.prepare import prepare_datasets
 from tasks import lineage
 from tasks.common import StageContext, StageFailed, commit_stage, stage_task
 from tasks.config import PipelineConfig
@@ -70,7 +70,8 @@ def prepare_data(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> St
         write_parquet(data.preferences, out / "preferences.parquet")
     pretrain: dict[str, float] = {}
     if cfg.model.tiny is not None:
-        from grpo_core.models.tiny import build_tiny_model, pretrain_tiny_model
+        from grpo_core.models.tiny import build_tiny_model
+        from grpo_core.recipe.pretrain import pretrain_tiny_model
 
         build_tiny_model(out / "base_model", **cfg.model.tiny.architecture())
         if cfg.model.tiny.pretrain is not None:

@@ -1,6 +1,6 @@
 """Stage 4, rejection_sample: sample N completions per training prompt from the GRPO model and keep the
 correct ones that pass the format, length and language filters, deduplicated, at most k per prompt
-(grpo_core.generation.rejection); with ``sources`` each source by its own rule (a reward model / judge score for the
+(grpo_core.recipe.rejection); with ``sources`` each source by its own rule (a reward model / judge score for the
 non-verifiable ones; ``model: reward_model`` names the reward_model stage's output, then an input here).
 Output: ``samples.parquet`` (SFT rows ``{prompt, completion, ...}``) and ``pass_rates.parquet`` (one row per
 prompt), with the keep/drop counts in the manifest.
@@ -35,7 +35,7 @@ def _sample(ctx: StageContext, model_path: str, rows: list[dict[str, Any]], pare
     from transformers import AutoConfig, AutoTokenizer
 
     from grpo_core.generation import backend_kind, backend_options, make_backend
-    from grpo_core.generation.rejection import rejection_sample
+    from grpo_core.recipe.rejection import rejection_sample
     from tasks.plan import check_stage_memory
     from tasks.reward_model import resolve_reward_models
 

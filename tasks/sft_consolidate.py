@@ -1,5 +1,5 @@
 """Stage 5, sft_consolidate: SFT on the rejection-sampled set, optionally mixed with cold-start rows and, as R1
-did, with general SFT data at ``reasoning_to_general`` reasoning rows per general row (grpo_core.data.consolidation).
+did, with general SFT data at ``reasoning_to_general`` reasoning rows per general row (grpo_core.recipe.consolidation).
 Rejection-sampled answers to general prompts and cold-start rows of general sources (sources whose prompts in
 prepare_data's ``train.parquet`` have no reference answer) count as general, so with ``general_sources`` the
 ratio is reasoning rows to all general rows; every row's ``source`` is ``reasoning`` or ``general:{name}``.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 
-from grpo_core.data.consolidation import (REASONING, count_by_source, general_source_names, label_rows, load_general_rows,
+from grpo_core.recipe.consolidation import (REASONING, count_by_source, general_source_names, label_rows, load_general_rows,
                                      mix_by_ratio)
 from grpo_core.data.rows import read_parquet, write_parquet
 from tasks.common import StageContext, StageFailed, stage_task

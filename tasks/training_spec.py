@@ -40,7 +40,7 @@ class Trainer(NamedTuple):
 # The one registry of trainer kinds: a new kind is one entry here and a stage of that kind in the table.
 TRAINERS: dict[str, Trainer] = {
     "sft": Trainer(SFTConfig, "grpo_core.trainer.sft:train_sft"),
-    "grpo": Trainer(GRPOConfig, "grpo_core.trainer:train_grpo"),
+    "grpo": Trainer(GRPOConfig, "grpo_core.trainer.loop:train_grpo"),
     "reward": Trainer(RewardConfig, "grpo_core.trainer.reward_model:train_reward_model"),
 }
 

@@ -1,15 +1,27 @@
-"""Imports point down only: flows -> tasks -> grpo_core. Every module's imports are walked (AST, also
-inside functions, which importing a module does not execute)."""
+"""Imports point down only: flows -> tasks -> grpo_core, and inside grpo_core and tasks from floor to floor (each
+package's docstring names its floors). Every module's imports are walked (AST, also inside functions, which
+importing a module does not execute); an import inside a function says why it is there (an optional dependency, a
+heavy import, a process start), never to step around a circle."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("grpo_core", "tasks", "flows")  # each may import only the ones before it (and itself)
+# Inside a layer, bottom up: a sub-package (or top-level module) imports only itself and the floors below its own;
+# two on one floor do not import each other. A new sub-package is placed here, or the test fails.
+FLOORS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "grpo_core": (("config", "seeds", "models"), ("rewards",), ("data", "generation"), ("evaluation", "plan"),
+                  ("trainer",), ("recipe",), ("train",)),
+    "tasks": (("storage",), ("config",), ("runner",), ("stages",), ("check",)),
+}
+# Why an import may sit inside a function: a comment on its line, or on the line above its block of imports.
+INNER_IMPORT_REASONS = ("optional dependency", "heavy import", "process start")
 
 
 def imported_packages(path: Path) -> list[tuple[int, str]]:
@@ -21,6 +33,115 @@ def imported_packages(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             out.append((node.lineno, node.module.split(".")[0]))
     return out
+
+
+def project_imports(path: Path) -> list[tuple[int, str, bool]]:
+    """(line, dotted module, inside a function) of every absolute import of a project module in ``path``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    inner = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    out = []
+    for node in ast.walk(tree):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        out += [(node.lineno, name, id(node) in inner) for name in names if name.split(".")[0] in LAYERS]
+    return out
+
+
+def floor_of(layer: str, module: str) -> tuple[int, str] | None:
+    """(floor, sub-package or top module) of dotted ``module`` inside ``layer``; None for the layer's own face."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    for n, floor in enumerate(FLOORS[layer]):
+        if parts[1] in floor:
+            return n, parts[1]
+    return -1, parts[1]
+
+
+def floor_problems(root: Path, layer: str) -> list[str]:
+    """Every import inside ``layer`` that points at a floor above its own or across its floor, and every module of a
+    sub-package the floors do not name."""
+    problems = []
+    for path in sorted((root / layer).rglob("*.py")):
+        rel = path.relative_to(root)
+        here = floor_of(layer, ".".join(p for p in rel.with_suffix("").parts if p != "__init__"))
+        if here is None:
+            continue
+        if here[0] < 0:
+            problems.append(f"{rel}: {layer}.{here[1]} is on no floor of {layer} (tests/test_layers.py FLOORS)")
+            continue
+        for line, module, _ in project_imports(path):
+            there = floor_of(layer, module) if module.split(".")[0] == layer else None
+            if there is None or there[1] == here[1] or there[0] < here[0]:
+                continue
+            problems.append(f"{rel}:{line} imports {module}: {layer}.{here[1]} (floor {here[0]}) may not import "
+                            f"{layer}.{there[1]} (floor {there[0]})")
+    return problems
+
+
+@pytest.mark.parametrize("layer", sorted(FLOORS))
+def test_no_module_imports_a_floor_above_its_own_or_beside_it(layer):
+    assert floor_problems(ROOT, layer) == []
+
+
+@pytest.mark.parametrize("layer", sorted(FLOORS))
+def test_the_package_docstring_names_the_floors_in_order(layer):
+    doc = ast.get_docstring(ast.parse((ROOT / layer / "__init__.py").read_text())) or ""
+    positions = [[m.start() for m in re.finditer(rf"``{name}``", doc)] for floor in FLOORS[layer] for name in floor]
+    assert all(positions), f"{layer}/__init__.py's docstring names every floor's package as ``name``"
+    firsts = [p[0] for p in positions]
+    assert firsts == sorted(firsts), f"{layer}/__init__.py's docstring names the floors bottom up, as FLOORS has them"
+
+
+def test_a_planted_upward_or_sideways_import_is_caught(tmp_path):
+    for name, text in {"config.py": "", "data/__init__.py": "", "data/rows.py": "from grpo_core.trainer.loop import x\n",
+                       "generation/hf.py": "def f():\n    from grpo_core.data import rows\n",
+                       "trainer/loop.py": "from grpo_core.data.rows import y\n", "extra/m.py": ""}.items():
+        (tmp_path / "grpo_core" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "grpo_core" / name).write_text(text)
+    assert floor_problems(tmp_path, "grpo_core") == [
+        "grpo_core/data/rows.py:1 imports grpo_core.trainer.loop: grpo_core.data (floor 2) may not import "
+        "grpo_core.trainer (floor 4)",
+        "grpo_core/extra/m.py: grpo_core.extra is on no floor of grpo_core (tests/test_layers.py FLOORS)",
+        "grpo_core/generation/hf.py:2 imports grpo_core.data: grpo_core.generation (floor 2) may not import "
+        "grpo_core.data (floor 2)"]
+
+
+def inner_imports_without_reason(root: Path) -> list[str]:
+    """Every import of a project module inside a function whose line, or the comment line above its block of
+    imports, does not say which of ``INNER_IMPORT_REASONS`` puts it there."""
+    problems = []
+    for layer in LAYERS:
+        for path in sorted((root / layer).rglob("*.py")):
+            lines = path.read_text().splitlines()
+            for line, module, inner in project_imports(path):
+                if not inner:
+                    continue
+                above = line - 1
+                while above > 0 and re.match(r"\s*(from|import)\s", lines[above - 1]):
+                    above -= 1  # up the block of imports this one stands in
+                said = lines[line - 1] + " " + (lines[above - 1] if above > 0 else "")
+                if not any(f"# {reason}" in said or f"#{reason}" in said for reason in INNER_IMPORT_REASONS):
+                    problems.append(f"{path.relative_to(root)}:{line} imports {module} inside a function without "
+                                    f"saying why ({' / '.join(INNER_IMPORT_REASONS)})")
+    return problems
+
+
+def test_an_import_inside_a_function_says_why():
+    assert inner_imports_without_reason(ROOT) == []
+
+
+def test_an_inner_import_without_a_reason_is_caught(tmp_path):
+    for name in LAYERS:
+        (tmp_path / name).mkdir()
+    (tmp_path / "tasks" / "m.py").write_text(
+        "def f():\n    # heavy import (torch)\n    from grpo_core.a import x\n    from grpo_core.b import y\n\n"
+        "def g():\n    import json\n    from grpo_core.c import z  # to dodge a circle\n\n"
+        "def h():\n    from grpo_core.d import w  # optional dependency (vllm)\n")
+    assert inner_imports_without_reason(tmp_path) == [
+        "tasks/m.py:8 imports grpo_core.c inside a function without saying why (optional dependency / heavy import / "
+        "process start)"]
 
 
 def upward_imports(root: Path) -> list[str]:
@@ -63,7 +184,9 @@ def module_names(root: Path) -> dict[str, Path]:
 
 def import_graph(root: Path) -> dict[str, set[str]]:
     """Module -> the project modules it imports (every import, nested ones included). ``from pkg import name``
-    points at ``pkg.name`` when that is a module, else at ``pkg``; relative imports are resolved."""
+    points at ``pkg.name`` when that is a module, else at ``pkg``; relative imports are resolved. As Python runs
+    them, importing ``a.b.c`` also runs the packages ``a`` and ``a.b`` (their ``__init__``), which the importer
+    has not run already (its own packages have)."""
     modules = module_names(root)
 
     def owner(name: str) -> str | None:  # the longest project module that ``name`` is or lies in
@@ -84,7 +207,11 @@ def import_graph(root: Path) -> dict[str, set[str]]:
                     parts = package.split(".")[:len(package.split(".")) - node.level + 1]
                     base = ".".join(parts + ([node.module] if node.module else []))
                 targets += [base] + [f"{base}.{alias.name}" for alias in node.names]
-        graph[name] = {m for t in targets if (m := owner(t)) is not None and m != name}
+        own = {".".join(name.split(".")[:i]) for i in range(1, len(name.split(".")))}
+        found = {m for t in targets if (m := owner(t)) is not None}
+        runs = found | {p for m in found for i in range(1, len(m.split("."))) if (p := ".".join(m.split(".")[:i]))
+                        in modules}
+        graph[name] = runs - own - {name}
     return graph
 
 
@@ -148,7 +275,8 @@ def describe_circle(graph: dict[str, set[str]], component: list[str]) -> str:
 
 def test_no_import_circle():
     graph = import_graph(ROOT)
-    assert "tasks.stages" in graph and "tasks.config" in graph["tasks.plan"]  # the graph sees the modules
+    assert "grpo_core.trainer.loop" in graph["grpo_core.trainer.step"] or "grpo_core.trainer.step" in graph[
+        "grpo_core.trainer.loop"]  # the graph sees the modules
     circles = import_circles(graph)
     assert not circles, "import circles: " + "; ".join(describe_circle(graph, c) for c in circles)
 
@@ -163,3 +291,19 @@ def test_a_planted_circle_is_caught_even_inside_functions_and_from_imports(tmp_p
     graph = import_graph(tmp_path)
     assert import_circles(graph) == [["tasks.a", "tasks.b"]]
     assert describe_circle(graph, ["tasks.a", "tasks.b"]).startswith("tasks.a -> tasks.b -> tasks.a")
+
+
+def test_a_circle_through_a_package_init_is_caught(tmp_path):
+    """``p/__init__.py`` imports ``p.loop``, which imports ``q.m``, which imports ``p.loss``: importing ``p.loss`` runs
+    ``p/__init__`` first, so the three modules and the package form one circle (what Python runs, not only the
+    names written)."""
+    for name in LAYERS:
+        (tmp_path / name).mkdir()
+    files = {"p/__init__.py": "from grpo_core.p.loop import train\n", "p/loop.py": "from grpo_core.q.m import f\n",
+             "p/loss.py": "", "q/__init__.py": "", "q/m.py": "def f():\n    from grpo_core.p.loss import g\n"}
+    for name, text in files.items():
+        (tmp_path / "grpo_core" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "grpo_core" / name).write_text(text)
+    assert import_circles(import_graph(tmp_path)) == [["grpo_core.p", "grpo_core.p.loop", "grpo_core.q.m"]]
+    (tmp_path / "grpo_core" / "p" / "__init__.py").write_text("")  # a package face without side imports: no circle
+    assert import_circles(import_graph(tmp_path)) == []

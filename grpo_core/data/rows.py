@@ -12,7 +12,7 @@ opens (a hub name such as ``openai/gsm8k``, or a local folder). Rows are validat
 row raises a ``DataError`` naming file, row (the 1-based line for jsonl/csv) and field with how to fix
 it, or, with ``on_error="skip"``, is skipped and counted; a byte that is not UTF-8 makes its row bad.
 An empty file is an error of its own. ``RAW_PROMPT`` keeps a row's prompt as read, before any template, for
-decontamination (``grpo_core.data.prepare``).
+decontamination (``grpo_core.recipe.prepare``).
 """
 
 from __future__ import annotations

@@ -33,8 +33,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_core.config import BENCHMARKS, BenchmarkSource, EvalConfig
+from grpo_core.data.rows import load_prompt_rows
+from grpo_core.evaluation.heldout import _generate, _mean, completion_length, sample, sample_seed
 from grpo_core.evaluation.passk import maj_at_k, pass_at_k
+from grpo_core.generation import make_backend
+from grpo_core.generation.prompts import all_dropped_error, encode_prompts
 from grpo_core.rewards.extract import ExtractedAnswer, extract_answer
+from grpo_core.rewards.math import score_answers
+from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
 
 if TYPE_CHECKING:  # torch and the generation stack load on use
     from grpo_core.generation import GenerationBackend
@@ -55,7 +61,6 @@ def resolve_benchmark(spec: str | BenchmarkSource) -> BenchmarkSource:
 def load_benchmark(spec: str | BenchmarkSource, limit: int | None = None) -> list[dict[str, Any]]:
     """The benchmark's problems as prompt rows ``{id, prompt, answer, task, source}`` (``grpo_core.data``:
     errors name the file, row and field), the first ``limit`` of them."""
-    from grpo_core.data.rows import load_prompt_rows
 
     src = resolve_benchmark(spec)
     if limit is not None:
@@ -72,7 +77,6 @@ def rows_digest(rows: list[dict[str, Any]]) -> str:
 def answers_equivalent(a: ExtractedAnswer, b: ExtractedAnswer) -> bool:
     """math-verify equivalence of two extracted answers (``a`` as the gold side), bounded in time by the
     verifier pool: ``0.5`` and ``\\frac{1}{2}`` vote together."""
-    from grpo_core.rewards.math import score_answers
 
     return score_answers([b], [a.text], reward_name="maj_vote")[0] == 1.0
 
@@ -88,9 +92,6 @@ def evaluate_benchmark(
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """``(metrics, per-problem results)`` of one benchmark: ``pass@1``, ``pass@{k}``, ``maj@{k}`` for each
     ``config.ks``, ``greedy``, ``mean_length``, ``num_rows`` (keys without the ``eval/{benchmark}/`` prefix)."""
-    from grpo_core.evaluation.heldout import _generate, _mean, completion_length, sample, sample_seed
-    from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
-    from grpo_core.trainer.prompts import all_dropped_error, encode_prompts
 
     if not rows:
         raise ValueError("the benchmark has no problems")
@@ -171,8 +172,6 @@ def evaluate_benchmarks(
 
         tokenizer = AutoTokenizer.from_pretrained(model)
     if backend is None:
-        from grpo_core.generation import make_backend
-
         backend = make_backend("hf", str(model), tokenizer=tokenizer)
     metrics: dict[str, float] = {}
     results: dict[str, list[dict[str, Any]]] = {}

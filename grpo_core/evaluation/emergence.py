@@ -34,20 +34,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
-# Self-verification and reconsideration (the seed's "Wait, let me reconsider..."), English and Chinese.
-REFLECTION_PHRASES: tuple[str, ...] = (
-    "wait", "let me check", "let's check", "let us check", "let me verify", "verify", "double-check", "double check",
-    "check again",
-    "recheck", "re-check", "reconsider", "re-evaluate", "re-examine", "let me make sure", "aha",
-    "等等", "等一下", "验证", "检查", "重新考虑", "再想想", "核对",
-)
-# Abandoning a line of reasoning for another.
-BACKTRACK_PHRASES: tuple[str, ...] = (
-    "actually", "that's wrong", "that is wrong", "this is wrong", "that's incorrect", "that is incorrect",
-    "this is incorrect", "that's not right", "that was wrong", "i made a mistake",
-    "my mistake", "let me redo", "let me try again", "let me start over", "scratch that", "instead",
-    "不对", "错了", "重新计算", "重新来", "其实",
-)
+from grpo_core.config import BACKTRACK_PHRASES, REFLECTION_PHRASES
 
 # phase_label's thresholds (shares of responses, steps per response).
 DIRECT_PHASE_MIN_DIRECT_RATE = 0.5

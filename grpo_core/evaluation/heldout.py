@@ -56,10 +56,10 @@ import torch
 from grpo_core.config import BatchedSampling, EvalConfig
 from grpo_core.evaluation.emergence import emergence_metrics, is_direct
 from grpo_core.generation import GenerationBackend, Rollout, make_backend
+from grpo_core.generation.prompts import all_dropped_error, encode_prompts
 from grpo_core.rewards import get_reward_funcs
 from grpo_core.rewards.base import RewardFunc
 from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
-from grpo_core.trainer.prompts import all_dropped_error, encode_prompts
 
 def sample_seed(seed: int, row_id: str, j: int) -> int:
     """Seed of sample ``j`` of a row: independent of batch composition and row order."""

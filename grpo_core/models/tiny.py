@@ -14,7 +14,7 @@ also when transformers picks ``Qwen2Tokenizer`` (NFC + ByteLevel) for ``model_ty
 Departure from the prototype: its vocabulary had 28 characters; this one has 264 so real data sets
 (GSM8K text) tokenize too. The unused byte tokens cost ~34k embedding parameters.
 
-``pretrain_tiny_model`` then optionally pretrains the built model on worked solutions of the built-in
+``grpo_core.recipe.pretrain.pretrain_tiny_model`` then optionally pretrains the built model on worked solutions of the built-in
 task (one operation a step), the way a real base model has seen worked arithmetic before the R1 recipe starts:
 the skill is in the base, the cold start sets the style, RL finds which style pays.
 
@@ -26,9 +26,8 @@ another, an assistant turn followed by ``<eos>``; the generation prompt adds not
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -132,18 +131,3 @@ def _pin_tokenizer_class(output_dir: Path) -> None:
 def count_parameters(model: torch.nn.Module) -> int:
     """Number of distinct parameters (tied embeddings counted once)."""
     return sum(p.numel() for p in model.parameters())
-
-
-def pretrain_tiny_model(model_dir: str | Path, rows: list[dict[str, Any]], config: Any, work_dir: str | Path
-                        ) -> dict[str, Any]:
-    """Train the model in ``model_dir`` on ``rows`` ``{prompt, completion}`` with ``config`` (an ``SFTConfig``)
-    and put the result back in ``model_dir``; returns the SFT metrics (``train/loss``, ``train/steps``,
-    ``train/runtime_s``). ``work_dir`` holds the checkpoints meanwhile (removed after)."""
-    from grpo_core.trainer.sft import train_sft
-
-    model_dir, work_dir = Path(model_dir), Path(work_dir)
-    result = train_sft(config, model_dir, rows, work_dir, resume=False)
-    shutil.rmtree(model_dir)
-    shutil.copytree(result.pop("final_path"), model_dir)
-    shutil.rmtree(work_dir)
-    return result

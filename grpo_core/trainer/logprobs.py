@@ -134,6 +134,7 @@ def compute_packed_logps(
     One forward over ``[1, S]`` with ``position_ids`` restarting per row and no attention mask (attention kept
     within each row, see ``trainer/packing.py``); only the ``K`` scored positions go through the LM head.
     """
+    # heavy import (transformers' attention registries): only packed batches need it
     from grpo_core.trainer.packing import enable_padding_free
 
     enable_padding_free(model)

@@ -34,14 +34,19 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_core.config import EvalConfig, GRPOConfig, TrackingInfo, needs_reference
 from grpo_core.generation import GenerationBackend, backend_kind, backend_options, make_backend
+from grpo_core.generation.process import ProcessBackend
+from grpo_core.generation.prompts import all_dropped_error, encode_prompts
+from grpo_core.generation.server_client import connect_server
 from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.rewards.scoring import resolve_reward
 from grpo_core.trainer.async_rollouts import NextRollouts, ReferenceLogps, sampler_placement, split_cpus
 from grpo_core.trainer.distributed import DistContext
+from grpo_core.trainer.during_rl import heldout_slice, rl_eval_config
 from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded
 from grpo_core.trainer.lora import MergedReplica, base_dtype
 from grpo_core.trainer.mixture import Mixture
-from grpo_core.trainer.prompts import all_dropped_error, encode_prompts
+from grpo_core.trainer.monitor import build_monitor
+from grpo_core.trainer.selection import finish_monitor, select_checkpoint
 from grpo_core.trainer.server_ranks import RankZeroServer, warn_server_placement
 from grpo_core.trainer.sharded_state import has_sharded_state
 from grpo_core.trainer.skeleton import (
@@ -136,7 +141,6 @@ def make_sampler(config: GRPOConfig, ctx: DistContext, model: torch.nn.Module, t
     push_now = has_sharded_state(start_path)
     start_path = model_path if push_now else start_path
     if config.sampling.vllm_mode == "server":  # rollouts on a generation server (generation/server_client.py)
-        from grpo_core.generation.server_client import connect_server
 
         opts = backend_options(config.sampling, "vllm", ctx.device, seed=config.seed, model_config=model.config)
 
@@ -150,7 +154,6 @@ def make_sampler(config: GRPOConfig, ctx: DistContext, model: torch.nn.Module, t
     opts = backend_options(config.sampling, kind, ctx.device, seed=config.seed, bf16=config.bf16,
                            model_config=model.config)
     if config.async_rollouts:  # the sampler in its own process (trainer/async_rollouts.py)
-        from grpo_core.generation.process import ProcessBackend
 
         dtype, device = sampler_placement(config, next(model.parameters()).dtype, ctx.device)
         opts = backend_options(config.sampling, kind, device, seed=config.seed, bf16=config.bf16,
@@ -217,9 +220,6 @@ def train_grpo(
     check_inputs(config, ctx, train_rows, reward_funcs)
     heldout = None
     if config.eval_steps is not None:
-        # here, not at the top: evaluation.heldout imports trainer.prompts, whose package imports this module
-        from grpo_core.evaluation.during_rl import heldout_slice, rl_eval_config
-
         if not eval_rows:
             raise ValueError("eval_steps is set but no held-out rows were given: pass eval_rows=[{prompt, answer}, "
                              "...] to train_grpo (the pipeline passes prepare_data's eval.parquet) or remove eval_steps")
@@ -233,11 +233,8 @@ def train_grpo(
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     train_rows, num_dropped = drop_long_prompts(tokenizer, train_rows, config)
     mixture = build_mixture(config, train_rows, reward_funcs)
-    # here, not at the top, as for evaluation.during_rl: evaluation.monitor imports trainer modules
-    from grpo_core.trainer.selection import finish_monitor, select_checkpoint
 
     if heldout is not None:  # the reward-hacking monitor on the general sources' held-out rows
-        from grpo_core.evaluation.monitor import build_monitor
 
         heldout.monitor = build_monitor(config, eval_config, eval_rows or [], mixture)
     model, loaded = load_policy("grpo", model_path, output_dir, config, ctx, resume=resume)

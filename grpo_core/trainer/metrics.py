@@ -28,8 +28,8 @@ from typing import Any, Sequence
 
 import torch
 
-from grpo_core.config import TrackingInfo
-from grpo_core.evaluation.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES, emergence_metrics
+from grpo_core.config import BACKTRACK_PHRASES, REFLECTION_PHRASES, TrackingInfo
+from grpo_core.evaluation.emergence import emergence_metrics
 from grpo_core.generation import Rollout
 from grpo_core.trainer.trackers import Table, Trackers
 

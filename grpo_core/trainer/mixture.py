@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from grpo_core.config import GRPOConfig
-from grpo_core.trainer.prompts import PromptStream
+from grpo_core.generation.prompts import PromptStream
 
 
 class MixtureError(ValueError):

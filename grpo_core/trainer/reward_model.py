@@ -37,11 +37,11 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from grpo_core.config import RewardConfig, TrackingInfo
 from grpo_core.data.near_miss import add_near_miss_negatives
+from grpo_core.generation.prompts import PromptStream
 from grpo_core.rewards.reward_model import REWARD_STATS_FILE, conversation_ids, pad_right, set_pad_token
 from grpo_core.trainer.checkpoint import load_latest_checkpoint, write_json
 from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
 from grpo_core.trainer.lora import load_lora_model
-from grpo_core.trainer.prompts import PromptStream
 from grpo_core.trainer.skeleton import (
     TrainingRun,
     autocast,

@@ -24,12 +24,12 @@ import torch
 
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import GenerationBackend, Rollout
+from grpo_core.generation.prompts import encode_prompts
 from grpo_core.rewards.scoring import score_completions
 from grpo_core.seeds import derive_seed
 from grpo_core.trainer.distributed import DistContext, gather_objects, shard
 from grpo_core.trainer.loss import flat_groups
 from grpo_core.trainer.mixture import Mixture
-from grpo_core.trainer.prompts import encode_prompts
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Which model a GRPO run returns (``select_checkpoint``), and the monitor's summary of the run.
 
 ``last`` (the default): ``output_dir/final``, the last step's weights, as always. ``heldout``: the evaluated
-checkpoint whose held-out signal was best (``evaluation/monitor.py``: ``best_evaluation``, kept in the trainer state as
+checkpoint whose held-out signal was best (``monitor.py``: ``best_evaluation``, kept in the trainer state as
 ``best_checkpoint`` so that neither local nor store pruning removes it), written as ``output_dir/selected`` in the
 run's ``save_dtype`` with ``selection.json`` (which step, why, the scores); the result's ``final_path`` points at it.
 When the best step is the last one, ``final`` is that model and nothing else is written.
@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from grpo_core.config import GRPOConfig
-from grpo_core.evaluation.monitor import ALARM, HELDOUT, PROXY, alarms_of, best_evaluation, metric, monitored_sources
 from grpo_core.trainer.checkpoint import write_json
 from grpo_core.trainer.distributed import DistContext, barrier
+from grpo_core.trainer.lora import load_lora_model
+from grpo_core.trainer.monitor import ALARM, HELDOUT, PROXY, alarms_of, best_evaluation, metric, monitored_sources
 from grpo_core.trainer.skeleton import TrainingRun, config_file, load_trained_model, resolve_save_dtype, save_final_model
 
 logger = logging.getLogger(__name__)
@@ -66,8 +67,6 @@ def load_checkpoint_model(path: Path, config: GRPOConfig, ctx: DistContext, mode
     """A checkpoint's model in this process alone (rank 0): full weights, or the base with the checkpoint's LoRA
     adapters (a LoRA checkpoint holds only those)."""
     if config.use_peft:
-        from grpo_core.trainer.lora import load_lora_model
-
         return load_lora_model(model_path, config, ctx.device, adapter=path)
     alone = DistContext(rank=0, world_size=1, local_rank=ctx.local_rank, device=ctx.device)
     return load_trained_model(path, config, alone, trainable=False)

@@ -38,11 +38,12 @@ import torch
 from transformers import AutoTokenizer
 
 from grpo_core.config import SFTConfig, TrackingInfo
-from grpo_core.trainer.logprobs import compute_packed_logps, compute_token_logps
+from grpo_core.generation.prompts import PromptStream, encode_prompt
 from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
 from grpo_core.trainer.fsdp import is_sharded
+from grpo_core.trainer.logprobs import compute_packed_logps, compute_token_logps
+from grpo_core.trainer.mixture import weighted_epoch
 from grpo_core.trainer.packing import pack_rows, token_budget_batches
-from grpo_core.trainer.prompts import PromptStream, encode_prompt
 from grpo_core.trainer.skeleton import (
     TrainingRun,
     autocast,
@@ -158,7 +159,6 @@ def train_sft(config: SFTConfig, model_path: str | Path, rows: list[dict[str, An
     model, loaded = load_policy("sft", model_path, output_dir, config, ctx, resume=resume)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if config.sources:  # a data mixture: each source's share of every epoch (trainer.mixture.weighted_epoch)
-        from grpo_core.trainer.mixture import weighted_epoch
 
         rows = weighted_epoch(rows, config.sources, config.seed)
     encoded = [encode_sft_row(tokenizer, r, config.max_length, config.completion_only_loss) for r in rows]

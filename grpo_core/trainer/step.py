@@ -22,8 +22,8 @@ from grpo_core.generation import GenerationBackend, release_memory
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.rewards.scoring import load_reward_states, reward_states
 from grpo_core.trainer.async_rollouts import NextRollouts
-import grpo_core.trainer.weight_sync as weight_sync
 from grpo_core.trainer.distributed import DistContext, gather_objects
+from grpo_core.trainer.during_rl import evaluate_during_rl
 from grpo_core.trainer.lora import is_peft_model
 from grpo_core.trainer.loss import combine_rewards, compute_group_advantages
 from grpo_core.trainer.metrics import (completion_metrics, completion_table, reward_metrics,
@@ -35,10 +35,13 @@ from grpo_core.trainer.mixture import (
     source_labels,
     source_reward_metrics,
 )
+from grpo_core.trainer.monitor import best_evaluation
 from grpo_core.trainer.rollouts import ScoredGroups, collect_step_groups, generate_groups
 from grpo_core.trainer.server_ranks import local_sampler
 from grpo_core.trainer.skeleton import TrainingRun
+from grpo_core.trainer.skeleton import call_callbacks
 from grpo_core.trainer.update import build_train_batch, optimise
+import grpo_core.trainer.weight_sync as weight_sync
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +69,7 @@ class StepRewards:
 
 @dataclass
 class HeldOut:
-    """What ``eval_steps`` evaluates: the fixed held-out slice and how it is scored (``evaluation/during_rl.py``)."""
+    """What ``eval_steps`` evaluates: the fixed held-out slice and how it is scored (``during_rl.py``)."""
 
     config: EvalConfig
     rows: list[dict[str, Any]]
@@ -246,7 +249,6 @@ class GRPOSteps:
         if not self.evaluates_at(step) or not self.ctx.is_main:
             return {}
         assert self.heldout is not None
-        from grpo_core.evaluation.during_rl import evaluate_during_rl  # not at the top: see train_grpo's import
 
         metrics = evaluate_during_rl(self.heldout.config, local_sampler(self.backend), self.tokenizer, self.heldout.rows)
         logger.info("step %d held-out accuracy %.3f pass@1 %.3f (%.1fs)", step, metrics.get("eval/accuracy", math.nan),
@@ -256,11 +258,9 @@ class GRPOSteps:
         return metrics
 
     def _monitor(self, step: int) -> dict[str, float]:
-        """The reward-hacking monitor's numbers at ``step`` (``evaluation/monitor.py``): each alarm is a warning and an
+        """The reward-hacking monitor's numbers at ``step`` (``monitor.py``): each alarm is a warning and an
         ``on_alarm`` callback (the pipeline turns it into a Prefect event); under ``select_checkpoint: heldout``
         the best evaluated step so far is kept in the trainer state (its checkpoint is never pruned)."""
-        from grpo_core.evaluation.monitor import best_evaluation
-        from grpo_core.trainer.skeleton import call_callbacks
 
         history = self.run.state["log_history"]
         metrics, alarms = self.heldout.monitor.evaluate(local_sampler(self.backend), self.tokenizer, step, history)

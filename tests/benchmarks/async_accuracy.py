@@ -65,7 +65,7 @@ def run_child(spec: dict[str, Any]) -> None:
     from grpo_core.config import EvalConfig, GRPOConfig
     from grpo_core.data.rows import read_parquet
     from grpo_core.evaluation.heldout import evaluate
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     fields = {**spec["grpo"], "async_rollouts": spec["async"], "report_to": ["jsonl"], "save_steps": 10**6}
     if spec["steps"]:

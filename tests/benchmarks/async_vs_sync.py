@@ -94,7 +94,7 @@ def run_child(spec: dict[str, Any]) -> None:
     """One configuration: the tiny-cpu GRPO section for ``steps`` steps; prints the per-step times."""
     from grpo_core.config import GRPOConfig
     from grpo_core.data.rows import read_parquet
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
     from tasks.config import load_config
 
     section = _fields(load_config(CONFIG).grpo_train, GRPOConfig)

@@ -57,8 +57,9 @@ from grpo_core.config import EvalConfig, GRPOConfig, SFTConfig, SourceMix
 from grpo_core.data import countdown, synthetic
 from grpo_core.evaluation.emergence import find_aha_step
 from grpo_core.evaluation.heldout import evaluate
-from grpo_core.models.tiny import build_tiny_model, pretrain_tiny_model
-from grpo_core.trainer import train_grpo
+from grpo_core.models.tiny import build_tiny_model
+from grpo_core.recipe.pretrain import pretrain_tiny_model
+from grpo_core.trainer.loop import train_grpo
 from grpo_core.trainer.sft import train_sft
 
 

@@ -39,7 +39,7 @@ def speed_probe() -> float:
 
 def train(section, model_dir: Path, rows, heldout, eval_config, out: Path) -> tuple[float, list[dict]]:
     """Wall seconds of one GRPO run and its metrics rows."""
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     start = time.perf_counter()
     extra = {"eval_rows": heldout, "eval_config": eval_config} if section.eval_steps else {}

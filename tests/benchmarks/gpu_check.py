@@ -7,7 +7,7 @@ The model is built locally with random weights (no hub): ``Qwen2Config`` with Qw
 parameters), and a byte-level tokenizer padded to the same vocabulary (one token per byte, the R1 tags as
 added tokens, the rest filler tokens that decode but are never produced by encoding). Prompts are the
 chain task's (``grpo_core.data.synthetic``), the reward ``chain_accuracy``; a random model scores 0, which
-changes no cost. ``grpo_core.trainer.train_grpo`` runs the steps as it would any run (vLLM in the trainer's
+changes no cost. ``grpo_core.trainer.loop.train_grpo`` runs the steps as it would any run (vLLM in the trainer's
 process, weights pushed after each optimiser step, bf16 autocast for the training passes, beta > 0 so a
 reference model runs too).
 
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace, *, sleep_mode: bool = False, server: bool = Fa
 
     from grpo_core.config import GRPOConfig
     from grpo_core.data.synthetic import chain_accuracy, make_chain_rows
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     start = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="gpu_check_"))

@@ -99,7 +99,7 @@ def workload(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], Any, int]:
 
 def run_ours(spec: dict[str, Any], clock: StepClock) -> dict[str, Any]:
     from grpo_core.config import GRPOConfig
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     rows, reward, max_prompt_length = workload(spec)
     config = GRPOConfig(

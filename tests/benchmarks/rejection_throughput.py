@@ -42,10 +42,10 @@ def main() -> None:
 
     from grpo_core.config import RejectionSamplingConfig
     from grpo_core.generation import backend_options, make_backend
-    from grpo_core.generation.rejection import rejection_sample
+    from grpo_core.recipe.rejection import rejection_sample
     from grpo_core.data.synthetic import make_chain_splits
     from grpo_core.models.tiny import build_tiny_model
-    from grpo_core.trainer.prompts import encode_prompts
+    from grpo_core.generation.prompts import encode_prompts
 
     torch.set_num_threads(args.threads)
     model = Path(args.model) if args.model else build_tiny_model(Path(tempfile.mkdtemp()) / "tiny")  # hidden 128 x 4 x 4

@@ -14,7 +14,7 @@ from grpo_core.config import BenchmarkSource, EvalConfig
 from grpo_core.data.rows import DataError, write_parquet
 from grpo_core.generation import Rollout
 from grpo_core.models.tiny import build_tiny_model
-from grpo_core.trainer.prompts import encode_prompt
+from grpo_core.generation.prompts import encode_prompt
 
 torch.set_num_threads(1)
 

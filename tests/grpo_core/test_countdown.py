@@ -15,7 +15,8 @@ from grpo_core.data.countdown import (
     make_countdown_splits,
     parse_prompt,
 )
-from grpo_core.evaluation.emergence import REFLECTION_PHRASES, has_phrase, reasoning_text
+from grpo_core.config import REFLECTION_PHRASES
+from grpo_core.evaluation.emergence import has_phrase, reasoning_text
 from grpo_core.rewards import get_reward_funcs
 from grpo_core.rewards.base import prompt_text
 
@@ -119,7 +120,7 @@ def test_prepare_data_builds_the_countdown_task_beside_the_chain():
     from pydantic import ValidationError
 
     from grpo_core.config import CountdownData, DataConfig
-    from grpo_core.data.prepare import prepare_datasets
+    from grpo_core.recipe.prepare import prepare_datasets
 
     cfg = {"num_train": 300, "num_eval": 40, "cold_start_size": 400, "check_fraction": 0.25, "pretrain_size": 500,
            "pretrain_check_fraction": 0.5}

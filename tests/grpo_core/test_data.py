@@ -9,7 +9,7 @@ import pytest
 
 from grpo_core.config import DataConfig, DatasetSource
 from grpo_core.data.rows import DataError, load_prompt_rows, load_sft_rows, read_parquet, write_parquet
-from grpo_core.data.prepare import decontaminate, dedupe_rows, prepare_datasets, split_rows
+from grpo_core.recipe.prepare import decontaminate, dedupe_rows, prepare_datasets, split_rows
 from grpo_core.rewards.extract import parse_gold_answer
 
 GSM8K_MAP = {"prompt": "question", "answer": "answer"}

@@ -8,13 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.config import EmergenceConfig, EvalConfig, GRPOConfig
+from grpo_core.config import BACKTRACK_PHRASES, REFLECTION_PHRASES, EmergenceConfig, EvalConfig, GRPOConfig
 from grpo_core.generation import Rollout
 from grpo_core.trainer.metrics import completion_metrics
 from grpo_core.evaluation.emergence import (
-    BACKTRACK_PHRASES,
     PHASES,
-    REFLECTION_PHRASES,
     count_steps,
     emergence_metrics,
     find_aha_step,

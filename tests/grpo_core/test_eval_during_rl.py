@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grpo_core.config import EvalConfig, GRPOConfig
-from grpo_core.evaluation.during_rl import evaluate_during_rl, rl_eval_config
+from grpo_core.trainer.during_rl import evaluate_during_rl, rl_eval_config
 from grpo_core.generation import Rollout
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.rewards.base import count_reward_event
@@ -29,7 +29,7 @@ def config(**overrides) -> GRPOConfig:
 
 def test_eval_steps_logs_heldout_metrics_at_its_steps_and_changes_no_weight(tmp_path):
     from grpo_core.models.tiny import build_tiny_model
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     torch.set_num_threads(1)
     model = build_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=2, num_heads=2)
@@ -80,7 +80,7 @@ def test_evaluation_during_rl_moves_no_rng_and_keeps_the_steps_reward_counters()
 
 
 def test_eval_steps_without_heldout_rows_or_with_async_rollouts_is_refused(tmp_path):
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     with pytest.raises(ValueError, match="eval_steps is set but no held-out rows were given: pass eval_rows"):
         train_grpo(config(eval_steps=2), "unused-model", ROWS, tmp_path)

@@ -57,7 +57,7 @@ def test_metrics_by_hand(tiny):
                ["<think></think><answer>24</answer>", "<think>2*3=6;6*4=24</think><answer>24</answer>"],
                ["<think></think><answer>7</answer>", "<think></think><answer>8</answer>"]]
     backend = ScriptedBackend(tok, greedy, sampled)
-    from grpo_core.trainer.prompts import encode_prompt
+    from grpo_core.generation.prompts import encode_prompt
     backend.prompts = [encode_prompt(tok, r["prompt"]) for r in rows]
     m = evaluate(EvalConfig(num_samples=2, forced_reasoning=False, batch_size=2), tiny, rows, tokenizer=tok,
                  backend=backend, return_rows=True)
@@ -91,7 +91,7 @@ def test_format_rate_follows_the_registered_format_reward(tiny, monkeypatch):
     rows = [{"id": f"r{i}", "prompt": [{"role": "user", "content": p}], "answer": "6"}
             for i, p in enumerate(["1+2+3=", "2*3*1="])]
     greedy = ["<think>1+2=3;3+3=6</think><answer>6</answer>", "<think>\n2*3=6\n</think>\n<answer>6</answer>\n"]
-    from grpo_core.trainer.prompts import encode_prompt
+    from grpo_core.generation.prompts import encode_prompt
 
     def run():
         backend = ScriptedBackend(tok, greedy, [[], []])
@@ -166,7 +166,7 @@ def test_emergence_features_of_the_sampled_completions(tiny):
                 "<think>1+2=4. Actually, that's wrong</think><answer>5</answer>"],  # backtracking, wrong
                ["<think>2*3=6;6*4=24</think><answer>24</answer>",  # plain steps, correct
                 "<think></think><answer>20</answer>"]]  # direct, wrong
-    from grpo_core.trainer.prompts import encode_prompt
+    from grpo_core.generation.prompts import encode_prompt
 
     def run(num_samples, **phrases):
         backend = ScriptedBackend(tok, greedy, sampled)
@@ -200,7 +200,7 @@ def test_two_verifiable_sources_each_scored_by_its_own_reward_and_measured_apart
     sampled = [["<think>1+2=3;3+3=6</think><answer>6</answer>", "<think></think><answer>6</answer>"],
                ["<think>2*3=6;6*4=24</think><answer>24</answer>", "<think>2*3=6;6*4=24</think><answer>24</answer>"],
                ["<think>3+8=11?13;wait;8+5=13?13</think><answer>8+5</answer>", "<think>3+8=11</think><answer>3+8</answer>"]]
-    from grpo_core.trainer.prompts import encode_prompt
+    from grpo_core.generation.prompts import encode_prompt
 
     def run(**kw):
         backend = ScriptedBackend(tok, greedy, sampled)

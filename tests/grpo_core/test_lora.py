@@ -50,7 +50,7 @@ def test_lora_grpo_sampler_holds_every_update(tiny, tmp_path, monkeypatch):
         spy.backend, spy.names = backend, self.names
 
     monkeypatch.setattr(weight_sync.SyncCheck, "__call__", spy)
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     train_grpo(grpo_config(), tiny, ROWS, tmp_path, reward_funcs=[digit_fraction], resume=False)
     assert checked == ["before the first step (the policy as loaded)"] + [
@@ -71,7 +71,7 @@ def test_a_skipped_sync_fails_the_step_naming_it(tiny, tmp_path, monkeypatch):
             push(backend, model)
 
     monkeypatch.setattr(weight_sync, "push_weights", skip_second)
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     with pytest.raises(weight_sync.WeightSyncError, match=r"weight sync after step 2 \(optimiser step 2\).*stale"):
         train_grpo(grpo_config(), tiny, ROWS, tmp_path, reward_funcs=[digit_fraction], resume=False)
@@ -161,7 +161,7 @@ def test_vllm_sampler_is_checked_by_probe_log_probs(tiny, tmp_path, monkeypatch)
             push(backend, model)
 
     monkeypatch.setattr(weight_sync, "push_weights", skip_second)
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     cfg = grpo_config(use_vllm=True, vllm_kv_cache_memory_bytes=16 * 2**20)
     with pytest.raises(weight_sync.WeightSyncError, match=r"weight sync after step 2 .*log-probs of the probe"):

@@ -1,4 +1,4 @@
-"""The reward-hacking monitor (grpo_core/evaluation/monitor.py) and ``select_checkpoint: heldout``
+"""The reward-hacking monitor (grpo_core/trainer/monitor.py) and ``select_checkpoint: heldout``
 (grpo_core/trainer/selection.py): the alarm rule by hand, the config checks, and a tiny run whose proxy is gamed."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grpo_core.config import EvalConfig, GRPOConfig
-from grpo_core.evaluation.monitor import best_evaluation, hacking_alarm
+from grpo_core.trainer.monitor import best_evaluation, hacking_alarm
 from grpo_core.rewards.base import REWARD_FUNCS, completion_text, register_reward, reward_names
 from tests.grpo_core.run_helpers import read_metrics
 
@@ -103,7 +103,7 @@ def test_a_gamed_proxy_alarms_and_select_checkpoint_heldout_returns_the_earlier_
     from safetensors.torch import load_file
 
     from grpo_core.models.tiny import build_tiny_model
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     torch.set_num_threads(1)
     model = build_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=2, num_heads=2)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.data.cold_start import load_trace_rows
-from grpo_core.data.consolidation import load_general_rows, mix_by_ratio
+from grpo_core.recipe.cold_start import load_trace_rows
+from grpo_core.recipe.consolidation import load_general_rows, mix_by_ratio
 from tasks.config import load_config
 from tasks.plan import config_hardware
 from tests.grpo_core.trace_fixtures import write_openr1
@@ -82,5 +82,5 @@ def test_rejection_sampling_has_a_rule_for_every_training_source(config_name):
     assert rules[reasoning].reward_func == "math_accuracy" and rules[reasoning].min_score is None
     assert all(r.min_score is not None and r.reward_func.type == "reward_model" for n, r in rules.items() if n != reasoning)
     # sft_consolidate counts a source's answers as general when its prompts have no reference answer
-    # (grpo_core.data.consolidation.general_source_names): the scored sources are exactly those
+    # (grpo_core.recipe.consolidation.general_source_names): the scored sources are exactly those
     assert {s.source for s in cfg.data.train_sources if s.answer_format == "none"} == set(rules) - {reasoning}

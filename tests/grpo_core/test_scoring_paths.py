@@ -11,7 +11,7 @@ import torch
 from transformers import AutoTokenizer
 
 import grpo_core.evaluation.heldout as evaluation
-import grpo_core.generation.rejection as rejection
+import grpo_core.recipe.rejection as rejection
 import grpo_core.trainer.rollouts as rollouts
 from grpo_core.config import EvalConfig, GRPOConfig, RejectionSamplingConfig
 from grpo_core.generation import Rollout
@@ -21,7 +21,7 @@ from grpo_core.data.synthetic import chain_accuracy
 from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer.distributed import DistContext
 from grpo_core.trainer.mixture import Mixture
-from grpo_core.trainer.prompts import encode_prompt
+from grpo_core.generation.prompts import encode_prompt
 
 torch.set_num_threads(1)
 
@@ -121,7 +121,7 @@ def test_three_paths_one_function_identical_scores(tok, spy):
     assert [p["pass_rate"] for p in stats["per_prompt"]] == [sum(direct_ok[i * G:(i + 1) * G]) / G for i in range(3)]
 
     assert [module for module, _, _ in spy] == [  # evaluation: greedy verdicts, greedy format, samples
-        "grpo_core.trainer.rollouts", *["grpo_core.evaluation.heldout"] * 3, "grpo_core.generation.rejection"]
+        "grpo_core.trainer.rollouts", *["grpo_core.evaluation.heldout"] * 3, "grpo_core.recipe.rejection"]
     # the reward saw the same argument types on every path: chat completions, every column, completion_ids
     assert len(CALLS) == 4 and all(call == reference_call for call in CALLS), (reference_call, CALLS)
     assert reference_call["completion_type"] == "list" and reference_call["columns"] == ["id", "source", "task"]

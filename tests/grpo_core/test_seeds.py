@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from grpo_core.seeds import derive_seed, seeded_rng
-from grpo_core.trainer.prompts import PromptStream
+from grpo_core.generation.prompts import PromptStream
 
 
 def test_derive_seed_reproduces_the_recorded_completion_seeds():
-    # recorded from trainer/prompts.py's completion_seed(0, 1, 2, 3) before derive_seed replaced it
+    # recorded from generation/prompts.py's completion_seed(0, 1, 2, 3) before derive_seed replaced it
     assert derive_seed(0, 1, 2, 3) == 6463705122041852897
     assert 0 <= derive_seed(7, 0, 0, 0) < 2**63  # fits a signed 64-bit seed (vLLM, torch)
     assert derive_seed(0, 1, 2, 3) != derive_seed(0, 1, 2, 4) != derive_seed(1, 1, 2, 4)

@@ -15,9 +15,9 @@ from grpo_core.config import SFTConfig
 from grpo_core.trainer.sft import IGNORE_INDEX, collate, completion_token_loss, encode_sft_row, train_sft
 from grpo_core.data.synthetic import make_chain_rows, make_cold_start_rows
 from grpo_core.models.tiny import build_tiny_model
-from grpo_core.trainer import list_checkpoints
+from grpo_core.trainer.checkpoint import list_checkpoints
 from grpo_core.trainer.checkpoint import verify_checkpoint
-from grpo_core.trainer.prompts import PromptStream
+from grpo_core.generation.prompts import PromptStream
 
 torch.set_num_threads(1)
 

@@ -7,7 +7,7 @@ import torch
 
 from grpo_core.config import GRPOConfig
 from grpo_core.models.tiny import build_tiny_model
-from grpo_core.trainer import train_grpo
+from grpo_core.trainer.loop import train_grpo
 from tests.grpo_core.run_helpers import assert_same_final_weights, read_metrics
 
 torch.set_num_threads(1)

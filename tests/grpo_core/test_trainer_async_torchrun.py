@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from grpo_core.config import GRPOConfig
-from grpo_core.trainer import train_grpo
+from grpo_core.trainer.loop import train_grpo
 
 
 def digit_fraction(completions, **kwargs):

@@ -35,7 +35,7 @@ def config():
 
 
 def run(model_dir: str, output_dir: str) -> None:
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     train_grpo(config(), model_dir, ROWS, output_dir, reward_funcs=[digit_fraction], resume=False)
 

@@ -40,7 +40,7 @@ def config(max_steps: int, strategy: str):
 
 
 def run(model_dir: str, output_dir: str, max_steps: int, strategy: str, resume: bool) -> None:
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     train_grpo(config(max_steps, strategy), model_dir, ROWS, output_dir, reward_funcs=[digit_fraction], resume=resume)
 

@@ -58,7 +58,7 @@ class SlowSteps:
 
 
 def run(model_dir: str, output_dir: str, strategy: str, resume: bool) -> None:
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     train_grpo(config(strategy), model_dir, ROWS, output_dir, reward_funcs=[digit_fraction], resume=resume,
                callbacks=[SlowSteps()])

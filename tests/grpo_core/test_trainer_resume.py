@@ -55,7 +55,7 @@ class SlowSteps:
 
 def train(model_dir, output_dir, backend: str, eval_steps: int | None, **kwargs) -> None:
     from grpo_core.config import EvalConfig
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     heldout = {"eval_rows": HELD_OUT, "eval_config": EvalConfig(reward_func="math_accuracy")} if eval_steps else {}
     train_grpo(resume_config(backend, eval_steps), model_dir, ROWS, output_dir, reward_funcs=[digit_fraction],

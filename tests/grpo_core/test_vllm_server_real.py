@@ -91,7 +91,7 @@ class Started(server_client.ServerProcess):
 @pytest.mark.slow
 @pytest.mark.extended
 def test_grpo_on_a_server_killed_mid_run_fails_the_step_then_resumes(tiny, tmp_path, monkeypatch):
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     monkeypatch.setattr(server_client, "ServerProcess", Started)
     synced: list[tuple[str, list[float]]] = []
@@ -141,7 +141,7 @@ import sys
 from pathlib import Path
 
 from grpo_core.config import GRPOConfig
-from grpo_core.trainer import train_grpo
+from grpo_core.trainer.loop import train_grpo
 
 
 def text_length(completions, **kwargs):

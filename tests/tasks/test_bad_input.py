@@ -219,7 +219,7 @@ def test_deduplication_that_removes_most_rows_warns_with_counts(tmp_path, caplog
     src = tmp_path / "qa.jsonl"
     src.write_text("\n".join(json.dumps({"prompt": "What is 2 + 2?", "answer": "4"}) for _ in range(80)) + "\n"
                    + "\n".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": str(i + 1)}) for i in range(4)) + "\n")
-    with caplog.at_level("WARNING", logger="grpo_core.data.prepare"):
+    with caplog.at_level("WARNING", logger="grpo_core.recipe.prepare"):
         prepare_data.fn(_data_config(src), "dupes", str(tmp_path / "store"))
     warned = [r.getMessage() for r in caplog.records if "deduplication removed" in r.getMessage()]
     assert warned == ["deduplication removed 79 of 84 train rows (94%): the sources repeat prompts; 5 distinct "

@@ -135,7 +135,7 @@ def test_relative_data_path_is_read_beside_the_config_file(tmp_path, monkeypatch
 
 
 def test_missing_data_file_is_named_as_a_file_not_a_hub_dataset(tmp_path, monkeypatch):
-    from grpo_core.data.prepare import prepare_datasets
+    from grpo_core.recipe.prepare import prepare_datasets
     from grpo_core.data.rows import DataError
 
     config = _config_with_source(tmp_path / "configs", "data/train.jsonl")  # beside neither the YAML nor the cwd

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_core.data.prepare import prepare_datasets
+from grpo_core.recipe.prepare import prepare_datasets
 from grpo_core.config import DataConfig
 from grpo_core.evaluation.heldout import is_direct
 from grpo_core.data.synthetic import chain_accuracy, evaluate_chain

@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import grpo_core.generation
-import grpo_core.generation.rejection
+import grpo_core.recipe.rejection
 from grpo_core.models.tiny import build_tiny_model
 from tasks.config import load_config
 from tasks.rejection_sample import _sample
@@ -26,7 +26,7 @@ def test_rejection_sampling_builds_its_backend_from_its_own_section(tmp_path, mo
     built, sampled = [], []
     monkeypatch.setattr(grpo_core.generation, "make_backend",
                         lambda kind, path, **opts: built.append((kind, opts)) or "backend")
-    monkeypatch.setattr(grpo_core.generation.rejection, "rejection_sample",
+    monkeypatch.setattr(grpo_core.recipe.rejection, "rejection_sample",
                         lambda section, backend, tokenizer, rows: sampled.append((section, backend)) or ([], {}))
     _sample(SimpleNamespace(config=config, stage="rejection_sample"), str(model), [], {})
     (kind, opts), = built

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from grpo_core.config import DataConfig, GRPOConfig, SFTConfig
 from grpo_core.data.rows import write_parquet
-from grpo_core.data.prepare import prepare_datasets
+from grpo_core.recipe.prepare import prepare_datasets
 from grpo_core.trainer.sft import resolve_max_steps
 from grpo_core.models.tiny import build_tiny_model
 from tasks.cold_start_sft import cold_start_sft

@@ -143,7 +143,7 @@ def grpo_config(judge: dict) -> GRPOConfig:
 def test_unparsed_verdicts_are_counted_in_the_training_metrics(tiny_judge_path, tmp_path):
     import json
 
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     judge = {"model": tiny_judge_path, "max_new_tokens": 4, "max_length": 900, "max_unparsed": None}
     train_grpo(grpo_config(judge), tiny_judge_path, GRPO_ROWS, tmp_path, resume=False)
@@ -152,7 +152,7 @@ def test_unparsed_verdicts_are_counted_in_the_training_metrics(tiny_judge_path, 
 
 
 def test_a_judge_that_never_parses_stops_training_before_anything_is_saved(tiny_judge_path, tmp_path):
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     judge = {"model": tiny_judge_path, "max_new_tokens": 4, "max_length": 900, "max_unparsed": 8}
     with pytest.raises(JudgeNeverParses, match="none of its first 8 verdicts"):

@@ -185,7 +185,7 @@ def test_grpo_stops_cleanly_when_the_judge_server_never_answers(tmp_path):
     """Today a None reward is NaN and counts as 0 in the loss (trainer/loss.py nansum), so a dead server would
     train on nothing; the served judge raises after max_failed_calls calls instead, before anything is saved."""
     from grpo_core.models.tiny import build_tiny_model
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     policy = build_tiny_model(tmp_path / "policy", hidden_size=32, num_layers=1, num_heads=2)
     url = closed_port_url()

@@ -141,7 +141,7 @@ ROWS = [{"prompt": [{"role": "user", "content": f"Say something kind about {i}."
 
 
 def test_grpo_step_with_a_served_judge_then_its_server_stops(servers, tmp_path, monkeypatch):
-    from grpo_core.trainer import train_grpo
+    from grpo_core.trainer.loop import train_grpo
 
     monkeypatch.setenv("JUDGE_KEY", KEY)
     proc, url = servers["judge"]

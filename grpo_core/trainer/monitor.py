@@ -28,12 +28,14 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from grpo_core.config import EvalConfig, GRPOConfig
+from grpo_core.evaluation.heldout import _generate
 from grpo_core.generation import GenerationBackend
+from grpo_core.generation.prompts import encode_prompts
 from grpo_core.rewards.base import RewardFunc
 from grpo_core.rewards.scoring import load_reward_states, resolve_reward, reward_states, score_completions
+from grpo_core.trainer.during_rl import preserved_rng, reward_events_aside
 from grpo_core.trainer.loss import combine_rewards
 from grpo_core.trainer.mixture import Mixture
-from grpo_core.trainer.prompts import encode_prompts
 
 PROXY, HELDOUT, ALARM = "proxy", "heldout", "alarm"
 
@@ -120,8 +122,6 @@ class RewardMonitor:
                  ) -> tuple[dict[str, float], list[Alarm]]:
         """``monitor/{source}/proxy``, ``/heldout`` and ``/alarm`` of the policy ``backend`` samples from after
         ``step`` (``history``: the run's log rows before it), and the alarms that fire."""
-        from grpo_core.evaluation.during_rl import preserved_rng, reward_events_aside
-        from grpo_core.evaluation.heldout import _generate
 
         s = self.config.sampling
         encoded = encode_prompts(tokenizer, [r["prompt"] for r in self.rows], s.max_prompt_length, s.long_prompts)

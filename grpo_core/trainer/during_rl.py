@@ -25,6 +25,7 @@ from grpo_core.evaluation.heldout import evaluate_verifiable
 from grpo_core.generation import GenerationBackend
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.rewards.base import count_reward_event
+from grpo_core.trainer.checkpoint import rng_state, set_rng_state
 
 
 def rl_eval_config(config: GRPOConfig, base: EvalConfig | None = None) -> EvalConfig:
@@ -57,7 +58,6 @@ def heldout_slice(rows: list[dict[str, Any]], eval_samples: int, general_sources
 @contextlib.contextmanager
 def preserved_rng() -> Iterator[None]:
     """Run the body without moving any RNG training draws from (restored afterwards, as a checkpoint would)."""
-    from grpo_core.trainer.checkpoint import rng_state, set_rng_state
 
     state = rng_state()
     try:

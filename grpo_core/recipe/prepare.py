@@ -19,8 +19,8 @@ from typing import Any, Iterable
 
 from grpo_core.config import CountdownData, DataConfig, DatasetSource
 from grpo_core.data import countdown, general, synthetic
-from grpo_core.data.cold_start import load_cold_start_source, source_key
 from grpo_core.data.rows import (RAW_PROMPT, DataError, load_prompt_rows, normalized_prompt_hash, source_label)
+from grpo_core.recipe.cold_start import load_cold_start_source, source_key
 from grpo_core.rewards.base import prompt_text
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
             rows, s = load_prompt_rows(src, on_error=config.on_error, keep_raw=True)
             target += rows
             stats["sources"][f"{kind}:{src.path}"] = s.as_dict()
-    for src in config.cold_start_sources:  # files, trace sets and teachers: grpo_core.data.cold_start
+    for src in config.cold_start_sources:  # files, trace sets and teachers: grpo_core.recipe.cold_start
         rows, stats["sources"][source_key(src)] = load_cold_start_source(src, train, on_error=config.on_error)
         label = source_label(src) if isinstance(src, DatasetSource) else source_key(src).split(":", 1)[1]
         cold += [{**r, "source": r.get("source") or label} for r in rows]

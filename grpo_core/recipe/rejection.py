@@ -38,10 +38,10 @@ from grpo_core.config import RejectionSamplingConfig, RejectionSource, RewardEnt
 from grpo_core.data.readability import FILTERS, readability_reason
 from grpo_core.evaluation.heldout import completion_length, sample, sample_seed
 from grpo_core.generation.base import GenerationBackend, Rollout
+from grpo_core.generation.prompts import EncodedPrompts, all_dropped_error, encode_prompts
 from grpo_core.rewards import get_reward_funcs
 from grpo_core.rewards.base import RewardFunc
 from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
-from grpo_core.trainer.prompts import EncodedPrompts, all_dropped_error, encode_prompts
 
 REJECT_REASONS = ("incorrect", "truncated", "format", "too_long", "language", "duplicate", "over_limit")
 

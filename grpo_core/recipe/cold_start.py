@@ -26,8 +26,9 @@ from collections import Counter
 from typing import Any, Sequence
 
 from grpo_core.config import DatasetSource, ReadabilityConfig, TeacherSource, TraceSource
-from grpo_core.data.rows import RAW_PROMPT, DataError, LoadStats, load_prompt_rows, raw_prompt_text, read_records, to_messages
 from grpo_core.data.readability import FILTERS, readability_reason, split_reasoning
+from grpo_core.data.rows import (RAW_PROMPT, DataError, LoadStats, load_prompt_rows, load_sft_rows, raw_prompt_text,
+                                 read_records, to_messages)
 
 COUNTS = ("samples", "kept", "unverified", "duplicate", "over_limit")
 
@@ -143,10 +144,11 @@ def sample_teacher_traces(src: TeacherSource, rows: list[dict[str, Any]], *, bac
                           tokenizer: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Cold-start rows sampled from ``src.model`` on ``rows`` (prompt rows with the reward's columns, e.g.
     ``answer``) as ``src.sampling`` says; ``backend``/``tokenizer`` default to one loaded from ``src.model``."""
+    # heavy import (torch): only a teacher source samples; prepare_data reads other sources without it
     from grpo_core.evaluation.heldout import sample, sample_seed
     from grpo_core.generation import backend_kind, backend_options, make_backend
+    from grpo_core.generation.prompts import all_dropped_error, encode_prompts
     from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
-    from grpo_core.trainer.prompts import all_dropped_error, encode_prompts
 
     s = src.sampling
     rows = rows[: src.max_prompts] if src.max_prompts else rows
@@ -192,7 +194,6 @@ def sample_teacher_traces(src: TeacherSource, rows: list[dict[str, Any]], *, bac
 def load_cold_start_source(src: DatasetSource | TraceSource | TeacherSource, train_rows: list[dict[str, Any]], *,
                            on_error: str = "raise") -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``(rows, stats)`` of one ``cold_start_sources`` entry; a teacher without ``prompts`` samples on ``train_rows``."""
-    from grpo_core.data.rows import load_sft_rows
 
     if isinstance(src, TraceSource):
         return load_trace_rows(src, on_error=on_error)
