@@ -16,9 +16,9 @@ with it, they first check that the server answers (``flows/prefect_api.py``, ``R
 Ctrl-C stops a run in seconds: the training process group is taken down, the call's flow runs are marked
 Cancelled and the command exits 130; rerunning it resumes from the last stored checkpoint.
 Problems with the config, the store, the Prefect server or the data end the command with one ``error:`` line
-and exit code 1; no call waits without bound (S3 timeouts: ``tasks/store.py``).
+and exit code 1; no call waits without bound (S3 timeouts: ``tasks/storage/store.py``).
 
-One writer per run: ``r1 run`` and ``r1 stage`` hold the run's lease (``tasks/lease.py``) while they run; a
+One writer per run: ``r1 run`` and ``r1 stage`` hold the run's lease (``tasks/storage/lease.py``) while they run; a
 second writer on the same run fails at once, naming the holder.
 """
 
@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 import typer
 
+from flows.cli_check import check_config
 from flows.cli_common import (  # noqa: F401 - _config is also what tests use to read a config as the CLI does
     FORCE_UNLOCK,
     INTERRUPTED,
@@ -50,6 +51,13 @@ from flows.cli_common import (  # noqa: F401 - _config is also what tests use to
     _stage_entry,
     _store,
 )
+from flows.cli_eval import eval_model
+from flows.deploy import deploy_command
+from grpo_core.plan.memory import GiB, Hardware
+from tasks.config.plan import plan_pipeline
+from tasks.config.stages import all_stages
+from tasks.runner.common import configure_stage_logging
+from tasks.runner.monitor import status_lines
 
 SEED_HELP = ("set every seed of the pipeline (tiny model init, data, sampling, training order) to N in the config "
              "the run records; default: the config's own seeds (the embedded default's are 0)")
@@ -79,8 +87,8 @@ def run(
         _refuse_held_lease(st, run_name, force_unlock)
     if seed is not None and run_name is not None:
         _check_run_seed(st, run_name, seed)
+    # heavy import (prefect): `r1 --help`, plan and check start without it
     from flows.r1_pipeline import new_run_name, r1_pipeline
-    from tasks.common import configure_stage_logging
 
     configure_stage_logging()
     name = run_name or new_run_name()
@@ -112,8 +120,8 @@ def stage(
     _refuse_held_lease(st, run_name, force_unlock)  # in a second: before Prefect, torch and the API's server start
     if seed is not None:
         _check_run_seed(st, run_name, seed)  # the stage's upstream outputs were made with the run's seeds
+    # heavy import (prefect): `r1 --help`, plan and check start without it
     from flows.stages import record_run_config, stage_flow
-    from tasks.common import configure_stage_logging
 
     configure_stage_logging()
     with _interruptible(), _prefect_api(), _lease(st, run_name, force_unlock):
@@ -134,6 +142,7 @@ def status(
     st = _store(store)
     _existing_run(st, run_name)
     if as_json:
+        # heavy import (prefect): `r1 --help`, plan and check start without it
         from flows.run_status import stage_status
 
         typer.echo(json.dumps({**stage_status(st, run_name), "seeds": _run_seeds(st, run_name, strict=False)}))
@@ -146,6 +155,7 @@ def report(run_name: str = typer.Argument(..., metavar="NAME"), store: Optional[
     _run_name(run_name)
     st = _store(store)
     _existing_run(st, run_name)
+    # heavy import (prefect): `r1 --help`, plan and check start without it
     from flows.report import write_report
 
     rep = write_report(st, run_name)
@@ -159,8 +169,6 @@ def plan(
     gpu_memory: float = typer.Option(80.0, "--gpu-memory", min=0.1, help="memory of one GPU, GiB"),
 ) -> None:
     """Predict each GPU stage's per-GPU memory peak; exit 1 naming the first stage that does not fit."""
-    from grpo_core.plan.memory import GiB, Hardware
-    from tasks.plan import plan_pipeline
 
     cfg = _config(config)
     try:
@@ -180,8 +188,8 @@ KEY_METRICS = ("eval/accuracy", "eval/pass@1", "eval/mean_length", "data/num_tra
 
 
 def _print_status(st: Any, run_name: str) -> None:
+    # heavy import (prefect): `r1 --help`, plan and check start without it
     from flows.run_status import stage_status
-    from tasks.monitor import status_lines
 
     info = stage_status(st, run_name)
     typer.echo(f"{'stage':<18}{'state':<12}{'metrics':<58}uri")
@@ -201,10 +209,6 @@ def _print_status(st: Any, run_name: str) -> None:
 
 def build_app() -> typer.Typer:
     """The ``r1`` command; its help lists the stage table as it is when built."""
-    from flows.cli_check import check_config
-    from flows.cli_eval import eval_model
-    from flows.deploy import deploy_command
-    from tasks.stages import all_stages
 
     stages = "\n\n".join(f"{s.name}: {s.description}" for s in all_stages())
     cli = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,

@@ -20,6 +20,11 @@ from typing import Optional
 import typer
 
 from flows.cli_common import _config, _fail, _interruptible, _prefect_api, _run_flow
+from tasks.check import MiniatureError, build_miniatures, consumption, format_consumption, miniature_pipeline
+from tasks.config.pipeline import ConfigError
+from tasks.config.plan import HARDWARE_LINE, config_hardware, plan_pipeline
+from tasks.runner.common import configure_stage_logging
+from tasks.storage.store import Store
 
 
 def check_config(
@@ -29,10 +34,6 @@ def check_config(
     keep: Optional[Path] = typer.Option(None, "--keep", help="keep the miniature run's models and store in this folder"),
 ) -> None:
     """Preflight: the config's every stage, source, reward function and reward model, in miniature, in minutes."""
-    from tasks.check import MiniatureError, build_miniatures, consumption, format_consumption, miniature_pipeline
-    from tasks.common import configure_stage_logging
-    from tasks.config import ConfigError
-    from tasks.plan import HARDWARE_LINE, config_hardware, plan_pipeline
 
     cfg = _config(config)
     start = time.monotonic()
@@ -62,9 +63,9 @@ def check_config(
             _fail(str(e))
         typer.echo(f"\nminiature run: {rows} rows a source, {steps} steps a training stage, every model at 2 narrow "
                    f"layers, rejection sampling keeping every sample it scores ({time.monotonic() - start:.0f} s to build)")
+        # heavy import (prefect): only the miniature's run needs it
         from flows.r1_pipeline import r1_pipeline
         from flows.run_status import stage_status
-        from tasks.store import Store
 
         configure_stage_logging()
         os.environ["R1_WORKDIR"] = str(workdir / "work")  # the stages' scratch files go with the check's folder

@@ -12,6 +12,11 @@ from pathlib import Path
 from typing import Any, Iterator, NoReturn, Optional
 
 import typer
+from flows.prefect_api import PrefectAPIUnreachable, cancel_flow_runs, prefect_api
+from tasks.config.pipeline import ConfigError, PipelineConfig, check_run_name, check_store_url, load_config
+from tasks.config.stages import UnknownStage, get_stage
+from tasks.storage.lease import RunLease, acquire_lease
+from tasks.storage.store import Store, StoreError
 
 # Before Prefect is imported: no analytics (machines without internet) and a generous temporary-server
 # start-up on busy laptops. Users' own settings win.
@@ -25,8 +30,6 @@ def _fail(message: str) -> NoReturn:
 
 
 def _config(path: Optional[Path]) -> Any:
-    from tasks.config import ConfigError, load_config
-
     try:
         return load_config(path)
     except ConfigError as e:
@@ -34,9 +37,6 @@ def _config(path: Optional[Path]) -> Any:
 
 
 def _store(url: Optional[str]) -> Any:
-    from tasks.config import ConfigError, check_store_url
-    from tasks.store import Store, StoreError
-
     url = url or os.environ.get("R1_STORE") or None
     try:
         if url is not None:
@@ -50,7 +50,6 @@ def _store(url: Optional[str]) -> Any:
 def _prefect_api() -> Iterator[None]:
     """Flows inside report to ``PREFECT_API_URL``'s server once it answers (else one line naming it), or to a
     temporary server of our own that a Ctrl-C does not kill before ``r1`` can record the interruption."""
-    from flows.prefect_api import PrefectAPIUnreachable, prefect_api
 
     try:
         with prefect_api(on_dead=_stop_run_server_gone):
@@ -60,8 +59,6 @@ def _prefect_api() -> Iterator[None]:
 
 
 def _run_name(name: str) -> str:
-    from tasks.config import ConfigError, check_run_name
-
     try:
         return check_run_name(name)
     except ConfigError as e:
@@ -71,8 +68,8 @@ def _run_name(name: str) -> str:
 def _run_seeds(st: Any, run_name: str, strict: bool = True) -> dict[str, int] | None:
     """Every seed field of the config run ``run_name`` was started with (``PipelineConfig.seeds``); None when the
     store holds no config for it (or, not ``strict``, one this code cannot read; strict: fail naming the file)."""
+    # heavy import (prefect): the CLI starts without it
     from flows.stages import RUN_CONFIG
-    from tasks.config import PipelineConfig
 
     saved = st.read_run_file(run_name, RUN_CONFIG)
     if saved is None:
@@ -135,8 +132,6 @@ def _server_gone() -> bool:
 def _refuse_held_lease(st: Any, run_name: str, force: bool) -> None:
     """Fail at once, naming the holder, when another live writer holds the run: before the Prefect API starts
     (a temporary server takes seconds), so a refused start says so in about a second. ``_lease`` checks again."""
-    from tasks.lease import RunLease
-    from tasks.store import StoreError
 
     try:
         RunLease(st, run_name).refuse_if_held(force=force)
@@ -147,8 +142,6 @@ def _refuse_held_lease(st: Any, run_name: str, force: bool) -> None:
 def _lease(st: Any, run_name: str, force: bool) -> Any:
     """The run's lease (one writer per run), taken before any stage starts; enter it to keep it alive. Losing
     it stops the command (``_stop_writer``)."""
-    from tasks.lease import acquire_lease
-    from tasks.store import StoreError
 
     try:
         return acquire_lease(st, run_name, force=force, on_lost=_stop_writer)
@@ -216,7 +209,7 @@ FORCE_UNLOCK = "take the run's lease even if another writer holds it (only when 
 def _run_flow(fn: Any, **params: Any) -> Any:
     """Call a flow; a failure becomes one error line (Prefect's log above it has the traceback).
 
-    Ctrl-C: the task in progress takes its training process group down (``tasks/launch.py``), Prefect records the
+    Ctrl-C: the task in progress takes its training process group down (``tasks/runner/launch.py``), Prefect records the
     runs as Crashed, and we mark this call's flow runs Cancelled (found by a tag given to them here) and exit 130.
     The next ``r1 run``/``r1 stage`` with the same run resumes from the last stored checkpoint."""
     import prefect
@@ -231,7 +224,6 @@ def _run_flow(fn: Any, **params: Any) -> Any:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
         if _server_gone():
             raise Interrupted("stopped: the Prefect server is gone") from None
-        from flows.prefect_api import cancel_flow_runs
 
         cancelled = cancel_flow_runs(tag)
         raise Interrupted(f"interrupted: {cancelled} flow run(s) marked Cancelled; rerun the same command to resume "
@@ -249,8 +241,6 @@ def _short(v: Any) -> str:
 
 
 def _stage_entry(name: str) -> Any:
-    from tasks.stages import UnknownStage, get_stage
-
     try:
         return get_stage(name)
     except UnknownStage as e:

@@ -13,6 +13,8 @@ import typer
 
 from flows.cli_common import (FORCE_UNLOCK, _config, _existing_run, _fail, _interruptible, _lease, _prefect_api,
                               _refuse_held_lease, _run_flow, _run_name, _short, _stage_entry, _store)
+from grpo_core.config import EvalConfig
+from tasks.runner.common import StageFailed, configure_stage_logging
 
 
 def eval_model(
@@ -41,7 +43,6 @@ def eval_model(
     """Evaluate a model under the R1 paper's protocol: pass@1 over n samples (temperature 0.6, top-p 0.95),
     pass@k, maj@k and greedy accuracy per benchmark. A run's stage gets a committed evaluation output that
     `r1 status` and `r1 report` show."""
-    from grpo_core.config import EvalConfig
 
     options = {"benchmarks": _benchmark_args(benchmarks), "k": _ints(k, "--k"), "limit": limit}
     options = {key: v for key, v in options.items() if v is not None}
@@ -54,8 +55,9 @@ def eval_model(
         cfg = _eval_config(base, options)
         if not cfg.benchmarks:
             _fail("a model folder has no held-out set; name benchmarks with --benchmarks math500,gsm8k,...")
+        # heavy import (prefect): the CLI starts without it
         from flows.evaluate import evaluate_folder
-        from tasks.evaluate import eval_backend_kind
+        from tasks.stages.evaluate import eval_backend_kind
 
         why = "--vllm/--no-vllm" if vllm is not None else "evaluate.sampling.use_vllm"
         if cfg.sampling.use_vllm is None:  # a folder is no stage whose sampling evaluation could follow
@@ -81,16 +83,16 @@ def eval_model(
     st = _store(store)
     _existing_run(st, run_part)
     _refuse_held_lease(st, run_part, force_unlock)  # in a second: before Prefect, torch and the API's server start
+    # heavy import (prefect): the CLI starts without it
     from flows.stages import resolve_config
-    from tasks.common import StageFailed
 
     try:
         pipeline = _config(config) if config else resolve_config(None, None, run_part, st)
     except StageFailed as e:
         _fail(str(e))
     pipeline = pipeline.model_copy(update={"evaluate": _eval_config(pipeline.evaluate, options)})
+    # heavy import (prefect): the CLI starts without it
     from flows.evaluate import evaluate_flow
-    from tasks.common import configure_stage_logging
 
     configure_stage_logging()
     with _interruptible(), _prefect_api(), _lease(st, run_part, force_unlock):
@@ -126,7 +128,6 @@ def _eval_config(base: Any, options: dict[str, Any]) -> Any:
     an invalid combination fails in one line."""
     from pydantic import ValidationError
 
-    from grpo_core.config import EvalConfig
 
     data = base.model_dump(exclude_unset=True)
     sampling = {**data.get("sampling", {}), **options.get("sampling", {})}

@@ -4,7 +4,7 @@
     r1 deploy --gpu-pool a100 --gpu-pool-type kubernetes
     python -m flows.deploy                           # rewrite infra/prefect.yaml from the stage table
 
-The deployments are the pipeline flow plus one per stage of ``tasks/stages.py`` (on the stage's pool), so
+The deployments are the pipeline flow plus one per stage of ``tasks/config/stages.py`` (on the stage's pool), so
 a new table entry is deployed with no other edit. ``infra/prefect.yaml`` is this rendering, committed for
 users who run ``prefect deploy`` themselves; a test keeps it equal to the table. Needs a Prefect server
 (``PREFECT_API_URL``; deployments in the ephemeral mode would vanish with it), asked first whether it answers
@@ -28,6 +28,8 @@ from typing import Annotated, Any, Literal
 
 import typer
 import yaml
+from flows.prefect_api import PrefectAPIUnreachable, check_prefect_api
+from tasks.config.stages import all_stages
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT_FILE = ROOT / "infra" / "prefect.yaml"
@@ -74,7 +76,7 @@ def ensure_pool(name: str, pool_type: PoolType, *, description: str = "") -> boo
 
 
 PREFECT_HEADER = """\
-# GENERATED from the stage table (tasks/stages.py) by `python -m flows.deploy`; edit the table, not this file.
+# GENERATED from the stage table (tasks/config/stages.py) by `python -m flows.deploy`; edit the table, not this file.
 # Deployments of the R1 pipeline and of each stage flow, on two work pools: `cpu` (data preparation and the
 # pipeline's orchestrating flow) and `gpu` (training, sampling, evaluation).
 #   r1 deploy                                   # creates the pools if missing, then registers all of these
@@ -93,7 +95,6 @@ PREFECT_HEADER = """\
 
 def prefect_spec(pools: dict[str, str] = DEFAULT_POOLS) -> dict[str, Any]:
     """The prefect.yaml content for the current stage table, with work pools named ``pools``."""
-    from tasks.stages import all_stages
 
     work_pools = {kind: {"name": pools[kind], "work_queue_name": "default", "job_variables": {}} for kind in ("cpu", "gpu")}
     gpu_concurrency = {"limit": 1, "collision_strategy": "ENQUEUE"}
@@ -170,7 +171,6 @@ def deploy(cpu_pool: str = "cpu", gpu_pool: str = "gpu", gpu_pool_type: PoolType
     """Create missing pools, register the deployments; returns their ``flow/deployment`` names."""
     from prefect.settings import PREFECT_API_URL
 
-    from flows.prefect_api import PrefectAPIUnreachable, check_prefect_api
 
     if not PREFECT_API_URL.value():
         raise DeployError("no Prefect server: start one (`prefect server start`) and set PREFECT_API_URL, e.g. "

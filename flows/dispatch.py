@@ -19,10 +19,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tasks import lineage
-from tasks.stages import all_stages
-from tasks.manifest import StageRef
-from tasks.store import Store
+from tasks.config.stages import all_stages
+from tasks.storage import lineage
+from tasks.storage.manifest import StageRef
+from tasks.storage.store import Store
 
 
 class StageRunFailed(RuntimeError):

@@ -19,11 +19,11 @@ from typing import Any
 from prefect import flow
 
 from flows.stages import call_task, committed, resolve_config
-from tasks.common import StageFailed, configure_stage_logging
-from tasks.config import PipelineConfig, check_run_name
-from tasks.evaluate import evaluate
-from tasks.stages import get_stage
-from tasks.store import Store
+from tasks.config.pipeline import PipelineConfig, check_run_name
+from tasks.config.stages import get_stage
+from tasks.runner.common import StageFailed, configure_stage_logging, write_jsonl
+from tasks.stages.evaluate import evaluate, make_eval_backend
+from tasks.storage.store import Store
 
 
 @flow(name="evaluate", flow_run_name="{run}-evaluate-{stage}", log_prints=True, validate_parameters=False)
@@ -45,9 +45,8 @@ def evaluate_flow(run: str, stage: str, store: str | None = None, config: Pipeli
 def evaluate_folder(model_dir: str | Path, eval_config: Any, output: str | Path) -> dict[str, float]:
     """The benchmarks of ``eval_config`` on a local model folder; writes ``output/metrics.json`` and
     ``output/{benchmark}.jsonl``; returns the metrics."""
+    # heavy import (torch): a folder is evaluated in a process that may not sample
     from grpo_core.evaluation.benchmarks import evaluate_benchmarks
-    from tasks.common import write_jsonl
-    from tasks.evaluate import make_eval_backend
 
     _, tokenizer, backend = make_eval_backend(eval_config, str(model_dir))
     metrics, results = evaluate_benchmarks(eval_config, model_dir, tokenizer=tokenizer, backend=backend)

@@ -25,6 +25,8 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 from urllib.parse import urlsplit, urlunsplit
+from flows.prefect_watch import CONFIGURED_GRACE_S, ServerWatch
+from tasks.runner.launch import die_with_parent
 
 PROBE_TIMEOUT_ENV = "R1_PREFECT_PROBE_TIMEOUT"
 DEFAULT_PROBE_TIMEOUT = 10.0
@@ -90,7 +92,6 @@ def prefect_api(on_dead: Optional[Callable[[str], None]] = None) -> Iterator[Non
     from prefect.context import refresh_global_settings_context
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.prefect_watch import CONFIGURED_GRACE_S, ServerWatch
 
     if configured := PREFECT_API_URL.value():
         check_prefect_api()
@@ -164,7 +165,6 @@ def _free_port() -> int:
 def _spawn_server(port: int) -> subprocess.Popen[bytes]:
     import prefect
     from prefect.settings import get_current_settings
-    from tasks.launch import die_with_parent
 
     env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
            "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}

@@ -21,13 +21,14 @@ from typing import Any, Literal
 
 from prefect import flow
 
+from flows import dispatch
 from flows.report import write_report
 from flows.stages import call_task, record_run_config, reuse, stage_flow
-from tasks.config import PipelineConfig, check_run_name, load_config
-from tasks.lease import held_owner
-from tasks.stages import Stage, all_stages, get_stage, stage_names
-from tasks.manifest import StageRef
-from tasks.store import Store
+from tasks.config.pipeline import PipelineConfig, check_run_name, load_config
+from tasks.config.stages import Stage, all_stages, get_stage, stage_names
+from tasks.storage.lease import held_owner
+from tasks.storage.manifest import StageRef
+from tasks.storage.store import Store
 
 Dispatch = Literal["inline", "deployments"]
 
@@ -76,11 +77,10 @@ class Dispatcher:
                   "inputs": {k: v.to_dict() for k, v in inputs.items()}, "force": stage.name in self.forced}
         if self.dispatch == "inline":
             return StageRef.from_dict(stage_flow(stage.name)(**params), self.store)
-        from flows.dispatch import run_stage_deployment  # the stage's deployment on its pool
 
         owner = held_owner(Store(self.store), self.run)  # the worker's commits are fenced on this run's lease
-        return run_stage_deployment(stage.name, {**params, "config": self.config.model_dump(mode="json"),
-                                                 **({"lease_owner": owner} if owner else {})})
+        return dispatch.run_stage_deployment(stage.name, {**params, "config": self.config.model_dump(mode="json"),
+                                                          **({"lease_owner": owner} if owner else {})})
 
 
 def pipeline_config(config: PipelineConfig | None, config_path: str | None) -> PipelineConfig:

@@ -30,9 +30,9 @@ from flows.report_emergence import emergence_section, measured_emergence
 from flows.report_plots import plot_histories, plot_reflection
 from flows.report_tables import benchmark_table, emergence_rows, emergence_table, source_rows, source_table
 from flows.run_status import latest_evaluations, latest_refs, stage_status
-from tasks.common import artifact_key, in_prefect_run
-from tasks.monitor import status_lines
-from tasks.store import Store
+from tasks.runner.common import artifact_key, in_prefect_run
+from tasks.runner.monitor import status_lines
+from tasks.storage.store import Store
 
 REPORT_DIR = "_report"
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from flows.report_tables import first_metric
 from grpo_core.evaluation import emergence
-from tasks.manifest import StageRef
+from tasks.storage.manifest import StageRef
 
 REFLECTION_KEY = "completions/reflection_rate"
 # column -> evaluation key(s), the first present wins; features of the sampled held-out completions

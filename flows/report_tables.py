@@ -9,11 +9,11 @@ import re
 from typing import Any
 
 from flows.run_status import latest_evaluations, latest_refs
-from tasks.evaluate import output_name as eval_output
-from tasks.manifest import StageRef
-from tasks.stages import all_stages
-from tasks.store import Store
-from tasks.training import read_history
+from tasks.config.stages import all_stages
+from tasks.runner.training import read_history
+from tasks.stages.evaluate import output_name as eval_output
+from tasks.storage.manifest import StageRef
+from tasks.storage.store import Store
 
 # Which logged/eval keys mean what; the first one present wins.
 ACCURACY_KEYS = ("rewards/chain_accuracy/mean", "rewards/math_accuracy/mean", "reward")

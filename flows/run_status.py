@@ -1,4 +1,4 @@
-"""Where a run stands: each stage's current committed output (tasks/lineage.py), its evaluation, and its state.
+"""Where a run stands: each stage's current committed output (tasks/storage/lineage.py), its evaluation, and its state.
 
     r1 status NAME [--json]        (``stage_status``; the report's "Stages" section reads the same)
 
@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks import lineage
-from tasks.evaluate import output_name as eval_output
-from tasks.manifest import StageRef
-from tasks.stages import all_stages
-from tasks.store import Store
+from flows.stages import RUN_CONFIG
+from tasks.config.pipeline import PipelineConfig
+from tasks.config.stages import all_stages
+from tasks.stages.evaluate import output_name as eval_output
+from tasks.storage import lineage
+from tasks.storage.manifest import StageRef
+from tasks.storage.store import Store
 
 
 def latest_refs(store: Store, run: str) -> dict[str, StageRef | None]:
@@ -27,8 +29,6 @@ def latest_refs(store: Store, run: str) -> dict[str, StageRef | None]:
 
 def disabled_stages(store: Store, run: str) -> set[str]:
     """The optional stages the run's saved config does not enable (none when it has no readable config)."""
-    from flows.stages import RUN_CONFIG
-    from tasks.config import PipelineConfig
 
     saved = store.read_run_file(run, RUN_CONFIG)
     try:

@@ -3,10 +3,10 @@
     r1 stage grpo_train --run NAME        (the CLI; or stage_flow("grpo_train")(run="NAME") from Python)
 
 A stage flow reads its upstream inputs from the store (the current committed output of each upstream
-stage, tasks/lineage.py) unless the caller passes them, runs the stage's task, then ``evaluate`` when the stage makes a
+stage, tasks/storage/lineage.py) unless the caller passes them, runs the stage's task, then ``evaluate`` when the stage makes a
 model. It returns the stage's reference as a plain dict, so the same flow works as an inline subflow and
 as a deployment run, where only store references cross processes. The flows are made from the table
-(``tasks/stages.py``) on first use; ``flows/stages.py:<stage>_flow`` is each one's deployment entrypoint.
+(``tasks/config/stages.py``) on first use; ``flows/stages.py:<stage>_flow`` is each one's deployment entrypoint.
 """
 
 from __future__ import annotations
@@ -15,21 +15,21 @@ from typing import Any
 
 from prefect import Flow, flow
 
-from tasks import lineage
-from tasks.common import StageFailed, cached, configure_stage_logging, stage_task_options
-from tasks.config import PipelineConfig, check_run_name, load_config
-from tasks.lease import fenced_as
-from tasks.sections import uses_reward_model_stage
-from tasks.stages import evaluation, get_stage, stage_names
-from tasks.manifest import StageRef
-from tasks.store import Store
+from tasks.config.pipeline import PipelineConfig, check_run_name, load_config
+from tasks.config.sections import uses_reward_model_stage
+from tasks.config.stages import evaluation, get_stage, stage_names
+from tasks.runner.common import StageFailed, cached, configure_stage_logging, stage_task_options
+from tasks.storage import lineage
+from tasks.storage.lease import fenced_as
+from tasks.storage.manifest import StageRef
+from tasks.storage.store import Store
 
 RUN_CONFIG = "config.json"
 _FLOWS: dict[str, Flow] = {}
 
 
 def committed(store: Store, run: str, stage: str) -> StageRef:
-    """The output of ``stage`` the run stands on now (tasks/lineage.py), or a StageFailed saying how to make one."""
+    """The output of ``stage`` the run stands on now (tasks/storage/lineage.py), or a StageFailed saying how to make one."""
     ref = lineage.current(store, run, stage)
     if ref is None:
         raise StageFailed(f"run {run!r} has no committed {stage} output in {store.url}; run it first "
@@ -67,7 +67,7 @@ def run_stage(stage: str, run: str, config: PipelineConfig | None = None, config
               lease_owner: str | None = None) -> dict[str, Any]:
     """The body of every stage flow: inputs from the caller or the store, the task, then evaluation.
     ``lease_owner``: the lease token of the pipeline that dispatched this stage to a worker; its commits are then
-    refused once another writer holds the run (``tasks.lease.fenced_as``)."""
+    refused once another writer holds the run (``tasks.storage.lease.fenced_as``)."""
     if lease_owner:
         with fenced_as(Store(store), run, lease_owner):
             return run_stage(stage, run, config, config_path, store, inputs, force)

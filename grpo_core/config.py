@@ -5,7 +5,7 @@ Field names follow TRL's ``GRPOConfig``/``SFTConfig`` wherever the concept is th
 ``max_completion_length``, ``num_iterations``, ...), so a TRL config moves over field by field.
 Unknown fields are rejected (``extra="forbid"``) so a typo never silently falls back to a default.
 
-The pipeline composes these into ``tasks.config.PipelineConfig``. Defaults are the seed's hyperparameter table (G 8-16, beta 0.001-0.01, epsilon 0.1-0.2,
+The pipeline composes these into ``tasks.config.pipeline.PipelineConfig``. Defaults are the seed's hyperparameter table (G 8-16, beta 0.001-0.01, epsilon 0.1-0.2,
 lr 1e-6..5e-6, max_new_tokens 1024-2048) where it gives one.
 """
 
@@ -240,7 +240,7 @@ class EvalSampling(BatchedSampling):
     max_completion_length: int = Field(64, gt=0, description="new tokens per completion")
     use_vllm: bool | None = Field(
         None, description="sample with vLLM (true) or transformers (false); None = as the evaluated stage samples: "
-        "an RL stage's own sampling.use_vllm, grpo_train's for the SFT stages (tasks/evaluate.py: eval_use_vllm); "
+        "an RL stage's own sampling.use_vllm, grpo_train's for the SFT stages (tasks/stages/evaluate.py: eval_use_vllm); "
         "transformers for a model folder (r1 eval DIR)")
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from tasks.config import RL_SECTIONS, TRAINER_SECTIONS, PipelineConfig, parse_config
+from grpo_core.models.miniature import build_miniature
+from tasks.config.pipeline import RL_SECTIONS, TRAINER_SECTIONS, PipelineConfig, parse_config
+from tasks.config.stages import all_stages
 
 MODEL_KEYS = ("name_or_path", "model", "init_model", "model_name_or_path")  # fields that name a model to load
 NOT_A_MODEL = ("reward_model",)  # `model: reward_model` names the run's own stage
@@ -161,7 +163,6 @@ def consumption(config: PipelineConfig, gpus: int = 1) -> list[dict[str, Any]]:
     """What the real config spends, stage by stage: optimiser steps, sequences trained, completions sampled
     (and the most tokens they can hold), the models loaded. Upper bounds where the data decides (rejection
     sampling over every training prompt when ``max_prompts`` is unset)."""
-    from tasks.stages import all_stages
 
     out = []
     for stage in all_stages():
@@ -224,7 +225,6 @@ def format_consumption(rows: list[dict[str, Any]]) -> str:
 
 def build_miniatures(workdir: Path) -> Callable[[str], str]:
     """``build(name) -> folder``: each distinct model built once under ``workdir`` (grpo_core.models.miniature)."""
-    from grpo_core.models.miniature import build_miniature
 
     built: dict[str, str] = {}
 

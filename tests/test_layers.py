@@ -159,7 +159,7 @@ def test_no_module_imports_a_layer_above_its_own():
     assert upward_imports(ROOT) == []
 
 
-@pytest.mark.parametrize("layer, statement", [("grpo_core", "from tasks.store import Store"),
+@pytest.mark.parametrize("layer, statement", [("grpo_core", "from tasks.storage.store import Store"),
                                               ("tasks", "import flows.report"),
                                               ("grpo_core", "from flows.cli import app")])
 def test_an_upward_import_inside_a_function_is_caught(tmp_path, layer, statement):

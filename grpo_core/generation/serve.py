@@ -37,8 +37,7 @@ import torch
 from fastapi import Request
 from pydantic import BaseModel
 
-from grpo_core.generation.vllm_backend import TensorsModule
-from grpo_core.generation.vllm_backend import VLLMBackend
+from grpo_core.generation.vllm_backend import TensorsModule, VLLMBackend
 
 logger = logging.getLogger(__name__)
 

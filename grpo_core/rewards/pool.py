@@ -34,8 +34,7 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from multiprocessing import context as mp_context
-from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
+from multiprocessing import context as mp_context, forkserver, popen_forkserver, reduction, spawn, util
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Literal, Sequence
 

@@ -50,7 +50,6 @@ from grpo_core.trainer.checkpoint import (
 )
 from grpo_core.trainer.distributed import DistContext, all_reduce_gradients, barrier, init_distributed
 from grpo_core.trainer.dtypes import SAVE_DTYPES, resolve_save_dtype  # noqa: F401 (re-exported)
-from grpo_core.trainer.lora import ADAPTER_DIR, is_peft_model, load_lora_model, merged_state_dict, save_adapter
 from grpo_core.trainer.fsdp import (
     gather_model_state,
     gather_optimizer_state,
@@ -58,6 +57,9 @@ from grpo_core.trainer.fsdp import (
     load_full_optimizer_state,
     load_sharded_model,
 )
+from grpo_core.trainer.lora import ADAPTER_DIR, is_peft_model, load_lora_model, merged_state_dict, save_adapter
+from grpo_core.trainer.metrics import MetricsWriter
+from grpo_core.trainer.optim import build_optimizer, build_scheduler
 from grpo_core.trainer.sharded_state import (
     STATE_DIR,
     all_ranks_on_one_host,
@@ -66,9 +68,7 @@ from grpo_core.trainer.sharded_state import (
     load_optimizer_state,
     save_sharded_state,
 )
-from grpo_core.trainer.metrics import MetricsWriter
 from grpo_core.trainer.trackers import Table
-from grpo_core.trainer.optim import build_optimizer, build_scheduler
 
 logger = logging.getLogger(__name__)
 

@@ -38,8 +38,7 @@ from grpo_core.trainer.mixture import (
 from grpo_core.trainer.monitor import best_evaluation
 from grpo_core.trainer.rollouts import ScoredGroups, collect_step_groups, generate_groups
 from grpo_core.trainer.server_ranks import local_sampler
-from grpo_core.trainer.skeleton import TrainingRun
-from grpo_core.trainer.skeleton import call_callbacks
+from grpo_core.trainer.skeleton import TrainingRun, call_callbacks
 from grpo_core.trainer.update import build_train_batch, optimise
 import grpo_core.trainer.weight_sync as weight_sync
 

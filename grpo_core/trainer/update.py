@@ -33,11 +33,11 @@ import torch
 
 from grpo_core.config import GRPOConfig, needs_reference
 from grpo_core.generation import Rollout
-from grpo_core.trainer.logprobs import compute_completion_logps, compute_packed_logps, compute_token_logps
-from grpo_core.trainer.loss import compute_policy_loss, compute_sampling_correction
 from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
 from grpo_core.trainer.fsdp import is_sharded
+from grpo_core.trainer.logprobs import compute_completion_logps, compute_packed_logps, compute_token_logps
 from grpo_core.trainer.lora import is_peft_model, reference_view
+from grpo_core.trainer.loss import compute_policy_loss, compute_sampling_correction
 from grpo_core.trainer.packing import pack_rows, token_budget_batches
 from grpo_core.trainer.skeleton import autocast, optimizer_step
 

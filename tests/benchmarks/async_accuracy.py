@@ -31,8 +31,8 @@ from _child import launch
 
 def run_inputs(store: Any, run: str, work: Path) -> dict[str, Any]:
     """The paths and configs one run's comparison needs, fetched from the store."""
-    from tasks.config import PipelineConfig
-    from tasks.evaluate import output_name
+    from tasks.config.pipeline import PipelineConfig
+    from tasks.stages.evaluate import output_name
 
     refs = {s: store.latest(run, s) for s in ("prepare_data", "cold_start_sft", "grpo_train")}
     missing = [s for s, ref in refs.items() if ref is None]
@@ -120,7 +120,7 @@ def main() -> None:
         return run_child(json.loads(args.child))
     if not args.store:
         parser.error("--store is required: the store of finished `r1 run --seed N --run mix-seedN` runs")
-    from tasks.store import Store
+    from tasks.storage.store import Store
 
     store = Store(args.store, check=False)
     work = Path(tempfile.mkdtemp(prefix="async_accuracy_"))

@@ -58,7 +58,7 @@ RUNS = ("sync_t1", "sync_t2", "async", "async_ref_trainer")
 def stage_inputs(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
     """(cold-start model folder, training rows parquet): from a finished run in ``--store``, else built here."""
     if args.store:
-        from tasks.store import Store
+        from tasks.storage.store import Store
 
         store = Store(args.store, check=False)
         sft, data = store.latest(args.run, "cold_start_sft"), store.latest(args.run, "prepare_data")
@@ -72,7 +72,7 @@ def stage_inputs(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
     from grpo_core.trainer.sft import train_sft
     from grpo_core.data.synthetic import make_chain_splits, make_cold_start_rows
     from grpo_core.models.tiny import build_tiny_model
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
 
     cfg = load_config(CONFIG)
     rows = make_chain_splits(cfg.data.num_train, cfg.data.num_eval, seed=cfg.data.seed)[0]
@@ -95,7 +95,7 @@ def run_child(spec: dict[str, Any]) -> None:
     from grpo_core.config import GRPOConfig
     from grpo_core.data.rows import read_parquet
     from grpo_core.trainer.loop import train_grpo
-    from tasks.config import load_config
+    from tasks.config.pipeline import load_config
 
     section = _fields(load_config(CONFIG).grpo_train, GRPOConfig)
     if spec.get("quick"):  # tiny steps: 2 prompts x G=8, up to 8 tokens

@@ -56,8 +56,8 @@ def main() -> None:
 
     from grpo_core.data.synthetic import make_chain_splits
     from grpo_core.models.tiny import build_tiny_model
-    from tasks.config import load_config
-    from tasks.training_spec import trainer_config
+    from tasks.config.pipeline import load_config
+    from tasks.config.training_spec import trainer_config
 
     torch.set_num_threads(1)
     default = load_config(None)  # the embedded default, configs/tiny-cpu.yaml

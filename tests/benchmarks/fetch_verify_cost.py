@@ -37,10 +37,10 @@ def main() -> None:
     if args.quick:
         args.repeat = 1
 
-    import tasks.store as store_module
-    from tasks.config import load_config
-    from tasks.prepare_data import prepare_data
-    from tasks.store import Store
+    import tasks.storage.store as store_module
+    from tasks.config.pipeline import load_config
+    from tasks.stages.prepare_data import prepare_data
+    from tasks.storage.store import Store
 
     tmp = Path(tempfile.mkdtemp(prefix="r1-verify-cost-"))
     try:

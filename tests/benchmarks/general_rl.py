@@ -14,11 +14,11 @@ torch.set_num_threads(1)
 
 from grpo_core.config import EvalConfig, GRPOConfig, RewardConfig, RewardModelSpec, SFTConfig, SourceMix
 from grpo_core.data import general
-from grpo_core.models.tiny import build_tiny_model
-from grpo_core.trainer.sft import train_sft
-from grpo_core.trainer.reward_model import train_reward_model
-from grpo_core.trainer.loop import train_grpo
 from grpo_core.evaluation.heldout import evaluate
+from grpo_core.models.tiny import build_tiny_model
+from grpo_core.trainer.loop import train_grpo
+from grpo_core.trainer.reward_model import train_reward_model
+from grpo_core.trainer.sft import train_sft
 tag, seed, pref, lr, steps = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 out = f"/tmp/general-rl/{tag}"
 train, ev, cold, pairs = [], [], [], []

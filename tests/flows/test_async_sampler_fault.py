@@ -28,9 +28,9 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """prepare_data and cold_start_sft of configs/ci-tiny.yaml committed to a local store (inline: no child)."""
     from prefect import flow
 
-    from tasks.cold_start_sft import cold_start_sft
-    from tasks.config import load_config
-    from tasks.prepare_data import prepare_data
+    from tasks.stages.cold_start_sft import cold_start_sft
+    from tasks.config.pipeline import load_config
+    from tasks.stages.prepare_data import prepare_data
 
     store = str(tmp_path_factory.mktemp("store"))
     cfg = load_config(ROOT / "configs" / "ci-tiny.yaml")
@@ -44,10 +44,10 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _worker_and_sampler() -> tuple[psutil.Process | None, psutil.Process | None]:
-    """The training child (``tasks._worker``) and its sampler process (a ``multiprocessing`` spawn)."""
+    """The training child (``tasks.runner.worker``) and its sampler process (a ``multiprocessing`` spawn)."""
     for proc in psutil.Process().children(recursive=True):
         try:
-            if "tasks._worker" in " ".join(proc.cmdline()):
+            if "tasks.runner.worker" in " ".join(proc.cmdline()):
                 samplers = [c for c in proc.children() if "spawn_main" in " ".join(c.cmdline())]
                 return proc, (samplers[0] if samplers else None)
         except psutil.NoSuchProcess:
@@ -70,9 +70,9 @@ def test_killed_sampler_fails_the_attempt_in_time_and_the_retry_resumes(upstream
 
     from prefect import flow
 
-    from tasks.grpo_train import grpo_train
-    from tasks.store import Store
-    from tasks.training import read_history
+    from tasks.stages.grpo_train import grpo_train
+    from tasks.storage.store import Store
+    from tasks.runner.training import read_history
 
     cfg = upstream["config"].model_copy(deep=True)
     cfg.grpo_train = cfg.grpo_train.model_copy(update={

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tasks.config import DEFAULT_CONFIG
-from tasks.store import Store
+from tasks.config.pipeline import DEFAULT_CONFIG
+from tasks.storage.store import Store
 
 
 def test_embedded_default_is_tiny_cpu():
@@ -126,7 +126,7 @@ def test_flows_refuse_a_bad_run_name_when_called_without_the_cli(tmp_path, monke
     import flows.r1_pipeline
     from flows.r1_pipeline import r1_pipeline
     from flows.stages import run_stage
-    from tasks.config import ConfigError
+    from tasks.config.pipeline import ConfigError
 
     def planned(*_, **__):
         raise AssertionError("the pipeline planned its stages")

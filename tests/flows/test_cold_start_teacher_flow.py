@@ -20,12 +20,12 @@ import torch
 
 from flows.stages import stage_flow
 from grpo_core.config import SFTConfig
-from grpo_core.trainer.sft import train_sft
 from grpo_core.data.synthetic import chain_accuracy, make_chain_rows, make_cold_start_rows
 from grpo_core.models.tiny import build_tiny_model
-from tasks.config import load_config
-from tasks.manifest import StageRef
-from tasks.store import Store
+from grpo_core.trainer.sft import train_sft
+from tasks.config.pipeline import load_config
+from tasks.storage.manifest import StageRef
+from tasks.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 
 from flows.r1_pipeline import r1_pipeline
 from grpo_core.models.tiny import build_tiny_model
-from tasks.config import load_config
-from tasks.manifest import StageRef
-from tasks.store import Store
+from tasks.config.pipeline import load_config
+from tasks.storage.manifest import StageRef
+from tasks.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 

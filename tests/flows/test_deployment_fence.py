@@ -13,10 +13,10 @@ import yaml
 import flows.dispatch
 from flows.r1_pipeline import Dispatcher
 from flows.stages import stage_flow
-from tasks.config import load_config
-from tasks.lease import LEASE, LeaseLost, acquire_lease
-from tasks.stages import get_stage
-from tasks.store import Store
+from tasks.config.pipeline import load_config
+from tasks.config.stages import get_stage
+from tasks.storage.lease import LEASE, LeaseLost, acquire_lease
+from tasks.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "fenced"

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.run_status import evaluation_of
 from flows.stages import RUN_CONFIG, stage_flow
-from tasks.config import load_config
-from tasks.evaluate import output_name
-from tasks.store import Store
+from tasks.config.pipeline import load_config
+from tasks.stages.evaluate import output_name
+from tasks.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "evalrun"

@@ -94,7 +94,7 @@ def test_ctrl_c_stops_in_seconds_cancels_and_resumes(tmp_path):
     log = tmp_path / "run.log"
     proc = _run_until_grpo_checkpoint(RUN, config, store, env, log)
     family = psutil.Process(proc.pid).children(recursive=True)
-    assert any("tasks._worker" in " ".join(p.cmdline()) for p in family)  # interrupted while training
+    assert any("tasks.runner.worker" in " ".join(p.cmdline()) for p in family)  # interrupted while training
     assert any("uvicorn" in " ".join(p.cmdline()) for p in family)  # and its own Prefect server is up
 
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.run_status import latest_refs, stage_status
 from flows.stages import stage_flow
-from tasks.config import load_config
-from tasks.store import Store
+from tasks.config.pipeline import load_config
+from tasks.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "lineage"

@@ -62,7 +62,7 @@ def test_sources_and_top_level_reward_funcs_together_are_refused(tmp_path, no_pi
 def test_a_saved_mixture_config_loads_again():
     """What a run saves (every field written out, reward_funcs' default included) is what `r1 stage` and
     `r1 eval` read back: a config with sources must round-trip."""
-    from tasks.config import DEFAULT_CONFIG, PipelineConfig, load_config
+    from tasks.config.pipeline import DEFAULT_CONFIG, PipelineConfig, load_config
 
     config = load_config(DEFAULT_CONFIG)
     assert config.final_rl.sources  # the embedded default mixes sources in final RL

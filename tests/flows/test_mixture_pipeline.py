@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tasks.store import Store
+from tasks.storage.store import Store
 
 CONFIG = Path(__file__).with_name("mixture-tiny.yaml")
 

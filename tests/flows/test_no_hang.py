@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.store import Store
+from tasks.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 150  # seconds before the test gives up on the command; each command below needs far less

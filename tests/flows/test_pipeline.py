@@ -24,10 +24,10 @@ from flows.cli import app
 from flows.r1_pipeline import r1_pipeline
 from flows.run_status import evaluation_of
 from flows.stages import stage_flow
-from tasks.config import load_config
-from tasks.stages import all_stages, stage_names
-from tasks.lease import LEASE
-from tasks.store import Store
+from tasks.config.pipeline import load_config
+from tasks.config.stages import all_stages, stage_names
+from tasks.storage.lease import LEASE
+from tasks.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "ci"
@@ -165,7 +165,7 @@ def test_report_prints_table_and_plots_open(first_run, s3_store, tmp_path):
 def test_evaluate_writes_its_own_output_and_rewrites_no_manifest(first_run, s3_store, config):
     """Committed manifests are written once: evaluating a model again adds an evaluation output whose parent
     is that model, and every other manifest of the run stays byte-identical."""
-    from tasks.evaluate import evaluate, output_name
+    from tasks.stages.evaluate import evaluate, output_name
 
     store = Store(s3_store)
     store.fs.invalidate_cache()
@@ -235,7 +235,7 @@ def test_killed_grpo_worker_resumes_from_store_checkpoint(first_run, s3_store, c
         store.fs.invalidate_cache()
         if store.fs.glob(pattern):
             for child in psutil.Process().children(recursive=True):
-                if "tasks._worker" in " ".join(child.cmdline()):
+                if "tasks.runner.worker" in " ".join(child.cmdline()):
                     child.kill()
                     killed = child.pid
         time.sleep(0.05)

@@ -1,5 +1,5 @@
 """A training stage's progress artifact on a real Prefect server: created at 0%, updated through one client, read
-back at the last update's value and description (tasks.common.Progress)."""
+back at the last update's value and description (tasks.runner.common.Progress)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ def test_progress_artifact_reaches_the_server_through_one_client(monkeypatch):
     from prefect import flow
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from tasks.common import Progress, artifact_key
+    from tasks.runner.common import Progress, artifact_key
 
     made = []
     real = prefect.client.orchestration.get_client

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 
 from flows.r1_pipeline import r1_pipeline
 from flows.stages import stage_flow
-from tasks.config import load_config
-from tasks.store import Store
+from tasks.config.pipeline import load_config
+from tasks.storage.store import Store
 
 CONFIG = Path(__file__).with_name("mixture-tiny.yaml")
 

@@ -19,8 +19,8 @@ from flows.cli import app
 from flows.report import write_report
 from flows.report_emergence import NOT_MEASURED
 from grpo_core.evaluation.emergence import PHASES
-from tasks.evaluate import output_name
-from tasks.store import Store
+from tasks.stages.evaluate import output_name
+from tasks.storage.store import Store
 
 RUN = "emerge"
 

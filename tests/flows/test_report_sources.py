@@ -4,7 +4,7 @@ rewards/{source}/mean at their last step."""
 from __future__ import annotations
 
 from flows.report_tables import source_rows, source_table
-from tasks.manifest import StageRef
+from tasks.storage.manifest import StageRef
 
 
 def _ref(stage: str, metrics: dict) -> StageRef:

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 import flows.cli
 from flows.cli import app
-from tasks.lease import LEASE, acquire_lease
-from tasks.store import Store
+from tasks.storage.lease import LEASE, acquire_lease
+from tasks.storage.store import Store
 
 RUN = "same"
 

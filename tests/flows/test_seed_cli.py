@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.stages import RUN_CONFIG
-from tasks.store import Store
+from tasks.storage.store import Store
 from tests.tasks.test_seed import seed_fields
 
 CI_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "ci-tiny.yaml"

@@ -25,7 +25,7 @@ def test_server_killed_mid_grpo_stops_in_seconds_and_resumes(tmp_path):
     proc = _run_until_grpo_checkpoint(RUN, config, store, env, log)
     family = {" ".join(p.cmdline()): p for p in psutil.Process(proc.pid).children(recursive=True)}
     servers = [p for cmd, p in family.items() if "uvicorn" in cmd]  # r1's own temporary server
-    assert len(servers) == 1 and any("tasks._worker" in cmd for cmd in family), list(family)
+    assert len(servers) == 1 and any("tasks.runner.worker" in cmd for cmd in family), list(family)
     port = servers[0].cmdline()[servers[0].cmdline().index("--port") + 1]
     before = len(log.read_text().splitlines())
 

@@ -9,11 +9,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import tasks.evaluate
 from flows.cli import app
 from flows.stages import RUN_CONFIG
-from tasks.config import load_config
-from tasks.store import Store
+from tasks.config.pipeline import load_config
+import tasks.stages.evaluate
+from tasks.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "staged"
@@ -34,13 +34,13 @@ def tiny_config(tmp_path) -> Path:
 def test_stage_with_a_config_records_it_for_the_next_stage(tiny_config, tmp_path, monkeypatch):
     store, runner = tmp_path / "store", CliRunner()
     backends = []
-    make = tasks.evaluate.make_eval_backend
+    make = tasks.stages.evaluate.make_eval_backend
 
     def spy(cfg, model_path, why="evaluate.sampling.use_vllm"):
         backends.append((cfg.sampling.use_vllm, why))
         return make(cfg, model_path, why=why)
 
-    monkeypatch.setattr(tasks.evaluate, "make_eval_backend", spy)
+    monkeypatch.setattr(tasks.stages.evaluate, "make_eval_backend", spy)
 
     first = runner.invoke(app, ["stage", "prepare_data", "-c", str(tiny_config), "--run", RUN, "--store", str(store)])
     assert first.exit_code == 0, first.output

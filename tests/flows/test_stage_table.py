@@ -16,26 +16,26 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import tasks.stages
 from flows.deploy import PREFECT_FILE, prefect_spec, render_prefect_file
 from flows.dispatch import stage_deployments
 from flows.r1_pipeline import Dispatcher
-from tasks.config import DEFAULT_CONFIG, PipelineConfig, load_config
-from tasks.stages import Stage, all_stages, get_stage, stage_names
-from tasks.store import Store
+from tasks.config.pipeline import DEFAULT_CONFIG, PipelineConfig, load_config
+import tasks.config.stages
+from tasks.config.stages import Stage, all_stages, get_stage, stage_names
+from tasks.storage.store import Store
 
 
 def seventh_stage() -> Stage:
     """A stage after final_rl that reads the final model (its task is final_rl's: the table only needs one)."""
     return Stage("distill_small", ("prepare_data", "final_rl"), "sft", "gpu",
                  "Stage 7: distil the final model into a smaller one.", get_stage("final_rl").section,
-                 task_ref="tasks.final_rl:final_rl")
+                 task_ref="tasks.stages.final_rl:final_rl")
 
 
 def test_a_seventh_stage_appears_everywhere(monkeypatch):
     from flows import cli, stages as stage_flows
 
-    monkeypatch.setattr(tasks.stages, "STAGES", (*tasks.stages.STAGES, seventh_stage()))
+    monkeypatch.setattr(tasks.config.stages, "STAGES", (*tasks.config.stages.STAGES, seventh_stage()))
 
     # the pipeline's order (the r1_pipeline flow runs all_stages() in order) and its selection
     assert [s.name for s in all_stages()][-2:] == ["final_rl", "distill_small"]
@@ -79,7 +79,7 @@ STAGE_MODULE = '''
 import json
 
 from grpo_core.data.rows import read_parquet
-from tasks.common import StageContext, commit_stage, stage_task
+from tasks.runner.common import StageContext, commit_stage, stage_task
 
 
 @stage_task("count_rows")
@@ -95,14 +95,14 @@ def count_rows(ctx: StageContext, parents, fp: str):
 '''
 
 # The one table entry (its section type beside it), added before anything builds PipelineConfig, as an entry in
-# tasks/stages.py is; then the real `r1` command line, once per argument list.
+# tasks/config/stages.py is; then the real `r1` command line, once per argument list.
 LAUNCHER = '''
 import json
 import sys
 
 from pydantic import BaseModel, ConfigDict, Field
 
-import tasks.stages as table
+import tasks.config.stages as table
 
 
 class CountRowsConfig(BaseModel):
@@ -127,7 +127,7 @@ for args in json.loads(sys.argv[1]):
 
 @pytest.mark.slow
 def test_a_stage_added_by_one_entry_and_one_module_runs_in_r1_run(tmp_path):
-    """One entry (tasks/stages.py's form) and one module: `r1 run` runs the stage in table order on a tiny config
+    """One entry (tasks/config/stages.py's form) and one module: `r1 run` runs the stage in table order on a tiny config
     with its own YAML section, commits its output to the store, and `r1 status` shows it; its section is a field
     of PipelineConfig, its seed one of the run's seeds. Nothing else in the repository is edited."""
     from prefect.settings import PREFECT_API_URL
@@ -172,7 +172,7 @@ def _worktree_state() -> str:
 
 def test_committed_prefect_file_is_the_table_rendered():
     assert PREFECT_FILE.read_text() == render_prefect_file(), (
-        "infra/prefect.yaml is out of date with tasks/stages.py; run `python -m flows.deploy`")
+        "infra/prefect.yaml is out of date with tasks/config/stages.py; run `python -m flows.deploy`")
     assert yaml.safe_load(PREFECT_FILE.read_text()) == prefect_spec()
 
 

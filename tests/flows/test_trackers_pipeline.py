@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tasks.store import Store
+from tasks.storage.store import Store
 from tests.tracker_files import read_mlflow, read_trackio, read_wandb
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,13 +8,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from grpo_core.config import BENCHMARKS, R1_PROMPT
-from grpo_core.evaluation.benchmarks import evaluate_benchmark, load_benchmark, resolve_benchmark
-from grpo_core.config import BenchmarkSource, EvalConfig
+from grpo_core.config import BENCHMARKS, BenchmarkSource, EvalConfig, R1_PROMPT
 from grpo_core.data.rows import DataError, write_parquet
+from grpo_core.evaluation.benchmarks import evaluate_benchmark, load_benchmark, resolve_benchmark
 from grpo_core.generation import Rollout
-from grpo_core.models.tiny import build_tiny_model
 from grpo_core.generation.prompts import encode_prompt
+from grpo_core.models.tiny import build_tiny_model
 
 torch.set_num_threads(1)
 

@@ -13,12 +13,12 @@ import json
 import pytest
 import torch
 
-from grpo_core.recipe.cold_start import few_shot_prompt, sample_teacher_traces
 from grpo_core.config import DataConfig, ReadabilityConfig, SFTConfig, TeacherSource
-from grpo_core.recipe.prepare import prepare_datasets
-from grpo_core.trainer.sft import train_sft
 from grpo_core.data.synthetic import chain_accuracy, make_chain_rows, make_cold_start_rows
 from grpo_core.models.tiny import build_tiny_model
+from grpo_core.recipe.cold_start import few_shot_prompt, sample_teacher_traces
+from grpo_core.recipe.prepare import prepare_datasets
+from grpo_core.trainer.sft import train_sft
 
 torch.set_num_threads(1)
 

@@ -9,12 +9,12 @@ import json
 import pytest
 import torch
 
-from grpo_core.recipe.cold_start import load_trace_rows, to_cold_start_completion
 from grpo_core.config import DataConfig, ReadabilityConfig, SFTConfig, TraceSource
 from grpo_core.data.rows import DataError
+from grpo_core.models.tiny import build_tiny_model
+from grpo_core.recipe.cold_start import load_trace_rows, to_cold_start_completion
 from grpo_core.recipe.prepare import prepare_datasets
 from grpo_core.trainer.sft import train_sft
-from grpo_core.models.tiny import build_tiny_model
 from trace_fixtures import write_openr1
 
 torch.set_num_threads(1)

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from grpo_core.config import DatasetSource
-from grpo_core.recipe.consolidation import general_source_names, label_rows, load_general_rows, mix_by_ratio
 from grpo_core.data.rows import DataError
+from grpo_core.recipe.consolidation import general_source_names, label_rows, load_general_rows, mix_by_ratio
 
 
 def _rows(n, tag):

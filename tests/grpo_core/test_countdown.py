@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from grpo_core.config import REFLECTION_PHRASES
 from grpo_core.data.countdown import (
     CHECK_STYLES,
     RETRY_ORDERS,
@@ -15,7 +16,6 @@ from grpo_core.data.countdown import (
     make_countdown_splits,
     parse_prompt,
 )
-from grpo_core.config import REFLECTION_PHRASES
 from grpo_core.evaluation.emergence import has_phrase, reasoning_text
 from grpo_core.rewards import get_reward_funcs
 from grpo_core.rewards.base import prompt_text

@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config import BACKTRACK_PHRASES, REFLECTION_PHRASES, EmergenceConfig, EvalConfig, GRPOConfig
-from grpo_core.generation import Rollout
-from grpo_core.trainer.metrics import completion_metrics
 from grpo_core.evaluation.emergence import (
     PHASES,
     count_steps,
@@ -21,6 +19,8 @@ from grpo_core.evaluation.emergence import (
     reasoning_text,
     response_features,
 )
+from grpo_core.generation import Rollout
+from grpo_core.trainer.metrics import completion_metrics
 
 R1_STYLE = ("<think>\nThe area is 3*4 = 12.\nWait, let me check: 3*4 is 12, yes.\nSo the answer is 12.\n</think>\n"
             "<answer>12</answer>")

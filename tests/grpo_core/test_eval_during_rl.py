@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from grpo_core.config import EvalConfig, GRPOConfig
-from grpo_core.trainer.during_rl import evaluate_during_rl, rl_eval_config
 from grpo_core.generation import Rollout
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.rewards.base import count_reward_event
+from grpo_core.trainer.during_rl import evaluate_during_rl, rl_eval_config
 from tests.grpo_core.run_helpers import assert_same_final_weights, read_metrics
 
 ROWS = [{"prompt": [{"role": "user", "content": f"{i}+{i}="}], "answer": str(2 * i), "source": "sq"} for i in range(12)]

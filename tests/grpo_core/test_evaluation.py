@@ -9,12 +9,12 @@ import torch
 from transformers import AutoTokenizer
 
 from grpo_core.config import EvalConfig, SFTConfig
+from grpo_core.data.synthetic import make_chain_rows, make_cold_start_rows
 from grpo_core.evaluation.heldout import evaluate, is_direct
 from grpo_core.generation import Rollout
+from grpo_core.models.tiny import build_tiny_model
 from grpo_core.rewards import REWARD_FUNCS, format_reward
 from grpo_core.trainer.sft import train_sft
-from grpo_core.data.synthetic import make_chain_rows, make_cold_start_rows
-from grpo_core.models.tiny import build_tiny_model
 
 torch.set_num_threads(1)
 

@@ -10,12 +10,12 @@ import torch
 from transformers import AutoTokenizer
 
 from grpo_core.config import DataConfig, EvalConfig
-from grpo_core.recipe.prepare import prepare_datasets
-from grpo_core.evaluation.heldout import evaluate
 from grpo_core.data.general import make_general_cold_start, make_general_rows, make_preference_pairs, preference_rule
-from grpo_core.models.tiny import build_tiny_model
-from grpo_core.rewards import REWARD_FUNCS
+from grpo_core.evaluation.heldout import evaluate
 from grpo_core.generation.prompts import encode_prompt
+from grpo_core.models.tiny import build_tiny_model
+from grpo_core.recipe.prepare import prepare_datasets
+from grpo_core.rewards import REWARD_FUNCS
 from tests.grpo_core.test_evaluation import ScriptedBackend
 
 torch.set_num_threads(1)

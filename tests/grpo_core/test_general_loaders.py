@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from grpo_core.data.rows import DataError, load_prompt_rows, write_parquet
-from tasks.config import load_config
+from tasks.config.pipeline import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ["qwen2.5-0.5b-gsm8k.yaml", "qwen2.5-7b-math.yaml"]

@@ -9,14 +9,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-import grpo_core.trainer.loop as loop
 from grpo_core.config import EvalConfig, GRPOConfig, GRPOSampling, RejectionSamplingConfig
 from grpo_core.evaluation.heldout import evaluate
 from grpo_core.generation import make_backend
-from grpo_core.recipe.rejection import rejection_sample
-from grpo_core.models.tiny import build_tiny_model
-from grpo_core.trainer.loop import train_grpo
 from grpo_core.generation.prompts import encode_prompt, encode_prompts
+from grpo_core.models.tiny import build_tiny_model
+from grpo_core.recipe.rejection import rejection_sample
+import grpo_core.trainer.loop as loop
+from grpo_core.trainer.loop import train_grpo
 
 torch.set_num_threads(1)
 

@@ -11,10 +11,10 @@ import torch
 
 from grpo_core.config import GRPOConfig, SourceMix
 from grpo_core.generation import Rollout
+from grpo_core.models.tiny import build_tiny_model
 from grpo_core.rewards import REWARD_FUNCS, register_reward
 from grpo_core.rewards.base import completion_text, last_user_text
 from grpo_core.rewards.scoring import score_completions
-from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer.loop import train_grpo
 from grpo_core.trainer.mixture import Mixture, MixtureError, allot_prompts, per_source_scale
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from grpo_core.config import EvalConfig, GRPOConfig
-from grpo_core.trainer.monitor import best_evaluation, hacking_alarm
 from grpo_core.rewards.base import REWARD_FUNCS, completion_text, register_reward, reward_names
+from grpo_core.trainer.monitor import best_evaluation, hacking_alarm
 from tests.grpo_core.run_helpers import read_metrics
 
 

@@ -14,8 +14,8 @@ import pytest
 
 from grpo_core.recipe.cold_start import load_trace_rows
 from grpo_core.recipe.consolidation import load_general_rows, mix_by_ratio
-from tasks.config import load_config
-from tasks.plan import config_hardware
+from tasks.config.pipeline import load_config
+from tasks.config.plan import config_hardware
 from tests.grpo_core.trace_fixtures import write_openr1
 
 ROOT = Path(__file__).resolve().parents[2]

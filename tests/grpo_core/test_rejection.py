@@ -7,11 +7,11 @@ import torch
 from transformers import AutoTokenizer
 
 from grpo_core.config import EvalConfig, RejectionSamplingConfig
-from grpo_core.generation import Rollout, make_backend
-from grpo_core.recipe.rejection import rejection_sample
 from grpo_core.data.synthetic import make_chain_rows
-from grpo_core.models.tiny import build_tiny_model
+from grpo_core.generation import Rollout, make_backend
 from grpo_core.generation.prompts import encode_prompt
+from grpo_core.models.tiny import build_tiny_model
+from grpo_core.recipe.rejection import rejection_sample
 
 torch.set_num_threads(1)
 

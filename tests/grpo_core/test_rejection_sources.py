@@ -8,11 +8,11 @@ import torch
 from transformers import AutoTokenizer
 
 from grpo_core.config import RejectionSamplingConfig, RewardConfig, RewardModelSpec
-from grpo_core.trainer.reward_model import train_reward_model
-from grpo_core.rewards.reward_model import RewardModelReward
-from grpo_core.recipe.rejection import rejection_sample
-from grpo_core.models.tiny import build_tiny_model
 from grpo_core.generation.prompts import encode_prompt
+from grpo_core.models.tiny import build_tiny_model
+from grpo_core.recipe.rejection import rejection_sample
+from grpo_core.rewards.reward_model import RewardModelReward
+from grpo_core.trainer.reward_model import train_reward_model
 from tests.grpo_core.test_rejection import ScriptedBackend
 from tests.grpo_core.test_reward_model import BAD, GOOD, pairs
 

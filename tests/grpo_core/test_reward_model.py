@@ -12,12 +12,12 @@ import torch
 from transformers import AutoConfig
 
 from grpo_core.config import GRPOConfig, RewardConfig, RewardModelSpec
-from grpo_core.trainer.reward_model import bradley_terry_loss, split_pairs, train_reward_model
+from grpo_core.models.tiny import build_tiny_model
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.rewards.reward_model import NotARewardModel, RewardModelReward, select_scope
 from grpo_core.rewards.scoring import resolve_reward
-from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer.loop import resolve_rewards
+from grpo_core.trainer.reward_model import bradley_terry_loss, split_pairs, train_reward_model
 
 GOOD = "Sure. Step 1: gather what you need. Step 2: follow the steps. Thanks for asking!"
 BAD = "No."

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from grpo_core.config import GRPOConfig
-from grpo_core.trainer.loss import compute_policy_loss, compute_sampling_correction
 from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer.distributed import DistContext
+from grpo_core.trainer.loss import compute_policy_loss, compute_sampling_correction
 from grpo_core.trainer.optim import build_optimizer
 from grpo_core.trainer.update import TrainBatch, compute_batch_logps, optimise
 

@@ -11,10 +11,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from grpo_core.config import GRPOConfig, SFTConfig
-from grpo_core.trainer.sft import train_sft
 from grpo_core.data.synthetic import make_chain_rows, make_cold_start_rows
 from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer.loop import train_grpo
+from grpo_core.trainer.sft import train_sft
 from grpo_core.trainer.skeleton import resolve_save_dtype
 
 torch.set_num_threads(1)

@@ -10,18 +10,18 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-import grpo_core.evaluation.heldout as evaluation
-import grpo_core.recipe.rejection as rejection
-import grpo_core.trainer.rollouts as rollouts
 from grpo_core.config import EvalConfig, GRPOConfig, RejectionSamplingConfig
+from grpo_core.data.synthetic import chain_accuracy
+import grpo_core.evaluation.heldout as evaluation
 from grpo_core.generation import Rollout
+from grpo_core.generation.prompts import encode_prompt
+from grpo_core.models.tiny import build_tiny_model
+import grpo_core.recipe.rejection as rejection
 from grpo_core.rewards import REWARD_FUNCS
 from grpo_core.rewards.scoring import passes, score_completions
-from grpo_core.data.synthetic import chain_accuracy
-from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer.distributed import DistContext
 from grpo_core.trainer.mixture import Mixture
-from grpo_core.generation.prompts import encode_prompt
+import grpo_core.trainer.rollouts as rollouts
 
 torch.set_num_threads(1)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from grpo_core.seeds import derive_seed, seeded_rng
 from grpo_core.generation.prompts import PromptStream
+from grpo_core.seeds import derive_seed, seeded_rng
 
 
 def test_derive_seed_reproduces_the_recorded_completion_seeds():

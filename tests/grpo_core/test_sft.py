@@ -12,12 +12,11 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from grpo_core.config import SFTConfig
-from grpo_core.trainer.sft import IGNORE_INDEX, collate, completion_token_loss, encode_sft_row, train_sft
 from grpo_core.data.synthetic import make_chain_rows, make_cold_start_rows
-from grpo_core.models.tiny import build_tiny_model
-from grpo_core.trainer.checkpoint import list_checkpoints
-from grpo_core.trainer.checkpoint import verify_checkpoint
 from grpo_core.generation.prompts import PromptStream
+from grpo_core.models.tiny import build_tiny_model
+from grpo_core.trainer.checkpoint import list_checkpoints, verify_checkpoint
+from grpo_core.trainer.sft import IGNORE_INDEX, collate, completion_token_loss, encode_sft_row, train_sft
 
 torch.set_num_threads(1)
 

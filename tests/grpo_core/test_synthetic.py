@@ -6,8 +6,6 @@ import re
 
 import pytest
 
-from grpo_core.evaluation.heldout import is_direct
-from grpo_core.rewards import get_reward_funcs
 from grpo_core.data.synthetic import (
     chain_accuracy,
     chain_format,
@@ -19,6 +17,8 @@ from grpo_core.data.synthetic import (
     make_cold_start_rows,
     parse_chain_completion,
 )
+from grpo_core.evaluation.heldout import is_direct
+from grpo_core.rewards import get_reward_funcs
 
 
 def test_left_to_right_not_precedence():

@@ -13,13 +13,12 @@ from safetensors.torch import load_file
 
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import Rollout
-from grpo_core.trainer.loss import combine_rewards
-from grpo_core.models.tiny import build_tiny_model
-from grpo_core.trainer.checkpoint import CheckpointError, list_checkpoints, load_latest_checkpoint
-from grpo_core.trainer.loop import train_grpo
-from grpo_core.trainer.checkpoint import verify_checkpoint
-from grpo_core.seeds import derive_seed
 from grpo_core.generation.prompts import PromptStream, encode_prompt
+from grpo_core.models.tiny import build_tiny_model
+from grpo_core.seeds import derive_seed
+from grpo_core.trainer.checkpoint import CheckpointError, list_checkpoints, load_latest_checkpoint, verify_checkpoint
+from grpo_core.trainer.loop import train_grpo
+from grpo_core.trainer.loss import combine_rewards
 from grpo_core.trainer.rollouts import ScoredGroups, collect_step_groups
 
 torch.set_num_threads(1)

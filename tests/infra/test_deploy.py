@@ -11,7 +11,7 @@ import yaml
 from flows.deploy import (DEFAULT_POOLS, PREFECT_FILE, ROOT, DeployError, enter_project_dir, prefect_spec,
                           render_prefect_file)
 from flows.dispatch import stage_deployments
-from tasks.stages import stage_names
+from tasks.config.stages import stage_names
 
 STAGES = stage_names()
 SPEC = yaml.safe_load(PREFECT_FILE.read_text())

@@ -140,7 +140,7 @@ def pod_env(manifest: dict[str, Any], index: int, job_name: str) -> dict[str, st
 
 
 def test_multinode_form_is_an_indexed_job_whose_pods_meet_at_pod_0() -> None:
-    from tasks.launch import Nodes, resolve_nodes
+    from tasks.runner.launch import Nodes, resolve_nodes
 
     manifest = render({"nnodes": 3, "gpu_count": 8, "rdzv_port": 29500, "env": {"R1_STORE": "s3://b/r1"}},
                       MULTINODE_TEMPLATE)
@@ -160,10 +160,10 @@ def test_multinode_form_is_an_indexed_job_whose_pods_meet_at_pod_0() -> None:
         assert resolve_nodes(env) == Nodes(nnodes=3, node_rank=index, rdzv_endpoint="grpo-train-x7k2p-0.r1-rdzv:29500",
                                            rdzv_id="grpo-train-x7k2p")
     assert container(manifest)["ports"] == [{"name": "rdzv", "containerPort": 29500}]
-    # pod 0 runs the flow run (Prefect's command, the args); the others join as tasks.follower
+    # pod 0 runs the flow run (Prefect's command, the args); the others join as tasks.runner.follower
     script = container(manifest)["command"]
     assert container(manifest)["args"] == ["prefect", "flow-run", "execute"]
-    for rank, expected in (("0", "prefect flow-run execute"), ("2", "python -m tasks.follower")):
+    for rank, expected in (("0", "prefect flow-run execute"), ("2", "python -m tasks.runner.follower")):
         shown = subprocess.run([*script[:2], script[2].replace("exec ", "echo "), *script[3:], *container(manifest)["args"]],
                                env={"R1_NODE_RANK": rank, "PATH": os.environ["PATH"]}, capture_output=True, text=True)
         assert shown.stdout.splitlines()[0] == expected, (rank, shown.stdout)
@@ -182,7 +182,7 @@ def test_multinode_variables_are_checked() -> None:
 def test_process_pool_node_variables_reach_the_launcher() -> None:
     from prefect.workers.process import ProcessJobConfiguration
 
-    from tasks.launch import Nodes, resolve_nodes
+    from tasks.runner.launch import Nodes, resolve_nodes
 
     def node_env(values: dict[str, Any]) -> dict[str, str]:
         config = asyncio.run(ProcessJobConfiguration.from_template_and_values(load(PROCESS_TEMPLATE), values,

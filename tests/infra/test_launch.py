@@ -1,4 +1,4 @@
-"""tasks.launch: a stage's child processes (torchrun on CPU with gloo) stream their output into the task's
+"""tasks.runner.launch: a stage's child processes (torchrun on CPU with gloo) stream their output into the task's
 logger, and a failure in one rank raises with that rank's own traceback."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tasks.launch import Nodes, StageProcessFailed, build_command, launch, resolve_nodes, resolve_nproc_per_node
+from tasks.runner.launch import Nodes, StageProcessFailed, build_command, launch, resolve_nodes, resolve_nproc_per_node
 
 ROOT = Path(__file__).resolve().parents[2]
 
 ENTRY = '''
 import os, sys
 import torch.distributed as dist
-from tasks.launch import record_failure
+from tasks.runner.launch import record_failure
 
 def load_shard(rank):
     if rank == int(os.environ["FAIL_RANK"]):

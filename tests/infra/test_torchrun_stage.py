@@ -1,7 +1,7 @@
 """The GRPO stage under ``torchrun --nproc_per_node 2`` on CPU (gloo), through the grpo_train task, the way a
 work pool asks for it (``R1_NPROC_PER_NODE``, set by the pool's job template); a failure injected into
 rank 1 fails the task with rank 1's own traceback in the Prefect log; and two "nodes" on this machine (the
-task on node 0, ``tasks.follower`` on node 1, each starting ``torchrun --nnodes 2`` on one c10d rendezvous at
+task on node 0, ``tasks.runner.follower`` on node 1, each starting ``torchrun --nnodes 2`` on one c10d rendezvous at
 127.0.0.1, as the multi-node pool's ``R1_NNODES``/``R1_NODE_RANK``/``R1_RDZV_ENDPOINT`` ask) train like one process."""
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ def upstream(prefect: None, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     """prepare_data and cold_start_sft of configs/ci-tiny.yaml, committed to a local store."""
     from prefect import flow
 
-    from tasks.config import load_config
-    from tasks.cold_start_sft import cold_start_sft
-    from tasks.prepare_data import prepare_data
+    from tasks.config.pipeline import load_config
+    from tasks.stages.cold_start_sft import cold_start_sft
+    from tasks.stages.prepare_data import prepare_data
 
     store = str(tmp_path_factory.mktemp("store"))
     cfg = load_config(ROOT / "configs" / "ci-tiny.yaml")
@@ -72,7 +72,7 @@ def run_grpo(upstream: dict[str, Any], config: Any = None) -> Any:
     """The grpo_train task inside a flow (with ``config``, default the upstream's); returns the flow's final state."""
     from prefect import flow
 
-    from tasks.grpo_train import grpo_train
+    from tasks.stages.grpo_train import grpo_train
 
     @flow(name="grpo-under-torchrun")
     def grpo_only() -> Any:
@@ -103,7 +103,7 @@ def two_ranks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def test_grpo_stage_completes_under_torchrun(upstream: dict[str, Any], two_ranks: Path) -> None:
-    from tasks.store import Store
+    from tasks.storage.store import Store
 
     state = run_grpo(upstream)
     assert state.is_completed(), state.message
@@ -117,7 +117,7 @@ def test_grpo_stage_completes_under_torchrun(upstream: dict[str, Any], two_ranks
 
 def test_rank_1_failure_fails_the_task_with_rank_1s_traceback(upstream: dict[str, Any], two_ranks: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from tasks.store import Store
+    from tasks.storage.store import Store
 
     before = Store(upstream["store"]).latest(RUN, "grpo_train")
     monkeypatch.setenv("R1_TEST_FAIL_RANK", "1")
@@ -150,10 +150,10 @@ def free_port() -> int:
 
 
 def test_two_nodes_match_one_process(upstream: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Node 0 is the grpo_train task (this process's flow run), node 1 ``python -m tasks.follower``, as the
+    """Node 0 is the grpo_train task (this process's flow run), node 1 ``python -m tasks.runner.follower``, as the
     multi-node pool starts them; each runs ``torchrun --nnodes 2`` with one process, on one c10d rendezvous."""
-    from tasks.store import Store
-    from tasks.training import read_history
+    from tasks.storage.store import Store
+    from tasks.runner.training import read_history
 
     # The untrained tiny model never scores on chain_accuracy (all-zero advantages, a flat curve): reward the
     # share of digits instead, registered in every process this test starts, and take larger steps.
@@ -171,7 +171,7 @@ def test_two_nodes_match_one_process(upstream: dict[str, Any], tmp_path: Path, m
     nodes = {"R1_NNODES": "2", "R1_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "R1_RDZV_ID": "two-nodes",
              "R1_NPROC_PER_NODE": "1"}
     follower = subprocess.Popen(  # started first: it waits for node 0's spec in the store
-        [sys.executable, "-m", "tasks.follower"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [sys.executable, "-m", "tasks.runner.follower"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, env={**os.environ, **nodes, "R1_NODE_RANK": "1", "R1_STORE": upstream["store"],
                         "R1_WORKDIR": str(tmp_path / "node1"), "R1_FOLLOWER_WAIT_S": "600"})
     for key, value in {**nodes, "R1_NODE_RANK": "0"}.items():

@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from flows.deploy import ROOT, ensure_pool, pool_template
-from tasks.config import load_config
-from tasks.stages import all_stages, stage_names
+from tasks.config.pipeline import load_config
+from tasks.config.stages import all_stages, stage_names
 
 pytestmark = [pytest.mark.work_pools, pytest.mark.slow, pytest.mark.extended]
 
@@ -143,7 +143,7 @@ def test_full_pipeline_dispatches_stages_to_their_pools(cluster: dict[str, Any])
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
-    from tasks.store import Store
+    from tasks.storage.store import Store
 
     assert set(cluster["names"]) == {"r1-pipeline/cpu"} | {f"{s.flow_name}/{s.pool}" for s in all_stages()}
     assert {"prepare-data/cpu", "cold-start-sft/gpu", "grpo-train/gpu", "final-rl/gpu"} <= set(cluster["names"])
@@ -191,7 +191,7 @@ def test_single_stage_run_reuses_upstream_outputs_and_recovers_from_a_crash(clus
 
     from prefect.client.orchestration import get_client
 
-    from tasks.store import Store
+    from tasks.storage.store import Store
 
     store = Store(cluster["store"])
     before = {stage: store.latest(RUN, stage) for stage in STAGES}

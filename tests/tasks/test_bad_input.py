@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tasks.config import ConfigError, PipelineConfig, load_config
 from grpo_core.data.rows import DataError
-from tasks.prepare_data import prepare_data
-from tasks.store import Store
+from tasks.config.pipeline import ConfigError, PipelineConfig, load_config
+from tasks.stages.prepare_data import prepare_data
+from tasks.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 

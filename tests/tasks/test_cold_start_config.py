@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_core.config import DatasetSource, TeacherSource, TraceSource
-from tasks.config import ConfigError, load_config
+from tasks.config.pipeline import ConfigError, load_config
 
 GOOD = """\
 data:

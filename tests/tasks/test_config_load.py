@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tasks.config import ConfigError, load_config
+from tasks.config.pipeline import ConfigError, load_config
 
 
 def _load(tmp_path, text: str):

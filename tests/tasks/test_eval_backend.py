@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import load_config
-from tasks.evaluate import eval_backend_kind, eval_use_vllm
+from tasks.config.pipeline import load_config
+from tasks.stages.evaluate import eval_backend_kind, eval_use_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_STAGES = ("cold_start_sft", "grpo_train", "sft_consolidate", "final_rl")
@@ -70,7 +70,7 @@ def test_an_evaluation_samples_with_vllm_when_the_stage_does(tmp_path, caplog):
     from grpo_core.generation.vllm_backend import VLLMBackend
     from grpo_core.data.synthetic import make_chain_rows
     from grpo_core.models.tiny import build_tiny_model
-    from tasks.evaluate import make_eval_backend
+    from tasks.stages.evaluate import make_eval_backend
 
     model = build_tiny_model(tmp_path / "m", hidden_size=64, num_layers=1, num_heads=2,  # head_dim 32: vLLM-cpu
                              max_position_embeddings=64)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.lease import LEASE, LeaseHeld, LeaseLost, acquire_lease
-from tasks.store import MANIFEST, Store
+from tasks.storage.lease import LEASE, LeaseHeld, LeaseLost, acquire_lease
+from tasks.storage.store import MANIFEST, Store
 
 RUN = "same"
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,8 +130,8 @@ def test_two_writers_with_a_partition_between_them_never_both_commit(s3_env, s3_
         b = _python(f"""
             import time
             from pathlib import Path
-            from tasks.lease import acquire_lease
-            from tasks.store import Store
+            from tasks.storage.lease import acquire_lease
+            from tasks.storage.store import Store
             store = Store({s3_env!r})
             deadline = time.time() + 20
             while True:  # A's lease is live for up to its TTL: wait as a rerun would
@@ -196,8 +196,8 @@ def test_a_commit_after_the_lease_was_taken_is_refused_naming_the_other_writer(t
 def test_a_dead_writer_on_this_host_is_taken_over_at_once(tmp_path, caplog):
     store = Store(tmp_path / "store")
     dead = _python(f"""
-        from tasks.lease import acquire_lease
-        from tasks.store import Store
+        from tasks.storage.lease import acquire_lease
+        from tasks.storage.store import Store
         acquire_lease(Store({str(tmp_path / "store")!r}), {RUN!r}, settle_s=0)
         print("held", flush=True)
         import time; time.sleep(60)
@@ -217,7 +217,7 @@ def test_a_dead_writer_on_this_host_is_taken_over_at_once(tmp_path, caplog):
 
 
 def test_a_live_lease_of_another_host_or_namespace_is_not_taken(tmp_path):
-    from tasks.owner import this_process
+    from tasks.storage.owner import this_process
 
     store = Store(tmp_path)
     me = this_process()
@@ -233,9 +233,9 @@ def _cli_writer(store_dir: Path, ttl: float = 60.0) -> subprocess.Popen[str]:
     return _python(f"""
         import sys, time
         import typer
-        import tasks.lease as L
+        import tasks.storage.lease as L
         from flows.cli_common import _interruptible, _lease
-        from tasks.store import Store
+        from tasks.storage.store import Store
         take = L.acquire_lease
         L.acquire_lease = lambda *a, **k: take(*a, heartbeat_s=0.2, ttl_s={ttl}, settle_s=0, **k)
         try:

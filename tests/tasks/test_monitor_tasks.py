@@ -1,4 +1,4 @@
-"""The reward-hacking monitor in the pipeline (tasks/monitor.py): the alarm as a Prefect event on the run's stage, the
+"""The reward-hacking monitor in the pipeline (tasks/runner/monitor.py): the alarm as a Prefect event on the run's stage, the
 best checkpoint kept by store pruning and fetched on resume, and the lines ``r1 status`` and the report show."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 import logging
 from pathlib import Path
 
-from tasks.monitor import ALARM_EVENT, publish_alarm, status_lines
-from tasks.store import Store
+from tasks.runner.monitor import ALARM_EVENT, publish_alarm, status_lines
+from tasks.storage.store import Store
 
 ALARM = {"event": "alarm", "source": "unsafe", "first_step": 20, "step": 40, "proxy_first": 3.1, "proxy_last": 4.998,
          "heldout_first": 0.6, "heldout_last": 0.0}
@@ -29,7 +29,7 @@ def test_an_alarm_is_a_warning_and_a_prefect_event_on_the_runs_stage(monkeypatch
 
 
 def test_worker_relays_the_trainers_alarm_to_the_stage_task():
-    from tasks._worker import StoreCheckpoints
+    from tasks.runner.worker import StoreCheckpoints
 
     events = []
     StoreCheckpoints(None, "r", "final_rl", "k", 1, events.append).on_alarm(dict(ALARM, event=None))
@@ -45,8 +45,8 @@ def _checkpoint(root: Path, step: int, best: int | None) -> Path:
 
 
 def test_store_keeps_and_resume_fetches_the_checkpoint_select_checkpoint_would_commit(tmp_path):
-    from tasks._worker import StoreCheckpoints, fetch_checkpoint
-    from tasks.training_spec import TrainingSpec
+    from tasks.runner.worker import StoreCheckpoints, fetch_checkpoint
+    from tasks.config.training_spec import TrainingSpec
 
     store = Store(tmp_path / "store")
     events = []

@@ -9,10 +9,10 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from grpo_core.config import GRPOConfig, SFTConfig
-from grpo_core.plan.memory import GiB
 from grpo_core.models.tiny import build_tiny_model
-from tasks.config import load_config
-from tasks.plan import StageMemoryError, check_stage_memory, config_hardware, plan_pipeline
+from grpo_core.plan.memory import GiB
+from tasks.config.pipeline import load_config
+from tasks.config.plan import StageMemoryError, check_stage_memory, config_hardware, plan_pipeline
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 SEVEN_B = str(Path(__file__).resolve().parents[2] / "configs" / "qwen2.5-7b-math.yaml")
@@ -22,7 +22,7 @@ SEVEN_B = str(Path(__file__).resolve().parents[2] / "configs" / "qwen2.5-7b-math
 def test_every_config_fits_the_hardware_its_header_names(path):
     hw = config_hardware(path)
     plans = plan_pipeline(load_config(path), hw)
-    from tasks.stages import all_stages
+    from tasks.config.stages import all_stages
 
     config = load_config(path)
     runs = [s.name for s in all_stages() if s.pool == "gpu" and s.enabled(config)]  # the optional reward_model too
@@ -80,8 +80,8 @@ def test_worker_checks_before_training(model_path, tmp_path, monkeypatch):
     """The training worker plans the stage on CUDA before it reads a row; a 'GPU' of 64 MiB fails it."""
     import torch
 
-    from tasks import _worker
-    from tasks.training_spec import TrainingSpec
+    from tasks.runner import worker as _worker
+    from tasks.config.training_spec import TrainingSpec
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (64 * 2**20, 64 * 2**20))
@@ -115,7 +115,7 @@ def test_plan_of_the_0_5b_config_lists_its_reward_models():
 
 def test_the_run_s_reward_model_is_the_base_model_under_a_score_head():
     from grpo_core.plan.memory import Hardware
-    from tasks.plan import config_shape_of, model_shape, section_scorers
+    from tasks.config.plan import config_shape_of, model_shape, section_scorers
 
     config = load_config(Path(HALF_B).parent / "tiny-cpu.yaml")  # final_rl: {reward_model: {model: reward_model}} x 2
     base = model_shape(config)

@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 
 from grpo_core.data.rows import read_parquet
-from tasks.config import PipelineConfig
-from tasks.data_inputs import cached_revision, data_inputs
-from tasks.manifest import StageRef
-from tasks.prepare_data import prepare_data
-from tasks.store import Store
+from tasks.config.pipeline import PipelineConfig
+from tasks.stages.prepare_data import prepare_data
+from tasks.storage.data_inputs import cached_revision, data_inputs
+from tasks.storage.manifest import StageRef
+from tasks.storage.store import Store
 
 
 def _config(train: Path, eval_dir: Path | None = None) -> PipelineConfig:

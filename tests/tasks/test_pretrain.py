@@ -8,12 +8,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_core.recipe.prepare import prepare_datasets
 from grpo_core.config import DataConfig
-from grpo_core.evaluation.heldout import is_direct
 from grpo_core.data.synthetic import chain_accuracy, evaluate_chain
-from tasks.config import PipelineConfig
-from tasks.prepare_data import prepare_data
+from grpo_core.evaluation.heldout import is_direct
+from grpo_core.recipe.prepare import prepare_datasets
+from tasks.config.pipeline import PipelineConfig
+from tasks.stages.prepare_data import prepare_data
 
 TINY = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "max_position_embeddings": 64}
 

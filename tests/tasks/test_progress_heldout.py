@@ -1,4 +1,4 @@
-"""The Prefect progress artifact of a training stage (tasks.common.Progress): with eval_steps it shows the latest
+"""The Prefect progress artifact of a training stage (tasks.runner.common.Progress): with eval_steps it shows the latest
 held-out evaluation, with the step it was made at, until the next one; every update goes through the one client
 made with the artifact (Prefect's update_progress_artifact makes a client per call, each loading the CA bundle:
 ~0.2 s of CPU, taken from the trainer on every update)."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import prefect.artifacts
 import prefect.client.orchestration
 
-import tasks.common
-from tasks.common import Progress
+import tasks.runner.common
+from tasks.runner.common import Progress
 
 
 class FakeClient:
@@ -22,7 +22,7 @@ class FakeClient:
 
 def test_progress_shows_the_latest_heldout_evaluation_until_the_next_through_one_client(monkeypatch):
     clients: list[FakeClient] = []
-    monkeypatch.setattr(tasks.common, "in_prefect_run", lambda: True)
+    monkeypatch.setattr(tasks.runner.common, "in_prefect_run", lambda: True)
     monkeypatch.setattr(prefect.artifacts, "create_progress_artifact", lambda *a, **k: "artifact-id")
     monkeypatch.setattr(prefect.client.orchestration, "get_client",
                         lambda sync_client=False: clients.append(FakeClient()) or clients[-1])

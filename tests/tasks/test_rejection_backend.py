@@ -7,10 +7,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import grpo_core.generation
-import grpo_core.recipe.rejection
 from grpo_core.models.tiny import build_tiny_model
-from tasks.config import load_config
-from tasks.rejection_sample import _sample
+import grpo_core.recipe.rejection
+from tasks.config.pipeline import load_config
+from tasks.stages.rejection_sample import _sample
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from prefect.states import Failed
 
-from tasks.common import StageFailed, WorkerCrashed, artifact_key, fingerprint, retry_on_crash
-from tasks.manifest import StageRef
-from tasks.store import StoreError, TransientStoreError
+from tasks.runner.common import StageFailed, WorkerCrashed, artifact_key, fingerprint, retry_on_crash
+from tasks.storage.manifest import StageRef
+from tasks.storage.store import StoreError, TransientStoreError
 
 
 @pytest.mark.parametrize("exc, retried", [

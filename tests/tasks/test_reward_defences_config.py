@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.config import DEFAULT_CONFIG, ConfigError, load_config
+from tasks.config.pipeline import DEFAULT_CONFIG, ConfigError, load_config
 
 HELPFUL = "{reward_model: {model: reward_model, name: rm_helpful, scope: full}}"
 NEAR_MISS = "  near_miss_negatives: 2            #"
@@ -51,7 +51,7 @@ def test_a_bad_defence_fails_at_load_naming_the_field(tmp_path, helpful, near_mi
 
 def test_the_memory_plan_loads_every_ensemble_member():
     from grpo_core.config import GRPOConfig
-    from tasks.plan import section_scorers
+    from tasks.config.plan import section_scorers
 
     section = GRPOConfig(generation_batch_size=16, reward_funcs=[
         {"reward_model": {"model": "/rm/a", "ensemble": ["/rm/b", "/rm/c"], "normalize": True, "name": "rm"}}])

@@ -13,14 +13,14 @@ import pytest
 from flows.run_status import stage_status
 from flows.stages import RUN_CONFIG
 from grpo_core.data.rows import write_parquet
+from grpo_core.models.tiny import build_tiny_model
 from grpo_core.rewards.reward_model import RewardModelReward
 from grpo_core.rewards.scoring import resolve_reward
-from grpo_core.models.tiny import build_tiny_model
-from tasks.common import StageContext, StageFailed
-from tasks.config import ConfigError, PipelineConfig, load_config, parse_config
-from tasks.reward_model import reward_model, resolve_reward_models
-from tasks.stages import get_stage
-from tasks.store import Store
+from tasks.config.pipeline import ConfigError, PipelineConfig, load_config, parse_config
+from tasks.config.stages import get_stage
+from tasks.runner.common import StageContext, StageFailed
+from tasks.stages.reward_model import reward_model, resolve_reward_models
+from tasks.storage.store import Store
 
 GOOD = "Sure. Step 1: gather what you need. Step 2: follow the steps. Thanks for asking!"
 
@@ -148,7 +148,7 @@ def test_a_stage_reference_counts_wherever_it_sits_in_a_section(trained):
     from pydantic import BaseModel
 
     from grpo_core.config import RewardEntry
-    from tasks.reward_model import reward_model_upstream
+    from tasks.stages.reward_model import reward_model_upstream
 
     class Source(BaseModel):
         name: str

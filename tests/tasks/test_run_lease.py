@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tasks.lease import LEASE, LeaseHeld, acquire_lease
-from tasks.store import Store
+from tasks.storage.lease import LEASE, LeaseHeld, acquire_lease
+from tasks.storage.store import Store
 
 RUN = "same"
 

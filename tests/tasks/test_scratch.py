@@ -10,10 +10,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tasks.common import StageContext
-from tasks.config import PipelineConfig
-from tasks.scratch import OWNER
-from tasks.owner import this_process
+from tasks.config.pipeline import PipelineConfig
+from tasks.runner.common import StageContext
+from tasks.storage.owner import this_process
+from tasks.storage.scratch import OWNER
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,8 +22,8 @@ def _killed_attempt(base: Path, stage: str) -> Path:
     """The scratch folder of a stage attempt in another process, killed with SIGKILL mid-stage."""
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
-        from tasks.common import StageContext
-        from tasks.config import PipelineConfig
+        from tasks.runner.common import StageContext
+        from tasks.config.pipeline import PipelineConfig
         ctx = StageContext.open(PipelineConfig(), "r", {str(base / "store")!r}, {stage!r})
         (ctx.work / "train" / "out" / "checkpoint-2").mkdir(parents=True)
         (ctx.work / "train" / "out" / "checkpoint-2" / "model.safetensors").write_bytes(b"w" * 4096)

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tasks.common import fingerprint
-from tasks.config import DEFAULT_CONFIG, SEEDED_SECTIONS, load_config, parse_config
+from tasks.config.pipeline import DEFAULT_CONFIG, SEEDED_SECTIONS, load_config, parse_config
+from tasks.runner.common import fingerprint
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))

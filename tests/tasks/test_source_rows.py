@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from grpo_core.config import GRPOConfig
-from tasks.common import StageFailed
-from tasks.prepare_data import check_source_rows
-from tasks.store import Store
+from tasks.runner.common import StageFailed
+from tasks.stages.prepare_data import check_source_rows
+from tasks.storage.store import Store
 
 
 def _prepare_data_ref(store, stats, metrics):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.manifest import StageRef
-from tasks.store import MANIFEST, Store, StoreError, StoreStalled
+from tasks.storage.manifest import StageRef
+from tasks.storage.store import MANIFEST, Store, StoreError, StoreStalled
 
 
 def _files(root: Path) -> Path:

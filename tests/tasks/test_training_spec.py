@@ -1,4 +1,4 @@
-"""The trainer's config crosses to the training child as one typed spec (tasks.training_spec): what the user set
+"""The trainer's config crosses to the training child as one typed spec (tasks.config.training_spec): what the user set
 arrives as set, so ``num_train_epochs`` without ``max_steps`` trains that many epochs through the pipeline; run
 settings (threads) have one home; fields a stage would ignore are refused or honoured."""
 
@@ -14,15 +14,15 @@ from pydantic import ValidationError
 
 from grpo_core.config import DataConfig, GRPOConfig, SFTConfig
 from grpo_core.data.rows import write_parquet
+from grpo_core.models.tiny import build_tiny_model
 from grpo_core.recipe.prepare import prepare_datasets
 from grpo_core.trainer.sft import resolve_max_steps
-from grpo_core.models.tiny import build_tiny_model
-from tasks.cold_start_sft import cold_start_sft
-from tasks.common import fingerprint
-from tasks.config import TRAINER_SECTIONS, ConfigError, PipelineConfig, load_config, parse_config
-from tasks.reward_model import resolve_reward_models
-from tasks.store import Store
-from tasks.training_spec import TrainingSpec, trainer_config
+from tasks.config.pipeline import TRAINER_SECTIONS, ConfigError, PipelineConfig, load_config, parse_config
+from tasks.config.training_spec import TrainingSpec, trainer_config
+from tasks.runner.common import fingerprint
+from tasks.stages.cold_start_sft import cold_start_sft
+from tasks.stages.reward_model import resolve_reward_models
+from tasks.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "max_position_embeddings": 64}
@@ -48,7 +48,7 @@ def commit_prepare_data(store: Store, run: str, tmp: Path):
 
 
 def test_num_train_epochs_without_max_steps_trains_that_many_epochs_in_the_child(tmp_path):
-    """The subprocess path (the spec written to JSON and read by ``python -m tasks._worker``): 2 epochs of 24 rows
+    """The subprocess path (the spec written to JSON and read by ``python -m tasks.runner.worker``): 2 epochs of 24 rows
     in steps of 8 rows are 6 steps, not max_steps' default."""
     config = PipelineConfig.model_validate({
         "model": {"tiny": TINY},
@@ -156,7 +156,7 @@ def test_the_heldout_scoring_and_tracking_lineage_cross_to_the_child_intact():
 
     config = load_config(ROOT / "configs" / "tiny-cpu.yaml")  # evaluate names the reward_model stage's model
     grpo = trainer_config("grpo", config.grpo_train.model_copy(update={"eval_steps": 25}), torch_num_threads=1)
-    scoring = config.evaluate.model_copy(update={"rm_reward": None, "benchmarks": []})  # tasks.training.heldout_inputs
+    scoring = config.evaluate.model_copy(update={"rm_reward": None, "benchmarks": []})  # tasks.runner.training.heldout_inputs
     tracking = TrackingInfo(group="r", name="grpo_train", run_key="r-grpo_train-abc",
                             metadata={"run": "r", "parents": {"prepare_data": {"version": "v1"}}})
     spec = spec_of("grpo", grpo).model_copy(update={"eval_rows_path": "eval.parquet", "eval_config": scoring,

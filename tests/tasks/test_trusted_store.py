@@ -18,12 +18,12 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.report import write_report
-from tasks.cold_start_sft import cold_start_sft
-from tasks.common import StageFailed
-from tasks.config import PipelineConfig, load_config
-from tasks.grpo_train import grpo_train
-from tasks.manifest import StageRef
-from tasks.store import MANIFEST, IntegrityError, Store
+from tasks.config.pipeline import PipelineConfig, load_config
+from tasks.runner.common import StageFailed
+from tasks.stages.cold_start_sft import cold_start_sft
+from tasks.stages.grpo_train import grpo_train
+from tasks.storage.manifest import StageRef
+from tasks.storage.store import MANIFEST, IntegrityError, Store
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "r"
@@ -37,7 +37,7 @@ def config() -> PipelineConfig:
 @pytest.fixture(scope="module")
 def template(tmp_path_factory, config) -> Path:
     """A store holding committed prepare_data and cold_start_sft outputs of run ``r``."""
-    from tasks.prepare_data import prepare_data
+    from tasks.stages.prepare_data import prepare_data
 
     root = tmp_path_factory.mktemp("template") / "store"
     data = prepare_data.fn(config, RUN, str(root))
@@ -117,7 +117,7 @@ def test_a_file_verified_once_is_not_hashed_again_but_a_later_change_is_caught(s
 
 
 def test_history_and_checkpoints_are_checked_too(store_dir, tmp_path):
-    from tasks.training import read_history
+    from tasks.runner.training import read_history
 
     store = Store(store_dir)
     ref = store.latest(RUN, "cold_start_sft")

@@ -13,8 +13,7 @@ import time
 
 import pytest
 
-from grpo_core.rewards import math as math_reward
-from grpo_core.rewards import math_accuracy, pop_reward_stats
+from grpo_core.rewards import math as math_reward, math_accuracy, pop_reward_stats
 from grpo_core.rewards.extract import extract_answer, find_last_boxed
 from grpo_core.rewards.pool import VerifierPool
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from grpo_core.config import GRPOConfig, JudgeSpec
+from grpo_core.models.tiny import build_tiny_model
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.rewards.judge import RUBRICS, JudgeNeverParses, JudgeReward, judge_messages, parse_judge_score
 from grpo_core.rewards.scoring import resolve_reward
-from grpo_core.models.tiny import build_tiny_model
 
 # (verdict, normalised score or None): the shapes judges write in practice.
 VERDICTS = [

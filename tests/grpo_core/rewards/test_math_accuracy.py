@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from grpo_core.rewards import math_accuracy, pop_reward_stats
-from grpo_core.rewards import math as math_reward
+from grpo_core.rewards import math as math_reward, math_accuracy, pop_reward_stats
 from grpo_core.rewards.extract import seed_math_reward
 from grpo_core.rewards.math import VerifyOptions, verify_texts
 

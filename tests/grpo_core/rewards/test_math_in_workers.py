@@ -14,8 +14,7 @@ import time
 
 import pytest
 
-from grpo_core.rewards import math as math_reward
-from grpo_core.rewards import math_accuracy, pop_reward_stats
+from grpo_core.rewards import math as math_reward, math_accuracy, pop_reward_stats
 from grpo_core.rewards.pool import VerifierPool, call_in_process, can_start_workers
 
 TIMEOUT_S = 1.5

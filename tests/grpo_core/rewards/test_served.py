@@ -166,9 +166,9 @@ def test_url_entries_are_checked(entry, message):
 
 
 def test_url_is_the_server_root_and_no_local_checks_apply():
-    from tasks.config import reward_entry_problem
-    from tasks.plan import section_scorers
-    from tasks.sections import is_stage_reference
+    from tasks.config.pipeline import reward_entry_problem
+    from tasks.config.plan import section_scorers
+    from tasks.config.sections import is_stage_reference
 
     spec = RewardModelSpec(model="reward_model", url="http://rm:8000/v1/")
     assert spec.url == "http://rm:8000"

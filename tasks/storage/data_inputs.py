@@ -1,0 +1,90 @@
+"""What prepare_data reads besides its config: the content of its local data files and the revision of its hub
+data sets, as a part of prepare_data's fingerprint (``tasks.runner.common.stage_task``'s ``inputs``).
+
+Without it a data file edited in place (every answer changed, same run name and config) was "reused": the
+fingerprint held the config's paths, not what the paths hold. Here each local source (``data.train_sources``,
+``eval_sources``, and ``cold_start_sources``: a file source's file, a trace set's file, a teacher's ``prompts``
+file) counts by the sha256 of its bytes; a folder by every file in it (relative name and sha256). Hashes are
+cached within the process by (path, size, mtime_ns), so a run that fingerprints twice reads each file once.
+
+A hub data set counts by the revision its local cache resolved last: the commit in the hub cache's
+``refs/<revision>`` (``HF_HUB_CACHE/datasets--org--name/refs/main``), else the newest version folder of the
+``datasets`` cache (``HF_DATASETS_CACHE/org___name/<config>/<version>/<hash>``). Neither is asked of the hub
+(no network before a stage), so a hub data set that changed since the cache last loaded it, or one never
+loaded here (only its name counts then), is seen on the next run after the cache has the new revision.
+Not counted: a teacher source's model folder (its weights: GBs to hash; a ``run:RUN/STAGE`` teacher is a
+parent with its version already).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from grpo_core.config import DataConfig, DatasetSource, TeacherSource, TraceSource
+from tasks.storage.manifest import sha256_file
+
+_HASHES: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256, for this process
+
+
+def data_inputs(data: DataConfig) -> dict[str, Any]:
+    """``{"data.train_sources.0": {"path": ..., "sha256": ...}, ...}`` for every source ``data`` names; empty when
+    it names none (the built-in task only), so such a config's fingerprint is what it was."""
+    named: list[tuple[str, DatasetSource | TraceSource | TeacherSource]] = [
+        *((f"train_sources.{i}", s) for i, s in enumerate(data.train_sources)),
+        *((f"eval_sources.{i}", s) for i, s in enumerate(data.eval_sources)),
+        *((f"cold_start_sources.{i}", s) for i, s in enumerate(data.cold_start_sources))]
+    out = {}
+    for where, src in named:
+        if isinstance(src, TeacherSource):
+            if src.prompts is None:
+                continue
+            where, src = f"{where}.prompts", src.prompts
+        location, name = (src.dataset, src.name) if isinstance(src, TraceSource) else (src.path, src.name)
+        out[f"data.{where}"] = source_identity(location, name)
+    return out
+
+
+def source_identity(location: str, config_name: str | None = None) -> dict[str, Any]:
+    """A local file's or folder's content hash, or a hub data set's cached revision (None when not cached)."""
+    path = Path(location).expanduser()
+    if path.is_file():
+        return {"path": location, "sha256": file_sha256(path)}
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        return {"path": location, "files": {p.relative_to(path).as_posix(): file_sha256(p) for p in files}}
+    return {"hub": location, "config": config_name, "revision": cached_revision(location, config_name)}
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, read once per (path, size, mtime_ns) in this process."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASHES:
+        _HASHES[key] = sha256_file(path)
+    return _HASHES[key]
+
+
+def cached_revision(name: str, config_name: str | None = None) -> str | None:
+    """The revision of hub data set ``name`` that the local caches hold (module docstring), or None."""
+    try:
+        from huggingface_hub import constants
+
+        ref = Path(constants.HF_HUB_CACHE) / f"datasets--{name.replace('/', '--')}" / "refs" / "main"
+        if ref.is_file():
+            return ref.read_text().strip() or None
+    except ImportError:
+        pass
+    org, _, short = name.rpartition("/")
+    try:
+        from datasets.naming import camelcase_to_snakecase
+
+        short = camelcase_to_snakecase(short)  # as load_dataset names its cache folder
+    except ImportError:
+        short = short.lower()
+    root = Path(os.environ.get("HF_DATASETS_CACHE") or Path(os.environ.get("HF_HOME") or
+                Path.home() / ".cache" / "huggingface") / "datasets")
+    folder = root / (f"{org}___{short}" if org else short) / (config_name or "default")
+    versions = [p for p in folder.glob("*/*") if p.is_dir()] if folder.is_dir() else []
+    return max(versions, key=lambda p: p.stat().st_mtime_ns).name if versions else None
