@@ -39,12 +39,12 @@ def main() -> None:
 
     import tasks.storage.store as store_module
     from tasks.config.pipeline import load_config
-    from tasks.stages.prepare_data import prepare_data
+    from tasks.config.stages import get_stage
     from tasks.storage.store import Store
 
     tmp = Path(tempfile.mkdtemp(prefix="r1-verify-cost-"))
     try:
-        ref = prepare_data.fn(load_config(ROOT / "configs" / "tiny-cpu.yaml"), "m", str(tmp / "store"))
+        ref = get_stage("prepare_data").task.fn(load_config(ROOT / "configs" / "tiny-cpu.yaml"), "m", str(tmp / "store"))
         store = Store(tmp / "store")
         files = store.manifest(ref)["files"]
         hashing = [0.0]
