@@ -55,7 +55,7 @@ import torch
 
 from grpo_core.config import BatchedSampling, EvalConfig
 from grpo_core.evaluation.emergence import emergence_metrics, is_direct
-from grpo_core.generation import GenerationBackend, Rollout, make_backend
+from grpo_core.generation import GenerationBackend, GenerationRequest, Rollout, make_backend
 from grpo_core.generation.prompts import all_dropped_error, encode_prompts
 from grpo_core.rewards import get_reward_funcs
 from grpo_core.rewards.base import RewardFunc
@@ -333,8 +333,9 @@ def _generate(backend: GenerationBackend, prompt_ids: list[list[int]], *, n: int
     for start in range(0, len(prompt_ids), batch):
         chunk = prompt_ids[start: start + batch]
         chunk_seeds = seeds[start * n: (start + len(chunk)) * n] if seeds is not None else [0] * (len(chunk) * n)
-        out += backend.generate(chunk, n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                seeds=chunk_seeds, greedy=greedy, logprobs=False)
+        request = GenerationRequest(n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                    seeds=chunk_seeds, greedy=greedy, logprobs=False)
+        out += backend.generate(chunk, request)
     return out
 
 

@@ -20,7 +20,8 @@ from typing import Any, Literal
 import torch
 
 from grpo_core.config import GRPOSampling, SamplingConfig
-from grpo_core.generation.base import GenerationBackend, Rollout, merge_eos_ids, release_memory, resolve_seeds
+from grpo_core.generation.base import (GenerationBackend, GenerationRequest, Rollout, merge_eos_ids, release_memory,
+                                      resolve_seeds)
 from grpo_core.generation.vllm_backend import VLLMBackend
 
 logger = logging.getLogger(__name__)
@@ -99,5 +100,6 @@ def make_backend(
     raise ValueError(f"unknown generation backend {kind!r}; use 'auto', 'hf' or 'vllm'")
 
 
-__all__ = ["GenerationBackend", "Rollout", "backend_kind", "backend_options", "make_backend", "merge_eos_ids",
+__all__ = ["GenerationBackend", "GenerationRequest", "Rollout", "backend_kind", "backend_options", "make_backend",
+           "merge_eos_ids",
            "release_memory", "resolve_seeds", "vllm_available"]

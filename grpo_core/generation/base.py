@@ -1,8 +1,10 @@
-"""The generation interface both backends implement: ``Rollout`` (what a backend returns) and
-``GenerationBackend``, with the helpers the backends share (per-completion seeds, EOS ids)."""
+"""The generation interface every backend implements: ``GenerationRequest`` (what a backend is asked),
+``Rollout`` (what it returns) and ``GenerationBackend``, with the helpers the backends share (per-completion seeds,
+EOS ids)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -20,26 +22,40 @@ class Rollout:
     ref_logprobs: list[float] | None = None  # the reference model's, when the sampler computed them (async GRPO)
 
 
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What a backend's ``generate`` is asked besides the prompts, one type for every backend (vLLM,
+    transformers, the sampler process, the generation server and its clients): ``n`` completions per prompt of at
+    most ``max_tokens`` tokens, sampled at ``temperature`` / ``top_p`` / ``top_k`` (``top_k`` 0: off) or, with
+    ``greedy``, by argmax (the sampling fields ignored); one seed per completion (``seeds``: ``len(prompts) * n`` of
+    them; None: drawn from torch's RNG, ``resolve_seeds``); ``logprobs``: also the sampled tokens' log-probs (GRPO's
+    importance-sampling correction needs them; evaluation and rejection sampling do not, and on vLLM they cost
+    ~15-20% of the throughput)."""
+
+    n: int
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seeds: list[int] | None = None
+    greedy: bool = False
+    logprobs: bool = True
+
+    def seeded(self, num_prompts: int) -> GenerationRequest:
+        """This request with one seed per completion of ``num_prompts`` prompts: its own (checked) or drawn."""
+        return dataclasses.replace(self, seeds=resolve_seeds(self.seeds, num_prompts, self.n))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as JSON values (the generation server's request body, less the prompts)."""
+        return dataclasses.asdict(self)
+
+
 class GenerationBackend(Protocol):
     """``batches_itself`` (optional, default False): the backend schedules its own batches (vLLM), so
     evaluation and rejection sampling hand it every prompt in one call instead of fixed batches."""
 
-    def generate(
-        self,
-        prompt_ids: list[list[int]],
-        *,
-        n: int,
-        max_tokens: int,
-        temperature: float,
-        top_p: float,
-        top_k: int,
-        seeds: list[int] | None,
-        greedy: bool = False,
-        logprobs: bool = True,
-    ) -> list[Rollout]:
-        """``len(prompt_ids) * n`` rollouts, the n completions of a prompt contiguous; one seed each. ``logprobs``:
-        also the sampled tokens' log-probs (GRPO's importance-sampling correction needs them; evaluation and
-        rejection sampling do not, and on vLLM they cost ~15-20% of the throughput)."""
+    def generate(self, prompt_ids: list[list[int]], request: GenerationRequest) -> list[Rollout]:
+        """``len(prompt_ids) * request.n`` rollouts, the n completions of a prompt contiguous; one seed each."""
         ...
 
     def update_weights(self, model: torch.nn.Module) -> None:

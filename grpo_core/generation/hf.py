@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from grpo_core.generation.base import Rollout, merge_eos_ids, resolve_seeds
+from grpo_core.generation.base import GenerationRequest, Rollout, merge_eos_ids
 
 
 class HFBackend:
@@ -49,20 +49,10 @@ class HFBackend:
         # The backend samples with the trainer's module itself: nothing to copy.
         self.model = _unwrap(model)
 
-    def generate(
-        self,
-        prompt_ids: list[list[int]],
-        *,
-        n: int,
-        max_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seeds: list[int] | None = None,
-        greedy: bool = False,
-        logprobs: bool = True,  # the log-probs come with the scores this sampler computes anyway
-    ) -> list[Rollout]:
-        seeds = resolve_seeds(seeds, len(prompt_ids), n)
+    def generate(self, prompt_ids: list[list[int]], request: GenerationRequest) -> list[Rollout]:
+        # request.logprobs is moot: the log-probs come with the scores this sampler computes anyway
+        r = request.seeded(len(prompt_ids))
+        n = r.n
         if not prompt_ids:
             return []
         model = self.model
@@ -75,7 +65,7 @@ class HFBackend:
         try:
             with torch.inference_mode(), autocast:
                 tokens, logps = self._sample(
-                    prompt_ids, n, max_tokens, temperature, top_p, top_k, seeds, greedy, device
+                    prompt_ids, n, r.max_tokens, r.temperature, r.top_p, r.top_k, r.seeds, r.greedy, device
                 )
         finally:
             model.train(was_training)

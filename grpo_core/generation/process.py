@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from grpo_core.generation import make_backend
-from grpo_core.generation.base import Rollout
+from grpo_core.generation.base import GenerationRequest, Rollout
 from grpo_core.generation.vllm_backend import TensorsModule
 
 POLL_S = 0.2  # how often a wait checks that the child is alive
@@ -139,9 +139,9 @@ class ProcessBackend:
         self.dtype: torch.dtype = getattr(torch, held["dtype"].removeprefix("torch."))
         self.device: str = held["device"]
 
-    def submit(self, prompt_ids: list[list[int]], **kwargs: Any) -> None:
-        """Send a generate request (the ``generate`` keywords); its rollouts come from the next ``result``."""
-        self._send(("generate", [list(p) for p in prompt_ids], kwargs))
+    def submit(self, prompt_ids: list[list[int]], request: GenerationRequest) -> None:
+        """Send a generate request; its rollouts come from the next ``result``."""
+        self._send(("generate", [list(p) for p in prompt_ids], request))
         self._pending += 1
 
     def result(self) -> list[Rollout]:
@@ -152,8 +152,8 @@ class ProcessBackend:
         rollouts, self.last_timings = self._receive("generating")
         return rollouts
 
-    def generate(self, prompt_ids: list[list[int]], **kwargs: Any) -> list[Rollout]:
-        self.submit(prompt_ids, **kwargs)
+    def generate(self, prompt_ids: list[list[int]], request: GenerationRequest) -> list[Rollout]:
+        self.submit(prompt_ids, request)
         return self.result()
 
     def update_weights(self, model: torch.nn.Module) -> None:
@@ -275,7 +275,7 @@ def _serve(conn: Any, kind: str, model_path: str, dtype: str, device: str, opts:
                 if load_error is not None:
                     raise RuntimeError(f"loading weights failed:\n{load_error}")
                 start = time.perf_counter()
-                rollouts = backend.generate(message[1], **message[2])
+                rollouts = backend.generate(message[1], message[2])
                 timings = {"generate": time.perf_counter() - start}
                 if annotate is not None:
                     start = time.perf_counter()

@@ -37,6 +37,7 @@ import torch
 from fastapi import Request
 from pydantic import BaseModel
 
+from grpo_core.generation.base import GenerationRequest
 from grpo_core.generation.vllm_backend import TensorsModule, VLLMBackend
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ class WeightUpload:
                              "/update_weights/start replaced it: push again")
 
 
-# The request bodies (module level: FastAPI resolves the endpoints' annotations in this module's namespace)
+# The request bodies (module level: FastAPI resolves the endpoints' annotations in this module's namespace);
+# /generate's is the prompts and a GenerationRequest's fields (its defaults for a client that leaves them out).
 class GenerateRequest(BaseModel):
     prompt_ids: list[list[int]]
     n: int = 1
@@ -124,9 +126,7 @@ def build_app(backend: Any) -> Any:
     def generate(req: GenerateRequest) -> dict[str, Any]:
         with lock:
             try:
-                rollouts = backend.generate(req.prompt_ids, n=req.n, max_tokens=req.max_tokens,
-                                            temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                                            seeds=req.seeds, greedy=req.greedy, logprobs=req.logprobs)
+                rollouts = backend.generate(req.prompt_ids, GenerationRequest(**req.model_dump(exclude={"prompt_ids"})))
             except ValueError as exc:
                 raise refuse(exc) from exc
         return {"rollouts": [{"completion_ids": r.completion_ids, "logprobs": r.logprobs, "truncated": r.truncated,

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from grpo_core.generation.base import Rollout, resolve_seeds
+from grpo_core.generation.base import GenerationRequest, Rollout
 from grpo_core.generation.server_process import ServerProcess
 from grpo_core.generation.vllm_backend import full_state_items
 
@@ -53,13 +53,10 @@ class ServerBackend:
 
     # --- the sampler interface ---
 
-    def generate(self, prompt_ids: list[list[int]], *, n: int, max_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, top_k: int = 0, seeds: list[int] | None = None, greedy: bool = False,
-                 logprobs: bool = True) -> list[Rollout]:
-        seeds = resolve_seeds(seeds, len(prompt_ids), n)
-        body = {"prompt_ids": [list(map(int, p)) for p in prompt_ids], "n": n, "max_tokens": max_tokens,
-                "temperature": temperature, "top_p": top_p, "top_k": top_k, "seeds": seeds, "greedy": greedy,
-                "logprobs": logprobs}
+    def generate(self, prompt_ids: list[list[int]], request: GenerationRequest) -> list[Rollout]:
+        request = request.seeded(len(prompt_ids))
+        seeds, n = request.seeds, request.n
+        body = {"prompt_ids": [list(map(int, p)) for p in prompt_ids], **request.to_dict()}
         out = self._request("POST", "/generate", json=body, doing=f"generating {len(seeds)} completions")["rollouts"]
         if len(out) != len(seeds):
             raise VLLMServerError(f"the vLLM server at {self.base_url} returned {len(out)} completions for "

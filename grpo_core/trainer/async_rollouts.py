@@ -143,9 +143,9 @@ class NextRollouts:
     def submit(self, position: int, step: int, version: int) -> None:
         """Start generating the first round of ``step`` (stream ``position``) with the sampler's current weights
         (policy ``version``)."""
-        prompt_ids, kwargs, truncated = group_request(self.tokenizer, self.mixture, position,
+        prompt_ids, request, truncated = group_request(self.tokenizer, self.mixture, position,
                                                       self.config.prompts_per_step, step, self.config, self.ctx)
-        self.backend.submit(prompt_ids, **kwargs)
+        self.backend.submit(prompt_ids, request)
         self._in_flight.append((step, position, truncated, version))
 
     def collect(self, timings: dict[str, float], until: int | None = None) -> None:

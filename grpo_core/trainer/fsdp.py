@@ -48,7 +48,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from grpo_core.generation import GenerationBackend, Rollout
+from grpo_core.generation import GenerationBackend, GenerationRequest, Rollout
 from grpo_core.trainer.distributed import DistContext
 from grpo_core.trainer.sharded_state import load_model_state
 from grpo_core.trainer.weights import TensorEntry, index_weights, read_tensor
@@ -267,8 +267,8 @@ class ReplicaBackend:
         self.backend = backend
         self.replica = replica
 
-    def generate(self, prompt_ids: list[list[int]], **kwargs: Any) -> list[Rollout]:
-        return self.backend.generate(prompt_ids, **kwargs)
+    def generate(self, prompt_ids: list[list[int]], request: GenerationRequest) -> list[Rollout]:
+        return self.backend.generate(prompt_ids, request)
 
     def update_weights(self, model: nn.Module) -> None:
         copy_full_weights(model, self.replica)

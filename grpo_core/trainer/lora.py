@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from grpo_core.config import OptimConfig
-from grpo_core.generation.base import tensor_digest
+from grpo_core.generation.base import GenerationRequest, tensor_digest
 from grpo_core.trainer.dtypes import resolve_save_dtype
 
 ADAPTER_DIR = "adapter"  # final/adapter: the trained adapter beside the merged model
@@ -187,8 +187,8 @@ class MergedReplica:
     def __init__(self, backend: Any, replica: torch.nn.Module) -> None:
         self.backend, self.replica = backend, replica
 
-    def generate(self, prompt_ids: list[list[int]], **kwargs: Any) -> Any:
-        return self.backend.generate(prompt_ids, **kwargs)
+    def generate(self, prompt_ids: list[list[int]], request: GenerationRequest) -> Any:
+        return self.backend.generate(prompt_ids, request)
 
     @torch.no_grad()
     def update_weights(self, model: torch.nn.Module) -> None:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from grpo_core.config import GRPOConfig
-from grpo_core.generation import GenerationBackend, Rollout
+from grpo_core.generation import GenerationBackend, GenerationRequest, Rollout
 from grpo_core.generation.prompts import encode_prompts
 from grpo_core.rewards.scoring import score_completions
 from grpo_core.seeds import derive_seed
@@ -76,16 +76,16 @@ def generate_groups(
 ) -> ScoredGroups:
     """Generate and score the groups of stream positions ``position .. position + num_prompts - 1``; each row
     is scored by its own source's reward functions (``mixture.routes``)."""
-    prompt_ids, kwargs, truncated = group_request(tokenizer, mixture, position, num_prompts, step, config, ctx)
+    prompt_ids, request, truncated = group_request(tokenizer, mixture, position, num_prompts, step, config, ctx)
     start = time.perf_counter()
-    rollouts = backend.generate(prompt_ids, **kwargs)
+    rollouts = backend.generate(prompt_ids, request)
     timings["time/generate"] = timings.get("time/generate", 0.0) + time.perf_counter() - start
     return score_groups(rollouts, truncated, mixture, position, num_prompts, config, ctx, timings)
 
 
 def group_request(tokenizer: Any, mixture: Mixture, position: int, num_prompts: int, step: int, config: GRPOConfig,
-                  ctx: DistContext) -> tuple[list[list[int]], dict[str, Any], list[bool]]:
-    """``(prompt_ids, generate keywords, truncated)`` of this rank's share of the groups at ``position``."""
+                  ctx: DistContext) -> tuple[list[list[int]], GenerationRequest, list[bool]]:
+    """``(prompt_ids, the generate request, truncated)`` of this rank's share of the groups at ``position``."""
     G = config.sampling.num_generations
     positions = list(range(position, position + num_prompts))
     rows = [mixture.rows[i] for i in mixture.rows_at(position, num_prompts)]
@@ -94,9 +94,10 @@ def group_request(tokenizer: Any, mixture: Mixture, position: int, num_prompts: 
     # skipped here would leave the step a group short), so here the policy can only truncate
     encoded = encode_prompts(tokenizer, [row["prompt"] for row in local_rows], config.sampling.max_prompt_length, "truncate")
     seeds = [derive_seed(config.seed, step, p, j) for p in local_positions for j in range(G)]
-    kwargs = dict(n=G, max_tokens=config.sampling.max_completion_length, temperature=config.sampling.temperature, top_p=config.sampling.top_p,
-                  top_k=config.sampling.top_k, seeds=seeds)
-    return encoded.ids, kwargs, encoded.truncated
+    s = config.sampling
+    request = GenerationRequest(n=G, max_tokens=s.max_completion_length, temperature=s.temperature, top_p=s.top_p,
+                                top_k=s.top_k, seeds=seeds)
+    return encoded.ids, request, encoded.truncated
 
 
 def score_groups(rollouts: list[Rollout], truncated: list[bool], mixture: Mixture, position: int, num_prompts: int,

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import logging
 import os
+import dataclasses
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
 from grpo_core.config import GRPOConfig, JudgeSpec, RewardModelSpec
-from grpo_core.generation.base import Rollout, resolve_seeds
+from grpo_core.generation.base import GenerationRequest, Rollout
 from grpo_core.generation.server_client import ServerBackend, VLLMServerError
 from grpo_core.generation.vllm_backend import full_state_items
 from grpo_core.trainer.distributed import DistContext
@@ -52,27 +53,24 @@ class RankZeroServer:
 
         self.dtype = self._on_main(start, "connecting to the generation server")
 
-    def generate(self, prompt_ids: list[list[int]], *, n: int, max_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, top_k: int = 0, seeds: list[int] | None = None, greedy: bool = False,
-                 logprobs: bool = True) -> list[Rollout]:
+    def generate(self, prompt_ids: list[list[int]], request: GenerationRequest) -> list[Rollout]:
         """This rank's ``len(prompt_ids) * n`` rollouts, from one request rank 0 makes for every rank's prompts."""
-        seeds = resolve_seeds(seeds, len(prompt_ids), n)
+        request = request.seeded(len(prompt_ids))
+        n = request.n
         parts: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(parts, (prompt_ids, seeds))  # rank order; small next to the completions
+        dist.all_gather_object(parts, (prompt_ids, request.seeds))  # rank order; small next to the completions
 
-        def request() -> list[list[Rollout]]:
+        def ask() -> list[list[Rollout]]:
             assert self.client is not None
-            every = self.client.generate([p for ids, _ in parts for p in ids], n=n, max_tokens=max_tokens,
-                                    temperature=temperature, top_p=top_p, top_k=top_k,
-                                    seeds=[s for _, rank_seeds in parts for s in rank_seeds], greedy=greedy,
-                                    logprobs=logprobs)
+            every = self.client.generate([p for ids, _ in parts for p in ids], dataclasses.replace(
+                request, seeds=[s for _, rank_seeds in parts for s in rank_seeds]))
             out, start = [], 0
             for ids, _ in parts:  # back into each rank's share, in the order it asked
                 out.append(every[start : start + len(ids) * n])
                 start += len(ids) * n
             return out
 
-        return self._on_main(request, f"generating {sum(len(s) for _, s in parts)} completions", scatter=True)
+        return self._on_main(ask, f"generating {sum(len(s) for _, s in parts)} completions", scatter=True)
 
     def update_weights(self, model: torch.nn.Module) -> None:
         """Rank 0 sends ``model``'s weights; the other ranks join the gathers a sharded model needs."""

@@ -106,7 +106,8 @@ class ScriptedBackend:
         return Rollout(prompt, self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id],
                        None, False, text)
 
-    def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k, seeds, greedy=False, logprobs=True):
+    def generate(self, prompt_ids, request):
+        n, greedy = request.n, request.greedy
         out = []
         for p in prompt_ids:
             i = self.prompts.index(p)

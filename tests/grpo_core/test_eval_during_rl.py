@@ -54,7 +54,8 @@ def test_eval_steps_logs_heldout_metrics_at_its_steps_and_changes_no_weight(tmp_
 class RandomBackend:
     """A sampler that draws from every global RNG, as a careless backend would."""
 
-    def generate(self, prompt_ids, *, n, max_tokens, seeds, greedy, logprobs, **kwargs):
+    def generate(self, prompt_ids, request):
+        n = request.n
         random.random(), np.random.rand(), torch.rand(1)
         return [Rollout(list(p), [5], None, False, "<answer>2</answer>") for p in prompt_ids for _ in range(n)]
 

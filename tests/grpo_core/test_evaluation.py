@@ -29,7 +29,8 @@ class ScriptedBackend:
         ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
         return Rollout(prompt, ids, None, False, text)
 
-    def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k, seeds, greedy=False, logprobs=True):
+    def generate(self, prompt_ids, request):
+        n, seeds, greedy = request.n, request.seeds, request.greedy
         self.calls.append((len(prompt_ids), n, greedy, list(seeds) if seeds else None))
         out = []
         for p in prompt_ids:

@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_core.generation import Rollout, make_backend
+from grpo_core.generation.base import GenerationRequest
 from grpo_core.generation.hf import HFBackend, filter_logits
 from grpo_core.models.tiny import build_tiny_model
 
@@ -32,20 +33,20 @@ def test_completion_depends_only_on_its_seed(tiny):
     prompts = _prompts(tokenizer)
     n = 3
     seeds = [1000 + i for i in range(len(prompts) * n)]
-    full = backend.generate(prompts, n=n, max_tokens=12, temperature=1.0, top_p=1.0, top_k=0, seeds=seeds)
+    full = backend.generate(prompts, GenerationRequest(n=n, max_tokens=12, seeds=seeds))
     assert len(full) == len(prompts) * n
     assert [r.prompt_ids for r in full] == [p for p in prompts for _ in range(n)]
     # The same completions come back from a different batch: reordered, subset, one at a time.
     order = [2, 0]
     sub = backend.generate(
-        [prompts[i] for i in order], n=n, max_tokens=12, temperature=1.0, top_p=1.0, top_k=0,
-        seeds=[seeds[i * n + j] for i in order for j in range(n)],
+        [prompts[i] for i in order], GenerationRequest(n=n, max_tokens=12,
+        seeds=[seeds[i * n + j] for i in order for j in range(n)]),
     )
     expected = [full[i * n + j] for i in order for j in range(n)]
     assert [r.completion_ids for r in sub] == [r.completion_ids for r in expected]
     for a, b in zip(sub, expected):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
-    single = backend.generate([prompts[3]], n=1, max_tokens=12, temperature=1.0, top_p=1.0, top_k=0, seeds=[seeds[3 * n + 1]])
+    single = backend.generate([prompts[3]], GenerationRequest(n=1, max_tokens=12, seeds=[seeds[3 * n + 1]]))
     assert single[0].completion_ids == full[3 * n + 1].completion_ids
     # Different seeds give different completions (a random tiny model is close to uniform over 264 tokens).
     assert len({tuple(r.completion_ids) for r in full}) == len(full)
@@ -55,7 +56,7 @@ def test_greedy_equals_transformers_generate(tiny):
     _, model, tokenizer = tiny
     backend = HFBackend(model, tokenizer)
     prompts = _prompts(tokenizer)
-    ours = backend.generate(prompts, n=1, max_tokens=16, temperature=1.0, top_p=1.0, top_k=0, seeds=None, greedy=True)
+    ours = backend.generate(prompts, GenerationRequest(n=1, max_tokens=16, greedy=True))
     length = max(map(len, prompts))
     ids = torch.tensor([[tokenizer.pad_token_id] * (length - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in prompts])
@@ -76,7 +77,7 @@ def test_logprobs_are_the_models_tempered_logprobs(tiny):
     backend = HFBackend(model, tokenizer)
     prompt = _prompts(tokenizer)[0]
     temperature = 0.7
-    (r,) = backend.generate([prompt], n=1, max_tokens=10, temperature=temperature, top_p=1.0, top_k=0, seeds=[5])
+    (r,) = backend.generate([prompt], GenerationRequest(n=1, max_tokens=10, temperature=temperature, seeds=[5]))
     ids = torch.tensor([prompt + r.completion_ids])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1] / temperature  # [T, V]
@@ -89,7 +90,8 @@ def test_top_k_frequencies_follow_renormalised_probs(tiny):
     backend = HFBackend(model, tokenizer)
     prompt = _prompts(tokenizer)[1]
     num = 2000
-    out = backend.generate([prompt], n=num, max_tokens=1, temperature=0.05, top_p=1.0, top_k=2, seeds=list(range(num)))
+    request = GenerationRequest(n=num, max_tokens=1, temperature=0.05, top_k=2, seeds=list(range(num)))
+    out = backend.generate([prompt], request)
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt])).logits[0, -1] / 0.05
     top = torch.topk(logits, 2)
@@ -121,12 +123,12 @@ def test_eos_stops_and_truncation_flag(tiny):
         bias[eos] = 1e4
         handle = model.lm_head.register_forward_hook(lambda m, i, o: o + bias)
     try:
-        out = backend.generate(prompts, n=2, max_tokens=5, temperature=1.0, top_p=1.0, top_k=0, seeds=[1, 2, 3, 4])
+        out = backend.generate(prompts, GenerationRequest(n=2, max_tokens=5, seeds=[1, 2, 3, 4]))
     finally:
         handle.remove()
     assert all(isinstance(r, Rollout) for r in out)
     assert all(r.completion_ids == [eos] and not r.truncated and r.text == "" for r in out)
-    out = backend.generate(prompts, n=1, max_tokens=3, temperature=1.0, top_p=1.0, top_k=0, seeds=[7, 8])
+    out = backend.generate(prompts, GenerationRequest(n=1, max_tokens=3, seeds=[7, 8]))
     for r in out:
         assert r.truncated == (eos not in r.completion_ids)
         assert len(r.completion_ids) <= 3

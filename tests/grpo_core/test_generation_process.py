@@ -3,6 +3,7 @@ own dtype and device, bounded waits."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -12,12 +13,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_core.generation import make_backend
+from grpo_core.generation.base import GenerationRequest
 from grpo_core.generation.process import ProcessBackend, SamplerError
 from grpo_core.models.tiny import build_tiny_model
 
 torch.set_num_threads(1)
 
-KWARGS = dict(n=2, max_tokens=6, temperature=1.0, top_p=1.0, top_k=0, seeds=[11, 12, 13, 14])
+REQUEST = GenerationRequest(n=2, max_tokens=6, seeds=[11, 12, 13, 14])
 
 
 @pytest.fixture(scope="module")
@@ -52,23 +54,23 @@ def test_process_sampler_matches_in_process_and_follows_pushed_weights(tiny, pri
     local = make_backend("hf", str(path), model=model, tokenizer=tok)
     remote = ProcessBackend("hf", path, timeout=120)
     try:
-        assert _tokens(remote.generate(prompts, **KWARGS)) == _tokens(local.generate(prompts, **KWARGS))
+        assert _tokens(remote.generate(prompts, REQUEST)) == _tokens(local.generate(prompts, REQUEST))
         _perturb(model, 0)
-        expected = _tokens(local.generate(prompts, **KWARGS))
+        expected = _tokens(local.generate(prompts, REQUEST))
         os.kill(remote.process.pid, signal.SIGSTOP)  # the push is sent, not yet taken
         try:
             remote.update_weights(model)
             assert not _regular_files(tmp)
         finally:
             os.kill(remote.process.pid, signal.SIGCONT)
-        remote.submit(prompts, **KWARGS)  # asynchronous: the caller is free until result()
+        remote.submit(prompts, REQUEST)  # asynchronous: the caller is free until result()
         got = remote.result()
         assert _tokens(got) == expected
         assert got[0].logprobs is not None and len(got[0].logprobs) == len(got[0].completion_ids)
         _perturb(model, 1)  # a second push rewrites the shared buffers in place
-        expected = _tokens(local.generate(prompts, **KWARGS))
+        expected = _tokens(local.generate(prompts, REQUEST))
         remote.update_weights(model)
-        assert _tokens(remote.generate(prompts, **KWARGS)) == expected
+        assert _tokens(remote.generate(prompts, REQUEST)) == expected
         assert not _regular_files(tmp)
     finally:
         remote.close()
@@ -105,7 +107,7 @@ def test_sampler_holds_the_asked_dtype_not_the_checkpoints(tiny, tmp_path):
     for name in ("bf16", "fp32"):
         remote = ProcessBackend("hf", tmp_path / name, timeout=120)
         try:
-            outputs[name] = remote.generate(prompts, **KWARGS)
+            outputs[name] = remote.generate(prompts, REQUEST)
             held[name] = (getattr(remote, "dtype", None), getattr(remote, "device", None))
         finally:
             remote.close()
@@ -115,7 +117,7 @@ def test_sampler_holds_the_asked_dtype_not_the_checkpoints(tiny, tmp_path):
     try:
         assert remote.dtype == torch.bfloat16
         remote.update_weights(fp32)  # fp32 pushed, held in bf16 (the shared buffer is bf16 too)
-        assert len(remote.generate(prompts, **KWARGS)) == 4
+        assert len(remote.generate(prompts, REQUEST)) == 4
     finally:
         remote.close()
 
@@ -127,7 +129,7 @@ def test_killed_sampler_fails_within_the_timeout_naming_it(tiny):
         os.kill(remote.process.pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(SamplerError, match=r"sampler process \(pid \d+, hf backend\) (exited|has exited)"):
-            remote.generate(prompts, **KWARGS)
+            remote.generate(prompts, REQUEST)
         assert time.monotonic() - start < 30
     finally:
         remote.close()
@@ -140,7 +142,7 @@ def test_stalled_sampler_times_out(tiny):
         os.kill(remote.process.pid, signal.SIGSTOP)  # alive but never answers
         start = time.monotonic()
         with pytest.raises(SamplerError, match=r"gave no answer within 3 s"):
-            remote.generate(prompts, **KWARGS)
+            remote.generate(prompts, REQUEST)
         assert time.monotonic() - start < 3.0 + 5.0
         remote.process.join(timeout=10)
         assert not remote.process.is_alive()  # killed, not left behind
@@ -153,8 +155,8 @@ def test_error_in_the_sampler_comes_back_with_its_traceback(tiny):
     remote = ProcessBackend("hf", path, timeout=120)
     try:
         with pytest.raises(SamplerError, match="seeds has 1 entries"):
-            remote.generate(prompts, **{**KWARGS, "seeds": [1]})
-        assert len(remote.generate(prompts, **KWARGS)) == 4  # the sampler keeps serving after a failed request
+            remote.generate(prompts, dataclasses.replace(REQUEST, seeds=[1]))
+        assert len(remote.generate(prompts, REQUEST)) == 4  # the sampler keeps serving after a failed request
     finally:
         remote.close()
 
@@ -170,13 +172,13 @@ def test_vllm_sampler_process_follows_pushed_weights(tmp_path):
     prompts = [tok("1+2=")["input_ids"], tok("3*4-1=")["input_ids"]]
     model = AutoModelForCausalLM.from_pretrained(path)
     local = make_backend("hf", str(path), model=model, tokenizer=tok)
-    greedy = dict(n=1, max_tokens=6, temperature=1.0, top_p=1.0, top_k=0, seeds=[0, 0], greedy=True)
+    greedy = GenerationRequest(n=1, max_tokens=6, seeds=[0, 0], greedy=True)
     remote = ProcessBackend("vllm", path, timeout=300, max_model_len=64)
     try:
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.3)
         remote.update_weights(model)
-        assert _tokens(remote.generate(prompts, **greedy)) == _tokens(local.generate(prompts, **greedy))
+        assert _tokens(remote.generate(prompts, greedy)) == _tokens(local.generate(prompts, greedy))
     finally:
         remote.close()

@@ -6,6 +6,7 @@ need it installed (skipped otherwise); the sizing checks at the end run without 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import random
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpo_core.generation.base import GenerationRequest
 from grpo_core.models.tiny import build_tiny_model
 
 
@@ -84,7 +86,7 @@ def test_greedy_matches_transformers_before_and_after_a_weight_push(tiny, backen
     prompts = _prompts(tokenizer, _block_size(backend))
     assert len(prompts[-1]) > _block_size(backend)
     eos = backend.eos_token_ids
-    before = backend.generate(prompts, n=1, max_tokens=16, seeds=None, greedy=True)
+    before = backend.generate(prompts, GenerationRequest(n=1, max_tokens=16, greedy=True))
     before_ids = [r.completion_ids for r in before]
     assert before_ids == _hf_greedy(model, prompts, 16, eos)
     assert len({tok for ids in before_ids for tok in ids}) > 8  # not a degenerate one-token model
@@ -101,13 +103,14 @@ def test_greedy_matches_transformers_before_and_after_a_weight_push(tiny, backen
     trained.eval()
     backend.update_weights(trained)
 
-    after = backend.generate(prompts, n=1, max_tokens=16, seeds=None, greedy=True)
+    after = backend.generate(prompts, GenerationRequest(n=1, max_tokens=16, greedy=True))
     after_ids = [r.completion_ids for r in after]
     assert after_ids == _hf_greedy(trained, prompts, 16, eos)
     assert after_ids[0] != before_ids[0] and after_ids[-1] != before_ids[-1]  # the long prompt too (prefix cache)
 
     backend.update_weights(model)  # and back: the other tests use the original weights
-    assert [r.completion_ids for r in backend.generate(prompts, n=1, max_tokens=16, seeds=None, greedy=True)] == before_ids
+    greedy = backend.generate(prompts, GenerationRequest(n=1, max_tokens=16, greedy=True))
+    assert [r.completion_ids for r in greedy] == before_ids
 
 
 @pytest.mark.vllm
@@ -117,14 +120,14 @@ def test_seeded_sampling_is_reproducible_and_independent_of_batching(tiny, backe
     n = 3
     seeds = [500 + i for i in range(len(prompts) * n)]
     rng_state = torch.get_rng_state()
-    first = backend.generate(prompts, n=n, max_tokens=12, temperature=1.0, top_p=1.0, top_k=0, seeds=seeds)
+    first = backend.generate(prompts, GenerationRequest(n=n, max_tokens=12, seeds=seeds))
     assert torch.equal(torch.get_rng_state(), rng_state)  # generation leaves the trainer's RNG stream alone
-    again = backend.generate(prompts, n=n, max_tokens=12, temperature=1.0, top_p=1.0, top_k=0, seeds=seeds)
+    again = backend.generate(prompts, GenerationRequest(n=n, max_tokens=12, seeds=seeds))
     assert [r.completion_ids for r in first] == [r.completion_ids for r in again]
     assert [r.prompt_ids for r in first] == [p for p in prompts for _ in range(n)]
     assert len({tuple(r.completion_ids) for r in first}) == len(first)  # every seed its own completion
     # A completion depends on its seed, not on the rest of the batch.
-    alone = backend.generate([prompts[2]], n=1, max_tokens=12, temperature=1.0, top_p=1.0, top_k=0, seeds=[seeds[7]])
+    alone = backend.generate([prompts[2]], GenerationRequest(n=1, max_tokens=12, seeds=[seeds[7]]))
     assert alone[0].completion_ids == first[7].completion_ids
 
 
@@ -134,8 +137,9 @@ def test_without_logprobs_the_samples_are_the_same(tiny, backend):
     _, _, tokenizer = tiny
     prompts = _prompts(tokenizer, _block_size(backend))[:3]
     seeds = [700 + i for i in range(len(prompts) * 2)]
-    kw = dict(n=2, max_tokens=12, temperature=1.0, top_p=1.0, top_k=0, seeds=seeds)
-    with_lp, without = backend.generate(prompts, **kw), backend.generate(prompts, logprobs=False, **kw)
+    request = GenerationRequest(n=2, max_tokens=12, seeds=seeds)
+    with_lp = backend.generate(prompts, request)
+    without = backend.generate(prompts, dataclasses.replace(request, logprobs=False))
     assert [r.completion_ids for r in without] == [r.completion_ids for r in with_lp]
     assert all(r.logprobs is None for r in without) and all(r.logprobs for r in with_lp)
 
@@ -145,8 +149,8 @@ def test_logprobs_match_transformers_fp32(tiny, backend):
     _, model, tokenizer = tiny
     prompts = _prompts(tokenizer, _block_size(backend))
     temperature = 0.7
-    rollouts = backend.generate(prompts, n=2, max_tokens=12, temperature=temperature, top_p=1.0, top_k=0,
-                                seeds=list(range(2 * len(prompts))))
+    request = GenerationRequest(n=2, max_tokens=12, temperature=temperature, seeds=list(range(2 * len(prompts))))
+    rollouts = backend.generate(prompts, request)
     worst = 0.0
     for r in rollouts:
         ids = torch.tensor([r.prompt_ids + r.completion_ids])
@@ -162,7 +166,7 @@ def test_logprobs_match_transformers_fp32(tiny, backend):
 def test_stop_on_eos_and_truncation(tiny, backend):
     _, _, tokenizer = tiny
     prompt = _prompts(tokenizer, _block_size(backend))[0]
-    greedy = backend.generate([prompt], n=1, max_tokens=10, seeds=None, greedy=True)[0]
+    greedy = backend.generate([prompt], GenerationRequest(n=1, max_tokens=10, greedy=True))[0]
     assert greedy.truncated and len(greedy.completion_ids) == 10
     assert greedy.text == tokenizer.decode(greedy.completion_ids, skip_special_tokens=True)
     stop_token = greedy.completion_ids[3]
@@ -170,7 +174,7 @@ def test_stop_on_eos_and_truncation(tiny, backend):
     saved = backend.eos_token_ids
     backend.eos_token_ids = [stop_token]  # pretend that token is EOS
     try:
-        stopped = backend.generate([prompt], n=1, max_tokens=10, seeds=None, greedy=True)[0]
+        stopped = backend.generate([prompt], GenerationRequest(n=1, max_tokens=10, greedy=True))[0]
     finally:
         backend.eos_token_ids = saved
     assert stopped.completion_ids == greedy.completion_ids[: first + 1]  # EOS kept in the ids
@@ -185,13 +189,13 @@ def test_sleep_mode_is_gpu_only(tiny, backend):
     assert not backend.sleep_mode
     backend.sleep()
     assert not backend.asleep
-    assert len(backend.generate(_prompts(tokenizer, 4)[:1], n=1, max_tokens=2, seeds=[0])) == 1
+    assert len(backend.generate(_prompts(tokenizer, 4)[:1], GenerationRequest(n=1, max_tokens=2, seeds=[0]))) == 1
 
 
 def test_seeds_must_match_the_number_of_completions(tiny, backend):
     _, _, tokenizer = tiny
     with pytest.raises(ValueError, match="one per completion"):
-        backend.generate(_prompts(tokenizer, 4)[:2], n=2, max_tokens=4, seeds=[1, 2, 3])
+        backend.generate(_prompts(tokenizer, 4)[:2], GenerationRequest(n=2, max_tokens=4, seeds=[1, 2, 3]))
 
 
 def test_default_cpu_kv_cache_holds_a_full_batch():

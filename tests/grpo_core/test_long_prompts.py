@@ -32,9 +32,9 @@ class Recording:
     def __init__(self, backend):
         self.backend, self.prompts = backend, []
 
-    def generate(self, prompt_ids, **kwargs):
+    def generate(self, prompt_ids, request):
         self.prompts += [list(p) for p in prompt_ids]
-        return self.backend.generate(prompt_ids, **kwargs)
+        return self.backend.generate(prompt_ids, request)
 
     def update_weights(self, model):
         self.backend.update_weights(model)

@@ -29,7 +29,8 @@ class ScriptedBackend:
     def __init__(self, tok, prompts, samples):
         self.tok, self.prompts, self.samples, self.seeds = tok, prompts, samples, []
 
-    def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k, seeds, greedy=False, logprobs=True):
+    def generate(self, prompt_ids, request):
+        n, seeds = request.n, request.seeds
         self.seeds += list(seeds)
         out = []
         for p in prompt_ids:
@@ -158,9 +159,9 @@ def _count_calls(backend, monkeypatch) -> list[int]:
     calls: list[int] = []
     generate = backend.generate
 
-    def counted(prompt_ids, **kwargs):
+    def counted(prompt_ids, request):
         calls.append(len(prompt_ids))
-        return generate(prompt_ids, **kwargs)
+        return generate(prompt_ids, request)
 
     monkeypatch.setattr(backend, "generate", counted)
     return calls

@@ -14,6 +14,7 @@ from grpo_core.config import EvalConfig, GRPOConfig, RejectionSamplingConfig
 from grpo_core.data.synthetic import chain_accuracy
 import grpo_core.evaluation.heldout as evaluation
 from grpo_core.generation import Rollout
+from grpo_core.generation.base import GenerationRequest
 from grpo_core.generation.prompts import encode_prompt
 from grpo_core.models.tiny import build_tiny_model
 import grpo_core.recipe.rejection as rejection
@@ -43,7 +44,8 @@ class ScriptedBackend:
         self.tok = tok
         self.prompts = [encode_prompt(tok, r["prompt"]) for r in ROWS]
 
-    def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k, seeds, greedy=False, logprobs=True):
+    def generate(self, prompt_ids, request):
+        n = request.n
         out = []
         for p in prompt_ids:
             for text in TEXTS[self.prompts.index(p)][:n]:
@@ -94,8 +96,8 @@ def spy(monkeypatch):
 
 def test_three_paths_one_function_identical_scores(tok, spy):
     backend = ScriptedBackend(tok)
-    direct = score_completions([probe], ["probe"], ROWS, backend.generate(backend.prompts, n=G, max_tokens=16,
-                               temperature=1.0, top_p=1.0, top_k=0, seeds=None), G, 16)  # [9, 1]
+    scripted = backend.generate(backend.prompts, GenerationRequest(n=G, max_tokens=16))
+    direct = score_completions([probe], ["probe"], ROWS, scripted, G, 16)  # [9, 1]
     direct_ok = passes(direct[:, 0])
     assert direct_ok == [True, True, False, False, True, False, True, False, False]  # chain_accuracy: direct counts
     reference_call = CALLS.pop()
@@ -131,8 +133,7 @@ def test_evaluation_and_rejection_share_the_format_verdicts(tok, spy):
     """The format rate and the format filter are both the registered format reward through the same call."""
     backend = ScriptedBackend(tok)
     always = lambda completions, **kw: [1.0] * len(completions)  # noqa: E731
-    all_rollouts = backend.generate(backend.prompts, n=G, max_tokens=16, temperature=1.0, top_p=1.0, top_k=0,
-                                    seeds=None)
+    all_rollouts = backend.generate(backend.prompts, GenerationRequest(n=G, max_tokens=16))
     fmt = passes(score_completions([REWARD_FUNCS["format"]], ["format"], ROWS, all_rollouts, G, 16)[:, 0])
     assert fmt == [True, False, False, False, True, False, True, True, False]
     m = evaluation.evaluate(EvalConfig(num_samples=0, max_new_tokens=16, forced_reasoning=False), "unused", ROWS,

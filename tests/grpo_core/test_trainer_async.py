@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from grpo_core.config import GRPOConfig
+from grpo_core.generation.base import GenerationRequest
 from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer.loop import train_grpo
 from tests.grpo_core.run_helpers import assert_same_final_weights, read_metrics
@@ -148,8 +149,9 @@ def test_sampler_reference_logps_equal_the_trainers(tiny_path):
     backend = make_backend("hf", str(tiny_path), model=model, tokenizer=tokenizer)
     prompts = [tokenizer(text)["input_ids"] for text in ("1+1=", "12+345=", "6*7=", "1234+5678-9=")]
     sample = dict(n=3, temperature=1.0, top_p=1.0, top_k=0)  # a round's completions: 8 tokens, then 5 (a random
-    rounds = [backend.generate(prompts[:2], max_tokens=8, seeds=[1, 2, 3, 4, 5, 6], **sample),  # model rarely stops)
-              backend.generate(prompts[2:], max_tokens=5, seeds=[7, 8, 9, 10, 11, 12], **sample)]
+    # model rarely stops)
+    rounds = [backend.generate(prompts[:2], GenerationRequest(max_tokens=8, seeds=[1, 2, 3, 4, 5, 6], **sample)),
+              backend.generate(prompts[2:], GenerationRequest(max_tokens=5, seeds=[7, 8, 9, 10, 11, 12], **sample))]
     reference = ReferenceLogps(str(tiny_path), config, tokenizer.pad_token_id or tokenizer.eos_token_id)
     reference.load()
     rollouts = [r for part in rounds for r in reference(part)]

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from grpo_core.config import GRPOConfig, GRPOSampling
 from grpo_core.generation import server_process
 from grpo_core.generation.base import Rollout
+from grpo_core.generation.base import GenerationRequest
 from grpo_core.generation.serve import build_app
 from grpo_core.generation.server_client import ServerBackend, VLLMServerError, connect_server
 
@@ -57,7 +58,8 @@ class FakeEngine:
         self.pushes = 0
         self.fail_generate: str | None = None
 
-    def generate(self, prompt_ids, *, n, max_tokens, temperature, top_p, top_k, seeds, greedy, logprobs):
+    def generate(self, prompt_ids, request):
+        n, seeds, logprobs = request.n, request.seeds, request.logprobs
         if self.fail_generate:
             raise ValueError(self.fail_generate)
         shift = self.pushes
@@ -104,7 +106,7 @@ def served():
 
 def test_client_generates_pushes_in_chunks_and_probes(served):
     client = ServerBackend(served.url, timeout=10)
-    out = client.generate([[1, 2, 3], [4]], n=2, max_tokens=4, seeds=[10, 11, 12, 13])
+    out = client.generate([[1, 2, 3], [4]], GenerationRequest(n=2, max_tokens=4, seeds=[10, 11, 12, 13]))
     assert [r.completion_ids for r in out] == [[10, 2], [11, 2], [12, 2], [13, 2]]
     assert [r.prompt_ids for r in out] == [[1, 2, 3], [1, 2, 3], [4], [4]]
     assert out[0].logprobs == [-0.5, -0.25] and out[0].text == "c10"
@@ -122,7 +124,7 @@ def test_client_generates_pushes_in_chunks_and_probes(served):
         for name, tensor in model.state_dict().items():
             assert torch.equal(served.engine.state[name], tensor)
     # the next generation sees the pushes (the fake shifts its tokens by the number of pushes)
-    assert client.generate([[1]], n=1, max_tokens=4, seeds=[10])[0].completion_ids == [12, 2]
+    assert client.generate([[1]], GenerationRequest(n=1, max_tokens=4, seeds=[10]))[0].completion_ids == [12, 2]
     assert client.probe_logprobs([5, 6, 7]) == [-1.0, -1.0]
     assert client.weights_digest(["x"]) == {}
     client.close()
@@ -133,7 +135,7 @@ def test_an_error_answer_names_the_url_and_the_servers_reason(served):
     client = ServerBackend(served.url, timeout=10)
     with pytest.raises(VLLMServerError, match=rf"server at {served.url} refused POST /generate .*HTTP 400.*seeds "
                                               "has 3 entries"):
-        client.generate([[1]], n=1, max_tokens=2, seeds=[1])
+        client.generate([[1]], GenerationRequest(n=1, max_tokens=2, seeds=[1]))
 
 
 def test_a_server_that_went_away_fails_the_call_within_the_timeout(served):
@@ -142,7 +144,7 @@ def test_a_server_that_went_away_fails_the_call_within_the_timeout(served):
     start = time.monotonic()
     with pytest.raises(VLLMServerError, match=rf"server at {served.url} did not answer POST /generate .*"
                                               r"vllm_server_timeout=1.5 s.*rerun the stage"):
-        client.generate([[1]], n=1, max_tokens=2, seeds=[1])
+        client.generate([[1]], GenerationRequest(n=1, max_tokens=2, seeds=[1]))
     assert 1.4 <= time.monotonic() - start < 15  # its bounded retries, with room for a slow machine
 
 
@@ -186,7 +188,7 @@ def test_the_started_server_is_stopped_on_close(tmp_path, monkeypatch):
                         lambda model, host, port, opts: [sys.executable, "-c", engine_code, str(port)])
     sampling = GRPOSampling(vllm_mode="server", vllm_server_port=0, vllm_server_timeout=60)
     client = connect_server(sampling, "/m", log_dir=tmp_path, opts={})
-    assert client.generate([[1]], n=1, max_tokens=2, seeds=[7])[0].completion_ids == [7, 2]
+    assert client.generate([[1]], GenerationRequest(n=1, max_tokens=2, seeds=[7]))[0].completion_ids == [7, 2]
     process = client.process
     client.close()
     assert process.exit_code() is not None

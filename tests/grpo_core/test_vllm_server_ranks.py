@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from grpo_core.generation import server_process
+from grpo_core.generation.base import GenerationRequest
 from tests.grpo_core.test_vllm_server import FakeEngine, Served
 
 
@@ -25,9 +26,9 @@ class CountingEngine(FakeEngine):
         super().__init__()
         self.requests: list[int] = []  # completions asked for, per /generate request
 
-    def generate(self, prompt_ids, *, seeds, **kwargs):
-        self.requests.append(len(seeds))
-        return super().generate(prompt_ids, seeds=seeds, **kwargs)
+    def generate(self, prompt_ids, request):
+        self.requests.append(len(request.seeds))
+        return super().generate(prompt_ids, request)
 
 
 def rank_main(rank: int, world: int, port: int, url: str, out: str) -> None:
@@ -52,15 +53,16 @@ def rank_main(rank: int, world: int, port: int, url: str, out: str) -> None:
         seen["connected"], seen["dtype"] = connected, str(backend.dtype)
         prompts = [[100 * rank + k] for k in range(rank + 1)]
         seeds = [1000 * rank + 10 * k + j for k in range(rank + 1) for j in range(2)]
-        rollouts = backend.generate(prompts, n=2, max_tokens=4, seeds=seeds)
+        rollouts = backend.generate(prompts, GenerationRequest(n=2, max_tokens=4, seeds=seeds))
         seen["generated"] = [(r.prompt_ids, r.completion_ids, r.text) for r in rollouts]
         backend.update_weights(torch.nn.Linear(3, 2))
-        seen["after_push"] = [r.completion_ids for r in backend.generate(prompts[:1], n=1, max_tokens=4,
-                                                                            seeds=[7 + rank])]
+        after = backend.generate(prompts[:1], GenerationRequest(n=1, max_tokens=4, seeds=[7 + rank]))
+        seen["after_push"] = [r.completion_ids for r in after]
         seen["probe"] = backend.probe_logprobs([1, 2, 3])
         seen["local_is_client"] = local_sampler(backend) is backend.client and (backend.client is None) == (rank > 0)
         try:
-            backend.generate(prompts, n=2, max_tokens=4, seeds=[5] * len(seeds))  # the engine refuses it
+            repeated = GenerationRequest(n=2, max_tokens=4, seeds=[5] * len(seeds))
+            backend.generate(prompts, repeated)  # the engine refuses it
         except Exception as exc:  # every rank must raise, none hang
             seen["error"] = f"{type(exc).__name__}: {exc}"
         backend.close()
@@ -73,10 +75,10 @@ def test_two_trainer_processes_share_rank_zeros_server(tmp_path):
     engine = CountingEngine()
     served = Served(engine)
     try:
-        def fail_on_repeated_seeds(prompt_ids, *, seeds, **kwargs):  # the third request: an error answer
-            if len(set(seeds)) < len(seeds):
+        def fail_on_repeated_seeds(prompt_ids, request):  # the third request: an error answer
+            if len(set(request.seeds)) < len(request.seeds):
                 raise ValueError("repeated seeds in one request")
-            return CountingEngine.generate(engine, prompt_ids, seeds=seeds, **kwargs)
+            return CountingEngine.generate(engine, prompt_ids, request)
 
         engine.generate = fail_on_repeated_seeds
         ranks = mp.start_processes(rank_main, args=(2, server_process.free_port("127.0.0.1"), served.url,

@@ -18,6 +18,7 @@ import torch
 
 from grpo_core.config import GRPOConfig, GRPOSampling
 from grpo_core.generation import server_client
+from grpo_core.generation.base import GenerationRequest
 from grpo_core.models.tiny import build_tiny_model
 from grpo_core.trainer import weight_sync
 from tests.grpo_core.run_helpers import read_metrics
@@ -45,10 +46,10 @@ def test_server_generates_takes_pushed_weights_and_passes_the_sync_check(tiny, t
     client = server_client.connect_server(sampling, str(tiny), log_dir=tmp_path, opts=ENGINE)
     try:
         seeds = [11, 12, 13, 14]
-        before = client.generate([[1, 2, 3], [4, 5]], n=2, max_tokens=6, seeds=seeds)
+        before = client.generate([[1, 2, 3], [4, 5]], GenerationRequest(n=2, max_tokens=6, seeds=seeds))
         assert [len(r.completion_ids) for r in before] == [len(r.logprobs) for r in before]
         assert all(lp < 0 for r in before for lp in r.logprobs)
-        again = client.generate([[1, 2, 3], [4, 5]], n=2, max_tokens=6, seeds=seeds)
+        again = client.generate([[1, 2, 3], [4, 5]], GenerationRequest(n=2, max_tokens=6, seeds=seeds))
         assert [r.completion_ids for r in again] == [r.completion_ids for r in before]  # seeded
         model = AutoModelForCausalLM.from_pretrained(tiny)
         check = weight_sync.SyncCheck(model)
@@ -60,7 +61,7 @@ def test_server_generates_takes_pushed_weights_and_passes_the_sync_check(tiny, t
             check(client, model, "before the push")  # the server still holds the old weights
         client.update_weights(model)
         check(client, model, "after the push")
-        after = client.generate([[1, 2, 3], [4, 5]], n=2, max_tokens=6, seeds=seeds)
+        after = client.generate([[1, 2, 3], [4, 5]], GenerationRequest(n=2, max_tokens=6, seeds=seeds))
         assert [r.logprobs for r in after] != [r.logprobs for r in before]
     finally:
         client.close()
@@ -99,7 +100,7 @@ def test_grpo_on_a_server_killed_mid_run_fails_the_step_then_resumes(tiny, tmp_p
 
     def spy(self, backend, model, sync):  # the real check, then what the server generates for fixed seeds
         verify(self, backend, model, sync)
-        out = backend.generate([[5, 6, 7]], n=2, max_tokens=4, seeds=[1, 2])
+        out = backend.generate([[5, 6, 7]], GenerationRequest(n=2, max_tokens=4, seeds=[1, 2]))
         synced.append((sync, [lp for r in out for lp in r.logprobs]))
 
     monkeypatch.setattr(weight_sync.SyncCheck, "__call__", spy)

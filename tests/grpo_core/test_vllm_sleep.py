@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpo_core.generation.base import GenerationRequest
 from grpo_core.generation.vllm_backend import VLLMBackend
 
 
@@ -44,7 +45,7 @@ def engine(monkeypatch):
 
 
 def _generate(backend: VLLMBackend) -> None:
-    backend.generate([[1, 2, 3]], n=2, max_tokens=4, seeds=[0, 1])
+    backend.generate([[1, 2, 3]], GenerationRequest(n=2, max_tokens=4, seeds=[0, 1]))
 
 
 def test_a_step_sleeps_at_level_2_and_wakes_weights_then_kv_cache(engine):
