@@ -22,10 +22,12 @@ def eval_model(
                                  help="RUN/STAGE (a committed model stage of a run), STAGE with --run, or a local model folder"),
     benchmarks: Optional[str] = typer.Option(None, "--benchmarks", "-b", help="comma-separated: math500, gsm8k, aime24, "
                                              "aime25, or NAME=FILE (a local copy in that benchmark's schema)"),
-    num_samples: Optional[int] = typer.Option(None, "-n", "--num-samples", help="samples per problem (pass@1 over n)"),
+    num_generations: Optional[int] = typer.Option(None, "-n", "--num-generations",
+                                                  help="samples per problem (pass@1 over n)"),
     k: Optional[str] = typer.Option(None, "--k", help="comma-separated k for pass@k and maj@k, e.g. 1,4,16 (each <= n)"),
     limit: Optional[int] = typer.Option(None, "--limit", help="first N problems of each benchmark"),
-    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens"),
+    max_completion_length: Optional[int] = typer.Option(None, "--max-completion-length",
+                                                        help="new tokens per completion"),
     max_prompt_length: Optional[int] = typer.Option(None, "--max-prompt-length", help="longer prompts keep their last N tokens"),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="default 0.6 (R1 protocol)"),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="default 0.95 (R1 protocol)"),
@@ -39,6 +41,9 @@ def eval_model(
     output: Optional[Path] = typer.Option(None, "--output", help="model folder only: where results go (default ./r1-eval/NAME)"),
     force: bool = typer.Option(False, "--force", help="evaluate again even if this model was evaluated with this config"),
     force_unlock: bool = typer.Option(False, "--force-unlock", help=FORCE_UNLOCK),
+    num_samples: Optional[int] = typer.Option(None, "--num-samples", hidden=True, help="older --num-generations"),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", hidden=True,
+                                                 help="older --max-completion-length"),
 ) -> None:
     """Evaluate a model under the R1 paper's protocol: pass@1 over n samples (temperature 0.6, top-p 0.95),
     pass@k, maj@k and greedy accuracy per benchmark. A run's stage gets a committed evaluation output that
@@ -46,7 +51,10 @@ def eval_model(
 
     options = {"benchmarks": _benchmark_args(benchmarks), "k": _ints(k, "--k"), "limit": limit}
     options = {key: v for key, v in options.items() if v is not None}
-    sampling = {"num_generations": num_samples, "max_completion_length": max_new_tokens, "top_p": top_p,
+    num_generations = _older_flag("--num-samples", num_samples, "--num-generations", num_generations)
+    max_completion_length = _older_flag("--max-new-tokens", max_new_tokens, "--max-completion-length",
+                                        max_completion_length)
+    sampling = {"num_generations": num_generations, "max_completion_length": max_completion_length, "top_p": top_p,
                 "max_prompt_length": max_prompt_length, "temperature": temperature, "use_vllm": vllm}
     options["sampling"] = {key: v for key, v in sampling.items() if v is not None}
     folder = Path(target)
@@ -101,6 +109,17 @@ def eval_model(
         if key.startswith("eval/"):
             typer.echo(f"{key:<40}{_short(v)}")
     typer.echo(f"evaluate/{stage_part}: committed {st.uri_of(ref['path'])}")
+
+
+def _older_flag(old: str, old_value: Optional[int], new: str, value: Optional[int]) -> Optional[int]:
+    """``value``, or the older flag's value with a warning naming the new flag (read until the next release, as the
+    older config names are: grpo_core.config.SAMPLING_RENAMES); both given and different is an error."""
+    if old_value is None:
+        return value
+    if value is not None and value != old_value:
+        _fail(f"{old} {old_value} and {new} {value} are both given; {old} is the older spelling of {new}: keep {new}")
+    typer.echo(f"warning: {old} is now {new} (the older flag is read until the next release)", err=True)
+    return old_value
 
 
 def _benchmark_args(text: Optional[str]) -> Optional[list[Any]]:

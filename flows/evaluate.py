@@ -2,7 +2,7 @@
 
     r1 eval RUN/final_rl --benchmarks math500,gsm8k,aime24 -n 16 --k 1,4,16 [--store URL]
     r1 eval final_rl --run RUN --benchmarks math500=data/math500_test.json --limit 50
-    r1 eval /models/DeepSeek-R1-Distill-Qwen-1.5B --benchmarks aime24 -n 64 --max-new-tokens 32768 --vllm
+    r1 eval /models/DeepSeek-R1-Distill-Qwen-1.5B --benchmarks aime24 -n 64 --max-completion-length 32768 --vllm
 
 A stage of a run: the pipeline's ``evaluate`` task with the run's saved config, its ``evaluate`` section
 updated by the command's options; the result is committed as ``{run}/evaluate/{stage}/{version}`` (held-out

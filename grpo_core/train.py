@@ -9,7 +9,7 @@ The file names a model, a data file of prompt rows and an output folder, and hol
     train_file: data/train.jsonl      # jsonl/json/parquet/csv of prompt rows ({"prompt": ..., "answer": ...})
     output_dir: runs/grpo             # checkpoints, metrics.jsonl and final/ (the trained model)
     data: {field_map: {prompt: question}}   # optional: DatasetSource fields, how the rows are read
-    grpo: {max_steps: 100, reward_funcs: [math_accuracy, format], use_vllm: false}
+    grpo: {max_steps: 100, reward_funcs: [math_accuracy, format], sampling: {use_vllm: false}}
     resume: true                      # optional: continue from output_dir's latest checkpoint
 
 Relative paths are read from the current folder. The rows go through ``grpo_core.data.rows.load_prompt_rows``

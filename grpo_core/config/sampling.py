@@ -1,10 +1,11 @@
 """How completions are sampled: one ``SamplingConfig`` (TRL's names), a subclass per use with that use's defaults,
-nested as ``sampling:`` in every section that generates. The flat spellings of older configs (a sampling field
-beside ``sampling:``, and the renamed ``num_samples`` / ``max_new_tokens``) are moved into it
-(``SamplingConfig.nest_flat_fields``)."""
+nested as ``sampling:`` in every section that generates. A sampling field written beside ``sampling:`` (TRL's flat
+layout) is moved into it; the older names ``num_samples`` / ``max_new_tokens`` (``SAMPLING_RENAMES``) are too, with
+a FutureWarning that names the new spelling, until the next release drops them (``SamplingConfig.nest_flat_fields``)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -12,7 +13,8 @@ from pydantic import BaseModel, Field, model_validator
 from grpo_core.config.base import LONG_PROMPTS_HELP, _Strict
 
 
-# The flat names older configs used inside a section, by the SamplingConfig field they now are
+# The older names of two sampling fields, by the SamplingConfig field they now are: read with a FutureWarning for one
+# release (SamplingConfig.nest_flat_fields), then gone
 SAMPLING_RENAMES = {"num_samples": "num_generations", "max_new_tokens": "max_completion_length"}
 
 
@@ -37,10 +39,13 @@ class SamplingConfig(_Strict):
     vllm_kv_cache_memory_bytes: int | None = Field(None, gt=0, description="fixed KV cache size (needed on CPU)")
 
     @classmethod
-    def nest_flat_fields(cls, data: Any) -> Any:
-        """``data`` (a section's raw mapping) with the sampling fields given flat (``temperature: 0.6``, and the
-        older ``num_samples`` / ``max_new_tokens``) moved into its ``sampling`` mapping, so configs written before
-        the nesting keep working. A flat key and its nested one both set to different values is an error."""
+    def nest_flat_fields(cls, data: Any, where: str = "") -> Any:
+        """``data`` (a section's raw mapping) with the sampling fields given flat (``temperature: 0.6``, TRL's
+        layout, and the older ``num_samples`` / ``max_new_tokens``) moved into its ``sampling`` mapping, so configs
+        written before the nesting keep working. An older name warns (FutureWarning) with its new spelling, the
+        section named by ``where`` when the caller knows it (``evaluate.num_samples is now
+        evaluate.sampling.num_generations``). A flat key and its nested one both set to different values is an
+        error."""
         if not isinstance(data, dict):
             return data
         flat = [k for k in data if k in cls.model_fields or k in SAMPLING_RENAMES]
@@ -56,6 +61,12 @@ class SamplingConfig(_Strict):
                                  f"{old} is the flat (older) spelling of sampling.{new}: keep only sampling.{new}")
             nested[new] = value
         data["sampling"] = nested
+        at = f"{where}." if where else ""
+        renamed = [f"{at}{old} is now {at}sampling.{SAMPLING_RENAMES[old]}" for old in flat if old in SAMPLING_RENAMES]
+        if renamed:
+            older = "the older names are read until the next release; write the new ones" if len(renamed) > 1 else \
+                "the older name is read until the next release; write the new one"
+            warnings.warn(f"{', '.join(renamed)}: {older}", FutureWarning, stacklevel=2)
         return data
 
 

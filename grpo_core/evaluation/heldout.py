@@ -3,8 +3,8 @@
 Metrics (all over the same held-out rows):
 
 - ``eval/accuracy``: greedy decoding, share of completions the reward passes (``scoring.passes``: >= 1).
-- ``eval/pass@1``: mean correctness of ``num_samples`` sampled completions per prompt at
-  ``temperature`` (the unbiased pass@1 estimator of Chen et al. 2021 with k=1 is exactly this mean).
+- ``eval/pass@1``: mean correctness of ``sampling.num_generations`` sampled completions per prompt at
+  ``sampling.temperature`` (the unbiased pass@1 estimator of Chen et al. 2021 with k=1 is exactly this mean).
 - ``eval/mean_length``: greedy completion length in tokens (EOS not counted); the seed's
   "response length grows" curve.
 - ``eval/format_rate``: share of greedy completions the registered ``format`` reward passes, the format
@@ -17,7 +17,7 @@ Metrics (all over the same held-out rows):
   separates "RL taught better reasoning" from "RL taught the model to use the reasoning it already had"
   (the README's emergence table shows both). Needs ``<think>``/``</think>`` to be single tokens; otherwise NaN.
 - The seed's emergence features (``grpo_core.evaluation.emergence``) of the sampled completions (the greedy ones when
-  ``num_samples`` is 0): ``eval/direct_rate``, ``eval/mean_steps``, ``eval/reflection_rate``,
+  ``sampling.num_generations`` is 0): ``eval/direct_rate``, ``eval/mean_steps``, ``eval/reflection_rate``,
   ``eval/backtrack_rate``, and the sampled accuracy split by reflection, ``eval/accuracy_with_reflection`` /
   ``eval/accuracy_without_reflection`` (NaN where no completion falls in the group). Their mean length is
   ``eval/mean_length_sampled`` (``eval/mean_length`` without samples).

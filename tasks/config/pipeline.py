@@ -26,7 +26,9 @@ from grpo_core.config import (
     JudgeSpec,
     RewardModelSpec,
     SAMPLING_RENAMES,
+    SamplingConfig,
     SFTConfig,
+    TeacherSampling,
     TeacherSource,
 )
 from grpo_core.rewards import reward_names
@@ -113,6 +115,13 @@ class PipelineSections(_Strict):
         """``torch_num_threads`` belongs to ``run`` (how stages execute, not in any fingerprint); a training
         section's own (every section inherits the trainer's field) is moved there with a warning."""
         return move_section_threads(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sampling_nested(cls, data: Any) -> Any:
+        """The sampling fields a section gives flat go into its ``sampling`` here, where the section's place in the
+        file is known, so an older name's warning names it (``nest_section_sampling``)."""
+        return nest_section_sampling(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _check_pretrain(self) -> "PipelineConfig":
@@ -227,6 +236,31 @@ def move_section_threads(data: dict[str, Any]) -> dict[str, Any]:
                   f"setting; write run.torch_num_threads: {next(iter(moved.values()))} (it applies to every stage) "
                   "and remove it from the sections", FutureWarning, stacklevel=2)
     data["run"] = {**run, "torch_num_threads": next(iter(values.values()))}
+    return data
+
+
+def nest_section_sampling(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a raw pipeline config) with the sampling fields that each generating section, and each teacher
+    cold-start source, writes flat moved into its ``sampling`` (``SamplingConfig.nest_flat_fields``); an older
+    name warns naming its place: ``rejection_sample.num_samples is now rejection_sample.sampling.num_generations``.
+    A mapping whose flat and nested keys disagree stays as written: its own validator refuses it, at its place."""
+
+    def nested(cls: type[SamplingConfig], mapping: Any, where: str) -> Any:
+        try:
+            return cls.nest_flat_fields(mapping, where=where)
+        except ValueError:
+            return mapping
+
+    data = dict(data)
+    for stage in entries():
+        section, field = data.get(stage.config_key), stage.section.model_fields.get("sampling")
+        if isinstance(section, dict) and field is not None:
+            data[stage.config_key] = nested(field.annotation, section, stage.config_key)
+        sources = section.get("cold_start_sources") if isinstance(section, dict) else None
+        if isinstance(sources, list):
+            data[stage.config_key] = {**section, "cold_start_sources": [
+                nested(TeacherSampling, src, f"{stage.config_key}.cold_start_sources.{j}")
+                if isinstance(src, dict) and src.get("kind") == "teacher" else src for j, src in enumerate(sources)]}
     return data
 
 

@@ -91,8 +91,8 @@ def base_model(work: Path, seed: int, countdown_rows: int = 0, steps: int = 1200
 
 
 def measure(path: Path, rows: list[dict], n: int = 4) -> dict[str, float]:
-    cfg = EvalConfig(reward_func="countdown_accuracy", num_samples=n, temperature=1.0, top_p=1.0, max_new_tokens=64,
-                     batch_size=100, forced_reasoning=False, seed=0)
+    cfg = EvalConfig(reward_func="countdown_accuracy", forced_reasoning=False, seed=0, sampling={
+        "num_generations": n, "temperature": 1.0, "top_p": 1.0, "max_completion_length": 64, "batch_size": 100})
     m = evaluate(cfg, str(path), rows)
     keys = ("eval/accuracy", "eval/pass@1", "eval/reflection_rate", "eval/mean_length_sampled", "eval/mean_length",
             "eval/mean_steps", "eval/accuracy_with_reflection", "eval/accuracy_without_reflection")

@@ -34,7 +34,7 @@ train_sft(SFTConfig(learning_rate=3e-3, lr_scheduler_type="cosine", warmup_steps
 rm = train_reward_model(RewardConfig(learning_rate=1e-3, lr_scheduler_type="constant", max_steps=80, per_device_train_batch_size=32, max_length=64, report_to=["jsonl"], save_steps=1000, torch_num_threads=1, seed=seed), base, pairs, f"{out}/rm", resume=False)
 rm_path = rm["final_path"]
 def measure(path):
-    m = evaluate(EvalConfig(general_sources=["helpful", "unsafe"], rm_reward=RewardModelSpec(model=rm_path, name="rm", scope="full"), rule_reward="preference_rule", max_new_tokens=32, batch_size=100, num_samples=0, forced_reasoning=False), path, ev)
+    m = evaluate(EvalConfig(general_sources=["helpful", "unsafe"], rm_reward=RewardModelSpec(model=rm_path, name="rm", scope="full"), rule_reward="preference_rule", sampling={"max_completion_length": 32, "batch_size": 100, "num_generations": 0}, forced_reasoning=False), path, ev)
     return {k: round(v, 3) for k, v in m.items() if "rm_score" in k or "preferred" in k}
 before = measure(f"{out}/sft/final")
 cfg = GRPOConfig(learning_rate=lr, lr_scheduler_type="constant", max_steps=steps, save_steps=1000, num_generations=8, generation_batch_size=64, per_device_train_batch_size=64, max_prompt_length=32, max_completion_length=32, beta=0.04, use_vllm=False, report_to=["jsonl"], torch_num_threads=1, seed=seed,

@@ -122,8 +122,9 @@ def learning_table(rows: list[tuple[int, float, dict[str, dict[str, float]]]]) -
 
 def pass_at_1_table(rows: list[tuple[int, float, dict[str, dict[str, float]]]]) -> list[str]:
     """The R1 paper's measure beside the greedy one: ``eval/pass@1`` per model stage (the mean correctness of the
-    evaluation's samples, ``evaluate.num_samples`` per problem at ``evaluate.temperature``). Near 100% greedy, one
-    problem decides a comparison of stages; pass@1 still moves. Information, not a pass condition."""
+    evaluation's samples, ``evaluate.sampling.num_generations`` per problem at ``evaluate.sampling.temperature``).
+    Near 100% greedy, one problem decides a comparison of stages; pass@1 still moves. Information, not a pass
+    condition."""
     lines = ["| seed | pass@1: cold-start SFT | GRPO | RS + SFT | final RL |", "|---|---|---|---|---|"]
     for seed, _, m in rows:
         cells = [f"{100 * chain(m[s], 'pass@1'):.1f}" for s in MODEL_STAGES]

@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--model", help="a GRPO model directory; default: a random-init model of the embedded default's shape")
     ap.add_argument("--prompts", type=int, default=1500)
     ap.add_argument("--samples", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--max-completion-length", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-chunked", action="store_true", help="skip the fixed-batch comparison")
@@ -50,9 +50,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model = Path(args.model) if args.model else build_tiny_model(Path(tempfile.mkdtemp()) / "tiny")  # hidden 128 x 4 x 4
     rows = make_chain_splits(4000, 200, seed=0)[0]  # the embedded default's training prompts
-    rs = RejectionSamplingConfig(num_samples=args.samples, max_new_tokens=args.max_new_tokens, max_prompts=args.prompts,
-                                 reward_func="chain_accuracy", max_prompt_length=32,
-                                 vllm_gpu_memory_utilization=0.3)  # what it measured with (grpo_train's default)
+    sampling = {"num_generations": args.samples, "max_completion_length": args.max_completion_length,
+                "max_prompt_length": 32, "vllm_gpu_memory_utilization": 0.3}  # 0.3: what it measured with (grpo_train's)
+    rs = RejectionSamplingConfig(sampling=sampling, max_prompts=args.prompts, reward_func="chain_accuracy")
     tokenizer = AutoTokenizer.from_pretrained(model)
     backend = make_backend("vllm", str(model), tokenizer=tokenizer,
                            **backend_options(rs.sampling, "vllm", torch.device("cpu"), seed=rs.seed,
@@ -101,7 +101,7 @@ def main() -> None:
     if not args.no_chunked:
         result["chunked_ratio"] = round(statistics.median(result["chunked_samples_per_s"]) / raw_median, 3)
     print(json.dumps({"model": "trained" if args.model else "random-init", "prompts": len(prompt_ids),
-                      "samples": rs.num_samples, "threads": args.threads, **result, "ratio": round(ratio, 3)}))
+                      "samples": rs.sampling.num_generations, "threads": args.threads, **result, "ratio": round(ratio, 3)}))
 
 
 if __name__ == "__main__":

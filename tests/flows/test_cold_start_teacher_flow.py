@@ -46,8 +46,8 @@ def _config(tmp_path: Path, prompts: list[dict], teacher: str):
     data = config.data.model_validate({**config.data.model_dump(), "cold_start_size": 0, "decontaminate": False,
                                        "cold_start_sources": [{
         "kind": "teacher", "model": teacher, "prompts": {"path": str(prompt_file), "task": "chain"},
-        "num_samples": 4, "keep_per_prompt": 2, "reward_func": "chain_accuracy", "max_new_tokens": 40,
-        "temperature": 1.0, "top_p": 1.0, "readability": {"max_chars": 50}}]})
+        "sampling": {"num_generations": 4, "max_completion_length": 40, "temperature": 1.0, "top_p": 1.0},
+        "keep_per_prompt": 2, "reward_func": "chain_accuracy", "readability": {"max_chars": 50}}]})
     return config.model_copy(update={"data": data})
 
 

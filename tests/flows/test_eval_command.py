@@ -30,8 +30,8 @@ def run_with_model(tmp_path_factory, shared_data):
     config with a reference block, and a 3-problem slice of MATH-500 as a local file."""
     tmp = tmp_path_factory.mktemp("eval-cmd")
     raw = yaml.safe_load((ROOT / "configs" / "ci-tiny.yaml").read_text())
-    raw["evaluate"].update(max_prompt_length=48, reference={"math500": {"label": "DeepSeek-R1", "pass@1": 97.3,
-                                                                        "maj@2": 98.0}})
+    raw["evaluate"]["sampling"].update(max_prompt_length=48)
+    raw["evaluate"].update(reference={"math500": {"label": "DeepSeek-R1", "pass@1": 97.3, "maj@2": 98.0}})
     config_path = tmp / "config.yaml"
     config_path.write_text(yaml.safe_dump(raw))
     config = load_config(config_path)
@@ -48,7 +48,7 @@ def run_with_model(tmp_path_factory, shared_data):
 def test_r1_eval_commits_benchmark_numbers_that_status_shows(run_with_model):
     store, runner = run_with_model["store"], CliRunner()
     args = ["eval", f"{RUN}/cold_start_sft", "--benchmarks", f"math500={run_with_model['slice']}", "-n", "2",
-            "--k", "1,2", "--max-new-tokens", "8", "--store", store, "-c", str(run_with_model["config"])]
+            "--k", "1,2", "--max-completion-length", "8", "--store", store, "-c", str(run_with_model["config"])]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     st = Store(store)
@@ -106,7 +106,7 @@ def test_r1_eval_on_a_model_folder_writes_results_there(run_with_model, tmp_path
     model = build_tiny_model(tmp_path / "my-model", hidden_size=32, num_layers=1, num_heads=2, max_position_embeddings=64)
     out = tmp_path / "results"
     result = CliRunner().invoke(app, ["eval", str(model), "--benchmarks", f"math500={run_with_model['slice']}",
-                                      "-n", "3", "--k", "2,3", "--limit", "2", "--max-new-tokens", "6",
+                                      "-n", "3", "--k", "2,3", "--limit", "2", "--max-completion-length", "6",
                                       "--max-prompt-length", "32", "--output", str(out)])
     assert result.exit_code == 0, result.output
     saved = json.loads((out / "metrics.json").read_text())

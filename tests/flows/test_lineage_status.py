@@ -29,7 +29,8 @@ def configs(tmp_path) -> tuple[Path, Path]:
     raw = yaml.safe_load((ROOT / "configs" / "ci-tiny.yaml").read_text())
     raw["data"].update(num_train=16, num_eval=4, cold_start_size=16)
     raw["cold_start_sft"].update(max_steps=1, per_device_train_batch_size=4)
-    raw["evaluate"].update(max_new_tokens=8, max_rows=4)
+    raw["evaluate"]["sampling"].update(max_completion_length=8)
+    raw["evaluate"].update(max_rows=4)
     paths = []
     for name, seed in (("a", 1), ("b", 2)):
         raw["data"]["seed"] = seed

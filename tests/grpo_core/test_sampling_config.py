@@ -1,15 +1,18 @@
 """One SamplingConfig nested wherever generation happens (issue 27): each use keeps its own defaults, a section
-setting one field keeps its use's defaults for the others, older flat names still read (a flat key that
-disagrees with its nested one is an error naming both), and a dumped config reads back the same."""
+setting one field keeps its use's defaults for the others, flat fields still read (a flat key that disagrees with
+its nested one is an error naming both), the older names with a warning naming the new spelling (issue 41), and a
+dumped config reads back the same."""
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
 from pydantic import ValidationError
 
-from grpo_core.config import (EvalConfig, GRPOConfig, GRPOSampling, RejectionSamplingConfig, SamplingConfig,
-                              TeacherSource)
+from grpo_core.config import (SAMPLING_RENAMES, EvalConfig, GRPOConfig, GRPOSampling, RejectionSamplingConfig,
+                              SamplingConfig, TeacherSource)
 from grpo_core.generation import backend_options
 
 USES = {  # section -> the defaults its sampling had as flat fields before the nesting
@@ -37,15 +40,44 @@ def test_each_use_keeps_its_defaults_when_one_field_is_set(use):
 
 
 def test_older_flat_names_read_into_the_nested_section():
-    old = EvalConfig(num_samples=2, max_new_tokens=16, temperature=1.0, batch_size=8, use_vllm=False)
+    with pytest.warns(FutureWarning, match="num_samples is now sampling.num_generations"):
+        old = EvalConfig(num_samples=2, max_new_tokens=16, temperature=1.0, batch_size=8, use_vllm=False)
     new = EvalConfig(sampling={"num_generations": 2, "max_completion_length": 16, "temperature": 1.0,
                                "batch_size": 8, "use_vllm": False})
     assert old == new
-    assert RejectionSamplingConfig(num_samples=3).sampling.num_generations == 3
-    assert TeacherSource(model="m", max_new_tokens=7).sampling.max_completion_length == 7
+    with pytest.warns(FutureWarning):
+        assert RejectionSamplingConfig(num_samples=3).sampling.num_generations == 3
+        assert TeacherSource(model="m", max_new_tokens=7).sampling.max_completion_length == 7
     grpo = GRPOConfig(num_generations=4, generation_batch_size=8, vllm_enable_sleep_mode=True, use_vllm=True)
     assert grpo.sampling.num_generations == 4 and grpo.sampling.vllm_enable_sleep_mode
     assert grpo.generation_batch_size == 8  # a training field: stays on the section (TRL's GRPOConfig)
+
+
+SECTIONS = {"grpo": lambda **kw: GRPOConfig(generation_batch_size=16, **kw), "evaluate": EvalConfig,
+            "rejection_sample": RejectionSamplingConfig, "teacher": lambda **kw: TeacherSource(model="m", **kw)}
+
+
+@pytest.mark.parametrize("use", SECTIONS)
+@pytest.mark.parametrize("old", SAMPLING_RENAMES)
+def test_each_older_name_warns_with_its_new_spelling_and_gives_the_same_config(use, old):
+    new, make = SAMPLING_RENAMES[old], SECTIONS[use]
+    with pytest.warns(FutureWarning, match=rf"^{old} is now sampling\.{new}: the older name is read until the next "
+                                           r"release; write the new one$"):
+        older = make(**{old: 8})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the new spelling, flat (TRL's layout) or nested: no warning
+        flat, nested = make(**{new: 8}), make(sampling={new: 8})
+    assert older == flat == nested and getattr(older.sampling, new) == 8
+    assert older.model_fields_set == nested.model_fields_set  # what the hand-off passes on is the same too
+    assert older.sampling.model_fields_set == nested.sampling.model_fields_set == {new}
+
+
+def test_both_older_names_warn_at_once_naming_where_they_are():
+    with pytest.warns(FutureWarning) as caught:
+        SamplingConfig.nest_flat_fields({"num_samples": 2, "max_new_tokens": 9, "temperature": 0.5}, where="evaluate")
+    assert [str(w.message) for w in caught] == [
+        "evaluate.num_samples is now evaluate.sampling.num_generations, evaluate.max_new_tokens is now "
+        "evaluate.sampling.max_completion_length: the older names are read until the next release; write the new ones"]
 
 
 def test_a_flat_key_that_disagrees_with_its_nested_one_names_both():
@@ -58,8 +90,8 @@ def test_a_flat_key_that_disagrees_with_its_nested_one_names_both():
 
 def test_a_dumped_config_reads_back_the_same():
     for config in (GRPOConfig(temperature=0.8, num_generations=4, generation_batch_size=8),
-                   EvalConfig(num_samples=2, use_vllm=True), RejectionSamplingConfig(use_vllm=False, top_p=0.9),
-                   TeacherSource(model="m", num_samples=2)):
+                   EvalConfig(num_generations=2, use_vllm=True), RejectionSamplingConfig(use_vllm=False, top_p=0.9),
+                   TeacherSource(model="m", sampling={"num_generations": 2})):
         assert type(config).model_validate(config.model_dump()) == config
         assert type(config).model_validate(config.model_dump(exclude_unset=True)) == config
 
