@@ -43,10 +43,10 @@ from grpo_core.trainer.checkpoint import load_latest_checkpoint, write_json
 from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
 from grpo_core.trainer.lora import load_lora_model
 from grpo_core.trainer.skeleton import (
+    StepValues,
     TrainingRun,
     autocast,
     config_file,
-    optimizer_step,
     prepare_output_dir,
     seed_everything,
     start_process,
@@ -225,33 +225,21 @@ def train_reward_model(config: RewardConfig, model_path: str | Path, rows: list[
     # exact answer above its typos, measured whether near_miss_negatives is on or off.
     near_miss_eval = encode_pairs(tokenizer, held_out_near_misses(eval_rows, config.seed), config.max_length)
     max_steps = resolve_max_steps(config, len(train_pairs))
-    per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
-    stream = PromptStream(len(train_pairs), config.seed)
     initial = {"step": 0, "log_history": [], "window": []}  # (loss, accuracy) of the steps since the last log
+
+    def step_fn(batch: list[dict[str, Any]]) -> StepValues:
+        loss, accuracy = _accumulate_gradients(model, batch, pad_id, config, ctx)
+        return {"train/loss": loss, "train/accuracy": accuracy}, {}
+
+    def last_metrics() -> dict[str, float]:
+        return {**_evaluate(model, eval_pairs, near_miss_eval, pad_id, ctx.device, config),
+                "train/near_miss_pairs": float(num_near_miss)}
 
     with TrainingRun.start(NAME, config, ctx, output_dir, model, tokenizer, loaded, max_steps=max_steps,
                            optimizer_steps=max_steps, state=initial, callbacks=callbacks, tracking=tracking) as run:
         state = run.state
-        for step in range(state["step"] + 1, max_steps + 1):
-            batch = [train_pairs[i] for i in stream.rows_at((step - 1) * per_step, per_step)]
-            loss, accuracy = _accumulate_gradients(model, batch, pad_id, config, ctx)
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"non-finite reward-model loss {loss} at step {step}; lower learning_rate")
-            grad_norm = optimizer_step(model, run.optimizer, run.scheduler, config.max_grad_norm, ctx)
-            learning_rate = run.scheduler.get_last_lr()[0]
-            state["window"].append([loss, accuracy])
-            metrics = None
-            if step % config.logging_steps == 0 or step == max_steps:
-                window = state["window"]
-                metrics = {"train/loss": sum(w[0] for w in window) / len(window),
-                           "train/accuracy": sum(w[1] for w in window) / len(window),
-                           "train/grad_norm": grad_norm, "train/learning_rate": learning_rate,
-                           "train/elapsed_s": time.time() - started}
-                if step == max_steps:
-                    metrics.update(_evaluate(model, eval_pairs, near_miss_eval, pad_id, ctx.device, config))
-                    metrics["train/near_miss_pairs"] = float(num_near_miss)
-                state["window"] = []
-            run.end_step(step, metrics, loss=loss, lr=learning_rate)
+        run.run_steps(train_pairs, PromptStream(len(train_pairs), config.seed), step_fn, what="reward-model",
+                      window="window", started=started, last_metrics=last_metrics)
         final = run.finish(model_path)
     history = state["log_history"]
     result = {k: v for k, v in (history[-1] if history else {}).items() if k.startswith(("eval/", "train/"))}

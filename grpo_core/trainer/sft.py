@@ -45,10 +45,10 @@ from grpo_core.trainer.logprobs import compute_packed_logps, compute_token_logps
 from grpo_core.trainer.mixture import weighted_epoch
 from grpo_core.trainer.packing import pack_rows, token_budget_batches
 from grpo_core.trainer.skeleton import (
+    StepValues,
     TrainingRun,
     autocast,
     load_policy,
-    optimizer_step,
     prepare_output_dir,
     seed_everything,
     start_process,
@@ -163,28 +163,17 @@ def train_sft(config: SFTConfig, model_path: str | Path, rows: list[dict[str, An
         rows = weighted_epoch(rows, config.sources, config.seed)
     encoded = [encode_sft_row(tokenizer, r, config.max_length, config.completion_only_loss) for r in rows]
     max_steps = resolve_max_steps(config, len(encoded))
-    per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
-    stream = PromptStream(len(encoded), config.seed)
     initial = {"step": 0, "log_history": [], "loss_window": []}  # losses of the steps since the last logged one
+
+    def step_fn(batch: list[tuple[list[int], list[int]]]) -> StepValues:
+        loss, num_tokens = _accumulate_gradients(model, batch, pad_id, config, ctx)
+        return {"train/loss": loss}, {"train/num_tokens": num_tokens}
 
     with TrainingRun.start("sft", config, ctx, output_dir, model, tokenizer, loaded, max_steps=max_steps,
                            optimizer_steps=max_steps, state=initial, callbacks=callbacks, tracking=tracking) as run:
         state = run.state
-        for step in range(state["step"] + 1, max_steps + 1):
-            batch = [encoded[i] for i in stream.rows_at((step - 1) * per_step, per_step)]
-            loss, num_tokens = _accumulate_gradients(model, batch, pad_id, config, ctx)
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"non-finite SFT loss {loss} at step {step}; lower learning_rate")
-            grad_norm = optimizer_step(model, run.optimizer, run.scheduler, config.max_grad_norm, ctx)
-            learning_rate = run.scheduler.get_last_lr()[0]
-            state["loss_window"].append(loss)
-            metrics = None
-            if step % config.logging_steps == 0 or step == max_steps:
-                metrics = {"train/loss": sum(state["loss_window"]) / len(state["loss_window"]),
-                           "train/grad_norm": grad_norm, "train/learning_rate": learning_rate,
-                           "train/num_tokens": num_tokens, "train/elapsed_s": time.time() - started}
-                state["loss_window"] = []
-            run.end_step(step, metrics, loss=loss, lr=learning_rate)
+        run.run_steps(encoded, PromptStream(len(encoded), config.seed), step_fn, what="SFT", window="loss_window",
+                      started=started)
         final = run.finish(model_path)
     last_loss = state["log_history"][-1]["train/loss"] if state["log_history"] else float("nan")
     return {"train/loss": last_loss, "train/steps": state["step"], "train/runtime_s": time.time() - started,

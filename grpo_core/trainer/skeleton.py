@@ -29,7 +29,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -69,6 +69,9 @@ from grpo_core.trainer.sharded_state import (
     save_sharded_state,
 )
 from grpo_core.trainer.trackers import Table
+
+# A step's values (``TrainingRun.run_steps``): averaged over the logging window, and as of the step.
+StepValues = tuple[dict[str, float], dict[str, float]]
 
 logger = logging.getLogger(__name__)
 
@@ -282,6 +285,39 @@ class TrainingRun:
                 call_callbacks(self.callbacks, "on_step", step, self.max_steps, metrics)
         if self.saves_at(step):
             self.save_checkpoint(step)
+
+    def run_steps(self, items: list[Any], stream: Any, step_fn: Callable[[list[Any]], StepValues], *, what: str,
+                  window: str, started: float, last_metrics: Callable[[], dict[str, float]] | None = None) -> None:
+        """The step loop SFT and reward-model training share, from the step after ``state["step"]`` to
+        ``max_steps``: each step's rows are the next ``per_device_train_batch_size x gradient_accumulation_steps``
+        of ``items`` in the seeded ``stream`` (``PromptStream``: addressed by position, so a resumed run sees the
+        same batches); ``step_fn(rows)`` runs the forward and backward passes and returns the step's values: those
+        averaged over the logging window (``train/loss`` first; kept in ``state[window]``, so they survive a resume)
+        and those reported as of the logging step. Then the optimiser step; every ``logging_steps`` and at the
+        last step the metrics (the averages, ``train/grad_norm``, ``train/learning_rate``, the current values,
+        ``train/elapsed_s`` since ``started``, and at the last step ``last_metrics()``). A non-finite loss raises
+        FloatingPointError naming ``what`` (not worth a retry)."""
+        config, state = self.config, self.state
+        per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
+        for step in range(state["step"] + 1, self.max_steps + 1):
+            averaged, current = step_fn([items[i] for i in stream.rows_at((step - 1) * per_step, per_step)])
+            loss = averaged["train/loss"]
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"non-finite {what} loss {loss} at step {step}; lower learning_rate")
+            grad_norm = optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, self.ctx)
+            learning_rate = self.scheduler.get_last_lr()[0]
+            values = list(averaged.values())
+            state[window].append(values[0] if len(values) == 1 else values)  # one value: a plain float
+            metrics = None
+            if step % config.logging_steps == 0 or step == self.max_steps:
+                rows = [w if isinstance(w, list) else [w] for w in state[window]]
+                metrics = {name: sum(r[j] for r in rows) / len(rows) for j, name in enumerate(averaged)}
+                metrics.update({"train/grad_norm": grad_norm, "train/learning_rate": learning_rate, **current,
+                                "train/elapsed_s": time.time() - started})
+                if step == self.max_steps and last_metrics is not None:
+                    metrics.update(last_metrics())
+                state[window] = []
+            self.end_step(step, metrics, loss=loss, lr=learning_rate)
 
     def log_table(self, step: int, table: Table) -> None:
         """A completion table at ``step`` (rank 0 writes it: ``completions.jsonl`` and the trackers)."""
