@@ -5,7 +5,8 @@
 
 Why typed, and why the set fields only: the trainer config (``SFTConfig``, ``GRPOConfig``, ``RewardConfig``) is
 projected from the stage's section once (``trainer_config``: a pipeline section may be a subclass with stage-only
-fields such as ``init_from``) and serialised with the fields the user set, nothing more, so the child validates it
+fields such as ``init_from``) and serialised with the fields the user set, nothing more, at every depth (a nested
+``sampling:`` section, a source of a mixture, a reward model entry: ``dump_set_fields``), so the child validates it
 once from what the user wrote and the defaults stay the trainer's own (a full dump read back marks every field as
 set). The run setting that reaches the trainer, ``run.torch_num_threads``, is put into the trainer config here.
 """
@@ -13,7 +14,7 @@ set). The run setting that reaches the trainer, ``run.torch_num_threads``, is pu
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Literal, NamedTuple, Union
+from typing import Any, Callable, Literal, NamedTuple, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, SerializationInfo, ValidationInfo, field_serializer, field_validator
 
@@ -56,13 +57,37 @@ def trainer_config(kind: TrainerKind, section: BaseModel, *, torch_num_threads: 
     return cls.model_validate(values)
 
 
+def dump_set_fields(model: BaseModel, mode: str = "python") -> dict[str, Any]:
+    """``model`` dumped with only the fields marked as set, at every depth: each nested model (in a field, a list or
+    a dict) keeps its own set fields, so read back every model has the values and the set fields it had. A tag field
+    (a one-value ``Literal`` such as a reward entry's ``type``) is written, set or not: the union it is in reads it to
+    pick the model (pydantic's ``exclude_unset`` drops it from an entry built in code, which then does not read back)."""
+    return _set_fields_of(model, model.model_dump(mode=mode))
+
+
+def _set_fields_of(value: Any, dumped: Any) -> Any:
+    """``dumped`` (``value``'s full dump) without the fields ``value``'s models did not mark as set."""
+    if isinstance(value, BaseModel) and isinstance(dumped, dict):
+        fields = type(value).model_fields
+        tags = {name for name, f in fields.items()
+                if get_origin(f.annotation) is Literal and len(get_args(f.annotation)) == 1}
+        keep = value.model_fields_set | tags
+        return {name: _set_fields_of(getattr(value, name), v) for name, v in dumped.items() if name in keep}
+    if isinstance(value, (list, tuple)) and isinstance(dumped, (list, tuple)) and len(value) == len(dumped):
+        return type(dumped)(_set_fields_of(v, d) for v, d in zip(value, dumped))
+    if isinstance(value, dict) and isinstance(dumped, dict):
+        return {key: _set_fields_of(value.get(key), d) for key, d in dumped.items()}
+    return dumped
+
+
 class TrainingSpec(BaseModel):
     """One training call: the trainer, its config, local inputs, where checkpoints and progress go."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: TrainerKind
-    config: TrainerConfig = Field(description="validated as TRAINERS[kind].config; serialised with its set fields")
+    config: TrainerConfig = Field(description="validated as TRAINERS[kind].config; serialised with its set fields, "
+                                  "at every depth (dump_set_fields)")
     model_path: str = Field(description="the starting model: a local folder or a hub name")
     rows_path: str = Field(description="the training rows (parquet)")
     eval_rows_path: str | None = Field(None, description="reward: the held-out pairs, if any; grpo: the held-out "
@@ -97,4 +122,4 @@ class TrainingSpec(BaseModel):
 
     @field_serializer("config")
     def _set_fields(self, config: TrainerConfig, info: SerializationInfo) -> dict[str, Any]:
-        return config.model_dump(mode=info.mode, include=config.model_fields_set)
+        return dump_set_fields(config, mode=info.mode)
