@@ -207,4 +207,8 @@ def deploy_command(
 
 
 if __name__ == "__main__":  # python -m flows.deploy: rewrite infra/prefect.yaml from the stage table
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        typer.echo("usage: python -m flows.deploy   (rewrites infra/prefect.yaml from the stage table; `r1 deploy "
+                   "--help` registers the deployments)")
+        sys.exit(0)
     typer.echo(f"wrote {write_prefect_file()}")

@@ -95,9 +95,12 @@ def run(config: TrainFile) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m grpo_core.train CONFIG.yaml``: exit 0 with the trained model in ``output_dir/final``,
-    2 with the config's problems on stderr."""
+    2 with the config's problems on stderr; ``--help``: this module's usage, exit 0."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0] in ("-h", "--help"):
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    if len(args) != 1:
         print(__doc__, file=sys.stderr)
         return 2
     try:

@@ -57,6 +57,9 @@ def plot(curves: dict[str, list[tuple[int, float]]], title: str, out: Path) -> N
 
 
 def main(argv: list[str]) -> None:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     if len(argv) != 4:
         raise SystemExit(__doc__)
     trackers, run, stage, out = Path(argv[0]), argv[1], argv[2], Path(argv[3])

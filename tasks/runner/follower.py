@@ -73,5 +73,8 @@ def follow(env: dict[str, str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+        sys.exit(0)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     sys.exit(follow())

@@ -236,4 +236,7 @@ def _child_main(spec_path: str) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]) or len(sys.argv) != 2:
+        print(__doc__, file=sys.stdout if len(sys.argv) == 2 else sys.stderr)
+        sys.exit(0 if len(sys.argv) == 2 else 2)
     _child_main(sys.argv[1])
