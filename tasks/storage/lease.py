@@ -37,7 +37,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from tasks.storage.owner import process_gone, this_process
-from tasks.storage.store import Store, StoreError, clear_fence, set_fence
+from tasks.storage.fence import clear_fence, set_fence
+from tasks.storage.store import Store, StoreError
 
 LEASE = "lease.json"
 TTL_S = 60.0  # a lease not refreshed for this long is stale

@@ -15,8 +15,8 @@ Layout::
 What a manifest holds, its checks and ``StageRef`` are in ``tasks/storage/manifest.py`` (no I/O).
 
 A process that holds the run's lease checks it before each commit (the manifest, a checkpoint's
-``_COMPLETE``): ``set_fence``, installed by ``tasks/storage/lease.py``; a writer that lost the run commits nothing.
-Every S3 operation as a whole is bounded by R1_S3_READ_TIMEOUT (``_bounded``; see the note at ``S3_TIMEOUT_ENV``).
+``_COMPLETE``): ``tasks/storage/fence.py``, installed by ``tasks/storage/lease.py``; a writer that lost the run commits nothing.
+Every S3 operation as a whole is bounded by R1_S3_READ_TIMEOUT (``_bounded``; see ``tasks/storage/s3_settings.py``).
 
 Readers only see committed versions; an output whose writer died before its manifest is ignored (and the
 writer deletes it on a clean failure), and so is a version whose manifest cannot be read (truncated, not
@@ -54,8 +54,10 @@ import fsspec
 # StoreError, TransientStoreError and IntegrityError are defined beside StageRef (which raises them too);
 # callers import them from here, with the Store that raises them.
 from tasks.storage.deadline import Progress, Stalled, call_within
+from tasks.storage.fence import check_fence
 from tasks.storage.manifest import (IntegrityError, StageRef, StoreError, TransientStoreError, check_manifest, new_manifest,
                             ref_from_manifest, rerun_hint, sha256_file, utc_now)
+from tasks.storage.s3_settings import S3_TRIES, endpoint_name, s3_options, s3_timeouts, timed_out
 
 MANIFEST = "manifest.json"
 CHECKPOINTS = "_checkpoints"
@@ -69,28 +71,6 @@ log = logging.getLogger("r1.store")
 _VERIFIED: dict[tuple[str, str], tuple[Any, ...]] = {}
 
 
-# ---- the writer's fence --------------------------------------------------------------------------------------
-# (store URL, run) -> the check a commit to that run runs first, in this process: the run's lease
-# (``tasks/storage/lease.py`` installs it while it holds the lease). It raises to refuse the commit.
-_FENCES: dict[tuple[str, str], Callable[[str], None]] = {}
-
-
-def set_fence(url: str, run: str, check: Callable[[str], None]) -> None:
-    """Make every commit to ``run`` in the store at ``url`` from this process call ``check(what)`` first."""
-    _FENCES[(url, run)] = check
-
-
-def clear_fence(url: str, run: str, check: Callable[[str], None]) -> None:
-    """Remove ``check`` (only if it is still the one installed)."""
-    if _FENCES.get((url, run)) == check:
-        del _FENCES[(url, run)]
-
-
-def _fence(store: "Store", run: str, what: str) -> None:
-    if (check := _FENCES.get((store.url, run))) is not None:
-        check(what)
-
-
 class StoreStalled(StoreError):
     """An S3 operation got no answer within R1_S3_READ_TIMEOUT. Not retried by the stage task: the operation
     has waited its whole limit already, so the stage fails within it."""
@@ -99,53 +79,6 @@ class StoreStalled(StoreError):
 def new_version() -> str:
     """A new output version: UTC time + random (sorts by time)."""
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(3)
-
-
-def _endpoint_name() -> str:
-    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "AWS S3 (default endpoint)"
-
-
-# Every S3 operation is bounded as a whole (``tasks/storage/deadline.py``): R1_S3_READ_TIMEOUT is the longest one store
-# operation (a listing, a read, a write; retries included) waits for the endpoint, and for a transfer the longest
-# stretch without a finished block (``CHUNK``), so a multipart upload of a big checkpoint takes as long as it needs
-# while bytes keep flowing. Inside that bound botocore's read_timeout (the same value) ends each silent request
-# and R1_S3_MAX_ATTEMPTS x ``S3_TRIES`` retry the ones that fail fast (a 5xx, a reset); they no longer add up.
-S3_TIMEOUT_ENV = {"connect": ("R1_S3_CONNECT_TIMEOUT", 10.0), "read": ("R1_S3_READ_TIMEOUT", 60.0)}
-S3_ATTEMPTS_ENV = ("R1_S3_MAX_ATTEMPTS", 3)
-S3_TRIES = 2  # s3fs's ``retries``: tries per call (its default, 5 with backoff, multiplies into minutes)
-
-
-def _env_number(name: str, default: float, minimum: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value >= minimum:  # also NaN
-        raise StoreError(f"{name}={raw!r} is not a number >= {minimum:g}; unset it for the default ({default:g})")
-    return value
-
-
-def s3_timeouts() -> dict[str, float]:
-    """Connect and read timeouts (seconds) and attempts per request, from the ``R1_S3_*`` variables."""
-    out = {key: _env_number(env, default, 0.1) for key, (env, default) in S3_TIMEOUT_ENV.items()}
-    out["attempts"] = int(_env_number(S3_ATTEMPTS_ENV[0], S3_ATTEMPTS_ENV[1], 1))
-    return out
-
-
-def _s3_options(t: dict[str, float], attempts: int | None = None) -> dict[str, Any]:
-    """s3fs options for timeouts ``t`` (``s3_timeouts()``); ``attempts`` overrides ``t["attempts"]``."""
-    # A fresh client per Store: the endpoint and credentials are read from the environment at creation.
-    return {"config_kwargs": {"connect_timeout": t["connect"], "read_timeout": t["read"],
-                              "retries": {"total_max_attempts": attempts or int(t["attempts"]), "mode": "standard"}},
-            "skip_instance_cache": True}
-
-
-def _timed_out(e: BaseException) -> bool:
-    """A connect or read timeout from botocore, aiohttp or asyncio (s3fs passes each through)."""
-    return isinstance(e, TimeoutError) or "Timeout" in type(e).__name__ or "timeout on endpoint" in str(e).lower()
 
 
 class Store:
@@ -164,7 +97,7 @@ class Store:
             self.check()
 
     def _filesystem(self, root: str, attempts: int | None = None) -> tuple[Any, str]:
-        options = _s3_options(self.timeouts, attempts) if self.timeouts else {}
+        options = s3_options(self.timeouts, attempts) if self.timeouts else {}
         try:
             fs, path = fsspec.url_to_fs(root, **options)
         except (ImportError, ValueError) as e:
@@ -180,9 +113,9 @@ class Store:
             return e
         msg = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         if self.protocol.startswith("s3"):
-            where = f"S3 endpoint {_endpoint_name()} for {self.url}"
+            where = f"S3 endpoint {endpoint_name()} for {self.url}"
             text = str(e)
-            if _timed_out(e):
+            if timed_out(e):
                 if any(w in f"{type(e).__name__} {text}".lower() for w in ("connecttimeout", "connectiontimeout",
                                                                             "connect timeout")):
                     return StoreError(f"cannot reach {where} while {action}: no connection within "
@@ -203,7 +136,7 @@ class Store:
         return TransientStoreError(f"store {self.url}: error while {action} ({msg})")
 
     def _stalled(self, action: str) -> StoreStalled:
-        return StoreStalled(f"cannot reach S3 endpoint {_endpoint_name()} for {self.url} while {action}: no answer "
+        return StoreStalled(f"cannot reach S3 endpoint {endpoint_name()} for {self.url} while {action}: no answer "
                             f"within {self.timeouts['read']:g} s (R1_S3_READ_TIMEOUT, the limit on one store "
                             "operation); check AWS_ENDPOINT_URL_S3 and the network")
 
@@ -548,7 +481,7 @@ class Store:
     def put_checkpoint(self, run: str, stage: str, key: str, step: int, local_dir: Path) -> str:
         dest = self.path(run, stage, CHECKPOINTS, key, f"checkpoint-{step}")
         files = self.put_dir(local_dir, dest)
-        _fence(self, run, f"{stage} checkpoint {step}")
+        check_fence(self.url, run, f"{stage} checkpoint {step}")
         self.write_json(f"{dest}/{COMPLETE}", {"step": step, "files": files, "created": utc_now()})
         return self.uri(dest)
 
@@ -638,7 +571,7 @@ class StageWriter:
                metrics: dict[str, float], extra: dict[str, Any] | None = None) -> StageRef:
         manifest = new_manifest(run=self.run, stage=self.stage, version=self.version, fingerprint=fingerprint,
                                 config=config, parents=parents, metrics=metrics, files=self.files, extra=extra)
-        _fence(self.store, self.run, f"{self.stage} output {self.version}")  # a writer that lost the run stops here
+        check_fence(self.store.url, self.run, f"{self.stage} output {self.version}")  # a writer that lost the run stops here
         self.store.write_json(f"{self.path}/{MANIFEST}", manifest)
         return ref_from_manifest(manifest, self.store.url)
 
