@@ -108,6 +108,14 @@ def test_a_planted_upward_or_sideways_import_is_caught(tmp_path):
         "grpo_core.data (floor 2)"]
 
 
+def test_no_stage_body_imports_another():
+    """tasks/stages holds one module per body, none importing another: a body two entries share is one module
+    (tasks/stages/rl.py), and what bodies share sits in tasks/runner."""
+    for path in sorted((ROOT / "tasks" / "stages").glob("*.py")):
+        others = [f"{line}: {module}" for line, module, _ in project_imports(path) if module.startswith("tasks.stages")]
+        assert not others, f"tasks/stages/{path.name} imports another stage module: {others}"
+
+
 def inner_imports_without_reason(root: Path) -> list[str]:
     """Every import of a project module inside a function whose line, or the comment line above its block of
     imports, does not say which of ``INNER_IMPORT_REASONS`` puts it there."""
@@ -307,3 +315,21 @@ def test_a_circle_through_a_package_init_is_caught(tmp_path):
     assert import_circles(import_graph(tmp_path)) == [["grpo_core.p", "grpo_core.p.loop", "grpo_core.q.m"]]
     (tmp_path / "grpo_core" / "p" / "__init__.py").write_text("")  # a package face without side imports: no circle
     assert import_circles(import_graph(tmp_path)) == []
+
+
+MAX_MODULE_LINES = 600  # a module one reads in one sitting; a longer one is a package of concerns
+
+
+def long_modules(root: Path) -> list[str]:
+    return [f"{p.relative_to(root)}: {n} lines" for folder in (*LAYERS, "infra") for p in sorted((root / folder).rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+
+
+def test_no_module_is_over_600_lines():
+    assert long_modules(ROOT) == []
+
+
+def test_a_long_module_is_caught(tmp_path):
+    (tmp_path / "tasks").mkdir(parents=True)
+    (tmp_path / "tasks" / "big.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert long_modules(tmp_path) == [f"tasks/big.py: {MAX_MODULE_LINES + 1} lines"]
