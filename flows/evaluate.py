@@ -18,11 +18,11 @@ from typing import Any
 
 from prefect import flow
 
-from flows.stages import call_task, committed, resolve_config
+from flows.stages import call_task, committed, gather_inputs, resolve_config
 from tasks.config.pipeline import PipelineConfig, check_run_name
-from tasks.config.stages import get_stage
+from tasks.config.stages import evaluation, get_stage
 from tasks.runner.common import StageFailed, configure_stage_logging, write_jsonl
-from tasks.stages.evaluate import evaluate, make_eval_backend
+from tasks.stages.evaluate import make_eval_backend
 from tasks.storage.store import Store
 
 
@@ -37,8 +37,8 @@ def evaluate_flow(run: str, stage: str, store: str | None = None, config: Pipeli
         raise StageFailed(f"stage {stage!r} makes no model to evaluate; evaluate one of the model stages")
     st = Store(store)
     cfg = resolve_config(config, None, run, st)
-    model, data = committed(st, run, stage), committed(st, run, "prepare_data")
-    ref = call_task(evaluate.with_options(retries=cfg.run.retries), cfg, run, st.url, model, data, force)
+    model, inputs = committed(st, run, stage), gather_inputs(evaluation(), cfg, st, run, {})
+    ref = call_task(evaluation().task.with_options(retries=cfg.run.retries), cfg, run, st.url, model, inputs, force)
     return ref.to_dict()
 
 

@@ -16,8 +16,7 @@ from typing import Any
 from prefect import Flow, flow
 
 from tasks.config.pipeline import PipelineConfig, check_run_name, load_config
-from tasks.config.sections import uses_reward_model_stage
-from tasks.config.stages import evaluation, get_stage, stage_names
+from tasks.config.stages import Stage, evaluation, get_stage, stage_names
 from tasks.runner.common import StageFailed, cached, configure_stage_logging, stage_task_options
 from tasks.storage import lineage
 from tasks.storage.lease import fenced_as
@@ -35,6 +34,20 @@ def committed(store: Store, run: str, stage: str) -> StageRef:
         raise StageFailed(f"run {run!r} has no committed {stage} output in {store.url}; run it first "
                           f"(`r1 stage {stage} --run {run}` or `r1 run --run {run}`)")
     return ref
+
+
+def gather_inputs(entry: Stage, config: PipelineConfig, store: Store, run: str,
+                  given: dict[str, StageRef]) -> dict[str, StageRef]:
+    """The outputs ``entry`` reads under ``config`` (``Stage.inputs``): each the one ``given``, else the one the run
+    stands on now; one of the entry's ``optional_inputs`` the run has none of yet is left out (evaluation's reward
+    model, before the reward_model stage has run), any other missing one is a StageFailed saying how to make it."""
+    refs = {}
+    for name in entry.inputs(config):
+        ref = given.get(name) or (lineage.current(store, run, name) if name in entry.optional_inputs
+                                  else committed(store, run, name))
+        if ref is not None:
+            refs[name] = ref
+    return refs
 
 
 @stage_task_options("reuse")
@@ -80,15 +93,13 @@ def run_stage(stage: str, run: str, config: PipelineConfig | None = None, config
         raise StageFailed(f"stage {stage} is optional and this run's config does not enable it "
                          f"(add a `{stage}:` section to the config)")
     given = {k: v if isinstance(v, StageRef) else StageRef.from_dict(v) for k, v in (inputs or {}).items()}
-    refs = {name: given.get(name) or committed(st, run, name) for name in entry.inputs(cfg)}
+    refs = gather_inputs(entry, cfg, st, run, given)
     task = entry.task.with_options(retries=cfg.run.retries, retry_delay_seconds=cfg.run.retry_delay_seconds)
     ref = call_task(task, cfg, run, st.url, refs, force)
     lineage.record(st, ref)  # built or reused, this output is what the run stands on now
-    if entry.makes_model:
-        data = refs.get("prepare_data") or committed(st, run, "prepare_data")  # the held-out set
-        rm = (refs.get("reward_model") or lineage.current(st, run, "reward_model")) if uses_reward_model_stage(cfg.evaluate) \
-            else None  # evaluate's rm_reward names the run's reward model: the committed one, if any yet
-        call_task(evaluation().task.with_options(retries=cfg.run.retries), cfg, run, st.url, ref, data, force, rm)
+    if entry.makes_model:  # evaluation reads what its entry names: those this stage read, else the run's current ones
+        evaluated = gather_inputs(evaluation(), cfg, st, run, refs)
+        call_task(evaluation().task.with_options(retries=cfg.run.retries), cfg, run, st.url, ref, evaluated, force)
     return ref.to_dict()
 
 

@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from grpo_core.config import REWARD_MODEL_STAGE
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.sections import replace_stage_references, uses_reward_model_stage
+from tasks.config.stages import Stage, get_entry
 from tasks.storage.manifest import StageRef
 from tasks.storage.scratch import new_scratch
 from tasks.storage.store import IntegrityError, StageWriter, Store, TransientStoreError
@@ -56,39 +57,67 @@ def retry_on_crash(task: Any, task_run: Any, state: Any) -> bool:
     return isinstance(exc, RETRIABLE)
 
 
-def stage_task(name: str, *, section: str | None = None, key_model: bool = False,
-               referenced: Callable[[PipelineConfig, Any], dict[str, StageRef]] | None = None,
-               fingerprint_inputs: Callable[[PipelineConfig], dict[str, Any]] | None = None) -> Callable[[Body], Any]:
-    """Make ``body(ctx, parents, fp) -> StageRef`` stage ``name``'s Prefect task, with what every stage does
-    around its body: open the context, fingerprint the stage's config section (``section``, default the
-    stage's own; ``key_model`` adds the model section) and the exact parent outputs it reads (the upstream
-    stages', and those ``referenced(config, store)`` names in the config, e.g. another run's model) and what
-    ``fingerprint_inputs(config)`` returns (prepare_data: its data files' hashes, tasks/storage/data_inputs.py), reuse a
-    committed output with that fingerprint unless forced, and remove the scratch folder at the end.
+@dataclass(frozen=True, eq=False)
+class StageBody:
+    """A stage body, ``body(ctx, parents, fp) -> StageRef``, and what its fingerprint holds beyond its section and
+    parents. It names no stage: ``task(entry)`` makes it the Prefect task of a table entry whose ``body`` names it,
+    so two entries may share one body (grpo_train and final_rl are ``tasks/stages/rl.py``)."""
 
-    The task is called ``task(config, run, store, inputs, force)``; ``inputs`` maps each upstream stage
-    (the stage table's ``upstream``) to its committed ``StageRef``. Retries: crashes and storage errors only
-    (``retry_on_crash``). No Prefect result cache: the store's manifests are the cache (module docstring).
-    """
-    def wrap(body: Body) -> Any:
+    body: Body
+    key_model: bool = False  # the model section too (prepare_data builds the tiny base model from it)
+    referenced: Callable[[Any, Store], dict[str, StageRef]] | None = None  # (section, store): outputs the section names
+    fingerprint_inputs: Callable[[Any], dict[str, Any]] | None = None  # (section): e.g. its data files' hashes
+    tasks: dict[Stage, Any] = field(default_factory=dict, repr=False)  # entry -> its task, made once
+
+    def task(self, entry: Stage) -> Any:
+        """``entry``'s Prefect task, named after it: ``task(config, run, store, inputs, force)`` (module docstring of
+        ``stage_task``)."""
+        if entry not in self.tasks:
+            self.tasks[entry] = self._make_task(entry)
+        return self.tasks[entry]
+
+    def _make_task(self, entry: Stage) -> Any:
         def run_stage_task(config: PipelineConfig, run: str, store: str | None = None,
                            inputs: dict[str, StageRef] | None = None, force: bool = False) -> Any:
-            with StageContext.open(config, run, store, name) as ctx:
+            with StageContext.open(config, run, store, entry) as ctx:
                 parents = dict(inputs or {})
-                if referenced is not None:
-                    parents.update(referenced(config, ctx.store))
-                extra = {"model": config.model.model_dump(mode="json")} if key_model else {}
-                if fingerprint_inputs is not None and (read := fingerprint_inputs(config)):
+                if self.referenced is not None:
+                    parents.update(self.referenced(ctx.section, ctx.store))
+                extra = {"model": config.model.model_dump(mode="json")} if self.key_model else {}
+                if self.fingerprint_inputs is not None and (read := self.fingerprint_inputs(ctx.section)):
                     extra["inputs"] = read  # only when there are any: a fingerprint without them stays as it was
-                return reuse_or_build(ctx, name, getattr(config, section or name), parents, extra, force,
-                                      lambda fp: body(ctx, parents, fp))
+                return reuse_or_build(ctx, entry.name, ctx.section, parents, extra, force,
+                                      lambda fp: self.body(ctx, parents, fp))
 
-        run_stage_task.__name__ = run_stage_task.__qualname__ = name
-        run_stage_task.__doc__ = body.__doc__
-        run_stage_task.__module__ = body.__module__
-        return stage_task_options(name)(run_stage_task)
+        run_stage_task.__name__ = run_stage_task.__qualname__ = entry.name
+        run_stage_task.__doc__ = self.body.__doc__
+        run_stage_task.__module__ = self.body.__module__
+        return stage_task_options(entry.name)(run_stage_task)
 
-    return wrap
+
+def stage_task(body: Body | None = None, /, *, key_model: bool = False,
+               referenced: Callable[[Any, Store], dict[str, StageRef]] | None = None,
+               fingerprint_inputs: Callable[[Any], dict[str, Any]] | None = None) -> Any:
+    """``@stage_task`` (or ``@stage_task(...)`` with options) makes ``body(ctx, parents, fp) -> StageRef`` a
+    ``StageBody``; the stage table's entry that names it (``Stage.body``) makes it its task, with what every stage
+    does around its body: open the context (``ctx.entry`` is the entry, ``ctx.section`` its config section),
+    fingerprint the section (``key_model`` adds the model section) and the exact parent outputs it reads (the
+    upstream stages', and those ``referenced(section, store)`` names in the section, e.g. another run's model) and
+    what ``fingerprint_inputs(section)`` returns (prepare_data: its data files' hashes, tasks/storage/data_inputs.py),
+    reuse a committed output with that fingerprint unless forced, and remove the scratch folder at the end.
+
+    The task is called ``task(config, run, store, inputs, force)``; ``inputs`` maps each upstream stage
+    (``Stage.inputs``) to its committed ``StageRef``. Retries: crashes and storage errors only
+    (``retry_on_crash``). No Prefect result cache: the store's manifests are the cache (module docstring).
+    """
+    if isinstance(body, str):
+        raise TypeError(f"stage_task takes no stage name ({body!r}): a body reads its name, kind and section from its "
+                        "table entry; write @stage_task and name the body in the entry (tasks/config/stages.py)")
+
+    def make(fn: Body) -> StageBody:
+        return StageBody(fn, key_model, referenced, fingerprint_inputs)
+
+    return make(body) if body is not None else make
 
 
 def reuse_or_build(ctx: "StageContext", stage: str, section: BaseModel, parents: dict[str, StageRef],
@@ -243,17 +272,23 @@ class Progress:
 
 @dataclass
 class StageContext:
-    """A stage task's world: the config, the run, the store and a local scratch folder."""
+    """A stage task's world: the config, the run, the store, its table entry (name, kind, section, what it starts
+    from), the name its output has in the store and a local scratch folder."""
 
     config: PipelineConfig
     run: str
     store: Store
-    stage: str
+    entry: Stage
+    stage: str  # its output's name in the store: the entry's name (evaluation's: evaluate/<stage it scored>)
     work: Path
     fetched: dict[str, tuple[StageRef, str]] = field(default_factory=dict)  # local path -> (output, name)
 
     @classmethod
-    def open(cls, config: PipelineConfig, run: str, store: str | None, stage: str) -> "StageContext":
+    def open(cls, config: PipelineConfig, run: str, store: str | None, entry: Stage | str,
+             output: str | None = None) -> "StageContext":
+        """The context of ``entry`` (an entry or its name) committing as ``output`` (default: the entry's name)."""
+        entry = entry if isinstance(entry, Stage) else get_entry(entry)
+        stage = output or entry.name
         cfg, st = config, Store(store)
         base = Path(os.environ.get("R1_WORKDIR") or Path(tempfile.gettempdir()) / "r1-work")
         work = new_scratch(base, run, stage)  # fresh per attempt; those of dead processes removed (tasks/storage/scratch.py)
@@ -261,7 +296,12 @@ class StageContext:
             import torch
 
             torch.set_num_threads(cfg.run.torch_num_threads)
-        return cls(cfg, run, st, stage, work)
+        return cls(cfg, run, st, entry, stage, work)
+
+    @property
+    def section(self) -> Any:
+        """The entry's config section in this run's config."""
+        return self.entry.section_of(self.config)
 
     def __enter__(self) -> "StageContext":
         return self
@@ -290,6 +330,13 @@ class StageContext:
             return str(self.fetch(data, "base_model"))
         return str(self.config.model.name_or_path)
 
+    def init_model(self, parents: dict[str, StageRef]) -> str:
+        """Local folder of the model this stage starts from: the committed model of the stage its entry's
+        ``init_from`` names (one of ``parents``)."""
+        if not self.entry.init_from:
+            raise StageFailed(f"{self.stage}: its table entry names no stage to start from; set init_from on it")
+        return str(self.fetch(parents[self.entry.init_from], "model"))
+
     def begin(self, version: str | None = None) -> StageWriter:
         return self.store.begin(self.run, self.stage, version)
 
@@ -297,9 +344,12 @@ class StageContext:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
-def commit_stage(ctx: StageContext, writer: StageWriter, *, fp: str, section: BaseModel,
-                 parents: dict[str, StageRef], metrics: dict[str, Any], extra: dict[str, Any] | None = None) -> StageRef:
-    """Commit (manifest last), publish the metrics table, log the URI."""
+def commit_stage(ctx: StageContext, writer: StageWriter, *, fp: str, parents: dict[str, StageRef],
+                 metrics: dict[str, Any], section: BaseModel | None = None,
+                 extra: dict[str, Any] | None = None) -> StageRef:
+    """Commit (manifest last) with ``section`` (default: the stage's own) as its config, publish the metrics table,
+    log the URI."""
+    section = ctx.section if section is None else section
     numeric = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     ref = writer.commit(fingerprint=fp, config={ctx.stage: section.model_dump(mode="json"),
                                                 "model": ctx.config.model.model_dump(mode="json")},
@@ -325,5 +375,6 @@ def resolve_reward_models(ctx: StageContext, section: BaseModel, parents: dict[s
         return section
     if REWARD_MODEL_STAGE not in parents:
         raise StageFailed(f"{ctx.stage}: a reward names the reward_model stage but it is not among this stage's "
-                          "inputs; add reward_model_upstream(section) to the stage's upstream in tasks/config/stages.py")
+                          "inputs; give its entry in tasks/config/stages.py the reward_fields of its section (an entry "
+                          "with reward fields reads the stage its rewards name: Stage.inputs)")
     return replace_stage_references(section, str(ctx.fetch(parents[REWARD_MODEL_STAGE], "model")))

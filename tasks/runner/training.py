@@ -1,10 +1,11 @@
 """The part the training stages share: run the trainer with store checkpoints, then commit the model.
 
-Each training stage's task only picks its inputs (which rows, which starting model) and calls
-``train_and_commit``. The trackers of the section's ``report_to`` (W&B, MLflow, Trackio) get one run per stage,
-grouped by the pipeline run, with the lineage (run, stage, version, fingerprint, parents) as metadata
-(``tracking_info``); their files are committed with the stage as ``trackers/`` unless ``run.tracking_dir`` puts
-them elsewhere. A GRPO section's completion tables are committed as ``completions.jsonl``. The checkpoint key is the stage fingerprint, so a retry resumes only checkpoints
+Each training stage's body only picks its inputs (which rows, which starting model) and calls ``train_and_commit``,
+which trains with its table entry's kind and section. The trackers of the section's ``report_to`` (W&B, MLflow,
+Trackio) get one run per stage, grouped by the pipeline run, with the lineage (run, stage, version, fingerprint,
+parents) as metadata (``tracking_info``); their files are committed with the stage as ``trackers/`` unless
+``run.tracking_dir`` puts them elsewhere. A GRPO section's completion tables are committed as ``completions.jsonl``.
+The checkpoint key is the stage fingerprint, so a retry resumes only checkpoints
 written under the same config and inputs; after the commit the stage's checkpoints are deleted (the
 committed model replaces them, and a forced rerun must start from scratch, not from the last one).
 """
@@ -16,23 +17,27 @@ from pathlib import Path
 from typing import Any
 
 from grpo_core.config import EvalConfig, OptimConfig, TrackingInfo
-from tasks.config.training_spec import TrainerKind, TrainingSpec, trainer_config
-from tasks.runner.common import Progress, StageContext, commit_stage, logger, resolve_reward_models
+from tasks.config.training_spec import TRAINERS, TrainerKind, TrainingSpec, trainer_config
+from tasks.runner.common import Progress, StageContext, StageFailed, commit_stage, logger, resolve_reward_models
 from tasks.runner.monitor import MONITOR_FILE, publish_alarm, read_record
 from tasks.runner.worker import run_training
 from tasks.storage.manifest import StageRef
 from tasks.storage.store import new_version
 
 
-def train_and_commit(ctx: StageContext, *, kind: TrainerKind, section: OptimConfig,
-                     model_path: str, rows_path: Path, parents: dict[str, StageRef], fp: str,
+def train_and_commit(ctx: StageContext, *, model_path: str, rows_path: Path, parents: dict[str, StageRef], fp: str,
                      extra_metrics: dict[str, Any] | None = None, eval_rows_path: Path | None = None,
                      eval_config: EvalConfig | None = None, extra_files: dict[str, Path] | None = None) -> StageRef:
-    """Train (resuming from the store's newest checkpoint for ``fp``), upload the final model (and
-    ``extra_files``, output name -> local file, e.g. the training rows), commit.
+    """Train the stage's entry's kind on its section (resuming from the store's newest checkpoint for ``fp``),
+    upload the final model (and ``extra_files``, output name -> local file, e.g. the training rows), commit.
 
-    ``kind``: grpo, sft or reward (``eval_rows_path``: the reward model's held-out pairs, or GRPO's held-out
+    The kind is grpo, sft or reward (``eval_rows_path``: the reward model's held-out pairs, or GRPO's held-out
     prompts for ``eval_steps`` scored as ``eval_config`` says)."""
+    kind: TrainerKind = ctx.entry.kind  # type: ignore[assignment] - checked just below
+    if not ctx.entry.trains:
+        raise StageFailed(f"{ctx.stage}: train_and_commit trains a stage of a training kind ({', '.join(TRAINERS)}); "
+                          f"its entry's kind is {kind!r}")
+    section: OptimConfig = ctx.section
     log = logger()
     trainer_section = resolve_reward_models(ctx, section, parents)  # `model: reward_model` -> the fetched folder
     out = ctx.work / "train" / "out"
@@ -79,16 +84,16 @@ def train_and_commit(ctx: StageContext, *, kind: TrainerKind, section: OptimConf
         if (monitor := read_record(out)) is not None:  # eval_steps' reward-hacking monitor and checkpoint selection
             writer.put_file(out / MONITOR_FILE, MONITOR_FILE)
             extra["monitor"] = monitor
-        ref = commit_stage(ctx, writer, fp=fp, section=section, parents=parents, metrics=metrics, extra=extra)
+        ref = commit_stage(ctx, writer, fp=fp, parents=parents, metrics=metrics, extra=extra)
     ctx.store.remove(ctx.store.checkpoint_dir(ctx.run, ctx.stage, fp))
     return ref
 
 
-def heldout_inputs(ctx: StageContext, section: Any, data: StageRef) -> dict[str, Any]:
+def heldout_inputs(ctx: StageContext, data: StageRef) -> dict[str, Any]:
     """A GRPO stage's ``eval_steps`` inputs: prepare_data's held-out prompts and the ``evaluate`` section that scores
     them (its reward model and benchmarks left out: evaluation during RL scores verifiable rows only); {} without
-    ``eval_steps``."""
-    if getattr(section, "eval_steps", None) is None:
+    ``eval_steps`` in the stage's section."""
+    if getattr(ctx.section, "eval_steps", None) is None:
         return {}
     scoring = ctx.config.evaluate.model_copy(update={"rm_reward": None, "benchmarks": []})
     return {"eval_rows_path": ctx.fetch(data, "eval.parquet"), "eval_config": scoring}

@@ -11,8 +11,8 @@ from tasks.runner.training import train_and_commit
 from tasks.storage.manifest import StageRef
 
 
-@stage_task("cold_start_sft")
+@stage_task
 def cold_start_sft(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> StageRef:
     data = parents["prepare_data"]
-    return train_and_commit(ctx, kind="sft", section=ctx.config.cold_start_sft, model_path=ctx.base_model(data),
-                            rows_path=ctx.fetch(data, "cold_start.parquet"), parents=parents, fp=fp)
+    return train_and_commit(ctx, model_path=ctx.base_model(data), rows_path=ctx.fetch(data, "cold_start.parquet"),
+                            parents=parents, fp=fp)

@@ -9,51 +9,48 @@ protocol's ``eval/{benchmark}/pass@1``, ``pass@{k}``, ``maj@{k}`` and ``greedy``
 (per problem: samples, extracted answers, verdicts) and a manifest whose parents are the model it scored and
 the eval set; the scored stage's own manifest is never touched (a committed manifest is written once). The
 fingerprint (eval config + model version + eval set version + each benchmark's rows) makes a second evaluation
-of the same model a cache hit. It is the stage table's ``evaluate`` entry (section, seed, reward fields) and
-runs through the same fingerprint / reuse / clean-up as every stage (``tasks.runner.common.reuse_or_build``).
+of the same model a cache hit. It is the stage table's evaluation entry (name, section, seed, reward fields, its
+inputs: ``flows/stages.py`` hands it those its entry names) and runs through the same fingerprint / reuse / clean-up
+as every stage (``tasks.runner.common.reuse_or_build``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from grpo_core.config import EvalConfig
+from grpo_core.config import REWARD_MODEL_STAGE, EvalConfig
 from grpo_core.data.rows import read_parquet
 from tasks.config.sections import uses_reward_model_stage
-from tasks.config.stages import get_stage
+from tasks.config.stages import all_stages, evaluation, get_stage
 from tasks.runner.common import (StageContext, commit_stage, logger, resolve_reward_models, reuse_or_build, stage_task_options,
                           write_jsonl)
 from tasks.storage.manifest import StageRef
 
-STAGE = "evaluate"
-
-
 def output_name(stage: str) -> str:
     """Where the evaluations of ``stage``'s models are committed (a stage name for the store)."""
-    return f"{STAGE}/{stage}"
+    return f"{evaluation().name}/{stage}"
 
 
-@stage_task_options(STAGE)
-def evaluate(config, run: str, store: str | None, model: StageRef, data: StageRef, force: bool = False,
-             reward_model: StageRef | None = None) -> StageRef:
-    """Evaluate the model committed as ``model`` on ``data``'s held-out rows (``eval.parquet``) and on
-    ``config.evaluate.benchmarks``; general rows are scored by ``rm_reward``, which may name the run's
-    ``reward_model`` output (then ``reward_model`` is it; a model evaluated before the reward model exists is
-    evaluated without ``eval/rm_score``)."""
-    with StageContext.open(config, run, store, output_name(model.stage)) as ctx:
+@stage_task_options(evaluation().name)
+def evaluate(config, run: str, store: str | None, model: StageRef, inputs: dict[str, StageRef],
+             force: bool = False) -> StageRef:
+    """Evaluate the model committed as ``model`` on the held-out rows of ``inputs``' prepare_data output
+    (``eval.parquet``) and on the section's ``benchmarks``; ``inputs`` are the evaluation entry's
+    (``Stage.inputs``). General rows are scored by ``rm_reward``, which may name the run's reward_model output
+    (then one of ``inputs`` when there is one; a model evaluated before the reward model exists is evaluated
+    without ``eval/rm_score``)."""
+    entry = evaluation()
+    with StageContext.open(config, run, store, entry, output_name(model.stage)) as ctx:
         use_vllm, why = eval_use_vllm(ctx.config, model.stage)
-        ev = ctx.config.evaluate  # the manifest records the sampler that was followed
+        ev = ctx.section  # the manifest records the sampler that was followed
         cfg = ev.model_copy(update={"sampling": ev.sampling.model_copy(update={"use_vllm": use_vllm})})
-        parents = {"model": model, "prepare_data": data}
-        if uses_reward_model_stage(cfg):
-            if reward_model is None:
-                logger().info(f"evaluate {model.stage}: no reward_model output yet; evaluated without eval/rm_score")
-                cfg = cfg.model_copy(update={"rm_reward": None})
-            else:
-                parents["reward_model"] = reward_model
+        parents = {"model": model, **inputs}
+        if uses_reward_model_stage(cfg) and REWARD_MODEL_STAGE not in parents:
+            logger().info(f"{ctx.stage}: no {REWARD_MODEL_STAGE} output yet; evaluated without eval/rm_score")
+            cfg = cfg.model_copy(update={"rm_reward": None})
         benchmark_rows = load_benchmarks(cfg)
         extra = {"benchmarks": {name: _digest(rows) for name, rows in benchmark_rows.items()}} if benchmark_rows else None
-        return reuse_or_build(ctx, STAGE, cfg, parents, extra, force,
+        return reuse_or_build(ctx, entry.name, cfg, parents, extra, force,
                               lambda fp: _score(ctx, cfg, parents, fp, benchmark_rows, why),
                               why="this model was already evaluated with this config")
 
@@ -86,7 +83,7 @@ def _score(ctx: StageContext, cfg: Any, parents: dict[str, StageRef], fp: str,
         for name, path in files.items():
             writer.put_file(path, name)
         ref = commit_stage(ctx, writer, fp=fp, section=cfg, parents=parents, metrics=metrics)
-    logger().info(f"evaluate {model.stage}: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
+    logger().info(f"{ctx.entry.name} {model.stage}: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
     return ref
 
 
@@ -110,14 +107,15 @@ def eval_use_vllm(config: Any, stage: str) -> tuple[bool | None, str]:
 
     ``evaluate.sampling.use_vllm`` when set; unset (None), evaluation samples as the stage does: a stage that samples
     on its GPU (the table's ``samples_on_gpu``: grpo_train, final_rl) by its own section's ``sampling.use_vllm``, any
-    other model stage (the SFT stages) by ``grpo_train``'s, the sampler the run's RL uses on the same machines. None
-    from there: vLLM where installed."""
-
-    if config.evaluate.sampling.use_vllm is not None:
-        return config.evaluate.sampling.use_vllm, "evaluate.sampling.use_vllm"
-    section = stage if get_stage(stage).samples_on_gpu else "grpo_train"
-    return (getattr(config, section).sampling.use_vllm,
-            f"evaluate.sampling.use_vllm unset, so {section}.sampling.use_vllm")
+    other model stage (the SFT stages) by the first RL stage's (grpo_train), the sampler the run's RL uses on the
+    same machines. None from there: vLLM where installed."""
+    own = evaluation().config_key
+    if (setting := evaluation().section_of(config).sampling.use_vllm) is not None:
+        return setting, f"{own}.sampling.use_vllm"
+    entry = get_stage(stage)
+    sampler = entry if entry.samples_on_gpu else next(s for s in all_stages() if s.kind == "grpo")
+    return (sampler.section_of(config).sampling.use_vllm,
+            f"{own}.sampling.use_vllm unset, so {sampler.config_key}.sampling.use_vllm")
 
 
 def eval_backend_kind(use_vllm: bool | None, why: str) -> tuple[str, str]:

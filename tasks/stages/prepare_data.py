@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_core.config import TeacherSource
+from grpo_core.config import DataConfig, TeacherSource
 from grpo_core.data.rows import write_parquet
 from grpo_core.recipe.prepare import prepare_datasets
-from tasks.config.pipeline import PipelineConfig
 from tasks.runner.common import StageContext, StageFailed, commit_stage, stage_task
 from tasks.storage import lineage
 from tasks.storage.data_inputs import data_inputs
@@ -31,11 +30,11 @@ from tasks.storage.manifest import StageRef
 RUN_REF = "run:"
 
 
-def teacher_refs(config: PipelineConfig, store: Any) -> dict[str, StageRef]:
-    """``{"teacher:run:RUN/STAGE": ref}``: the committed outputs the teacher sources name (each run's current one,
-    tasks/storage/lineage.py)."""
+def teacher_refs(data: DataConfig, store: Any) -> dict[str, StageRef]:
+    """``{"teacher:run:RUN/STAGE": ref}``: the committed outputs the teacher sources of ``data`` (the stage's
+    section) name (each run's current one, tasks/storage/lineage.py)."""
     out = {}
-    for j, src in enumerate(config.data.cold_start_sources):
+    for j, src in enumerate(data.cold_start_sources):
         if not (isinstance(src, TeacherSource) and src.model.startswith(RUN_REF)):
             continue
         run, _, stage = src.model[len(RUN_REF):].partition("/")
@@ -48,15 +47,14 @@ def teacher_refs(config: PipelineConfig, store: Any) -> dict[str, StageRef]:
     return out
 
 
-@stage_task("prepare_data", section="data", key_model=True, referenced=teacher_refs,
-            fingerprint_inputs=lambda config: data_inputs(config.data))
+@stage_task(key_model=True, referenced=teacher_refs, fingerprint_inputs=data_inputs)
 def prepare_data(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> StageRef:
-    cfg = ctx.config
-    local = {src.model: str(ctx.fetch(parents[f"teacher:{src.model}"], "model")) for src in cfg.data.cold_start_sources
+    cfg, section = ctx.config, ctx.section
+    local = {src.model: str(ctx.fetch(parents[f"teacher:{src.model}"], "model")) for src in section.cold_start_sources
              if isinstance(src, TeacherSource) and src.model.startswith(RUN_REF)}
     sources = [src.model_copy(update={"model": local[src.model]}) if isinstance(src, TeacherSource) and src.model in local
-               else src for src in cfg.data.cold_start_sources]
-    data = prepare_datasets(cfg.data.model_copy(update={"cold_start_sources": sources}))
+               else src for src in section.cold_start_sources]
+    data = prepare_datasets(section.model_copy(update={"cold_start_sources": sources}))
     for name, path in local.items():  # rows and stats name the reference, not the scratch folder it was fetched to
         data.stats["sources"][f"cold_start:teacher:{name}"] = data.stats["sources"].pop(f"cold_start:teacher:{path}")
         for row in data.cold_start:
@@ -83,25 +81,5 @@ def prepare_data(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> St
         metrics = {**pretrain, "data/num_train": len(data.train), "data/num_eval": len(data.eval),
                    "data/num_cold_start": len(data.cold_start), "data/num_preferences": len(data.preferences),
                    **{f"data/{source}/num_train": n for source, n in data.stats["train_by_source"].items()}}
-        return commit_stage(ctx, writer, fp=fp, section=cfg.data, parents=parents, metrics=metrics,
-                            extra={"data_stats": data.stats})
+        return commit_stage(ctx, writer, fp=fp, parents=parents, metrics=metrics, extra={"data_stats": data.stats})
 
-
-def check_source_rows(ctx: StageContext, section: Any, data: StageRef) -> None:
-    """Fail an RL stage before it loads anything when one of its ``sources`` has no training rows in ``data``
-    (prepare_data's output), naming what prepare_data did with that source's rows."""
-    missing = [s.name for s in getattr(section, "sources", []) if not data.metrics.get(f"data/{s.name}/num_train")]
-    if not missing:
-        return
-    stats = ctx.store.manifest(data).get("data_stats", {})
-    present = ", ".join(sorted(stats.get("train_by_source", {}))) or "none"
-    causes = []
-    for name in missing:
-        dropped = stats.get("train_contaminated_by_source", {}).get(name)
-        causes.append(
-            f"source {name!r}: prepare_data's decontamination dropped all {dropped['of']} of its rows (they share "
-            f"{stats.get('ngram_size', 'n')}-word runs with eval prompts, e.g. {dropped['example_ngram']!r}); see "
-            "data.ngram_size / data.decontaminate and rerun prepare_data" if dropped else
-            f"source {name!r}: prepare_data wrote no rows with this source (the train sources are: {present}); fix "
-            f"{ctx.stage}.sources[].name or the data source's `source:`")
-    raise StageFailed(f"{ctx.stage}: " + "; ".join(causes) + f" ({data.uri})")

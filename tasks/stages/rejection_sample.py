@@ -16,22 +16,22 @@ from tasks.runner.common import StageContext, commit_stage, resolve_reward_model
 from tasks.storage.manifest import StageRef
 
 
-@stage_task("rejection_sample")
+@stage_task
 def rejection_sample(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> StageRef:
     rows = read_parquet(ctx.fetch(parents["prepare_data"], "train.parquet"))
-    kept, stats = _sample(ctx, str(ctx.fetch(parents["grpo_train"], "model")), rows, parents)
+    kept, stats = _sample(ctx, ctx.init_model(parents), rows, parents)  # the model of the stage it samples
     out = ctx.work / "out"
     write_parquet(kept, out / "samples.parquet")
     write_parquet(stats.pop("per_prompt"), out / "pass_rates.parquet")
     with ctx.begin() as writer:
         writer.put_dir(out)
-        return commit_stage(ctx, writer, fp=fp, section=ctx.config.rejection_sample, parents=parents, metrics=stats)
+        return commit_stage(ctx, writer, fp=fp, parents=parents, metrics=stats)
 
 
 def _sample(ctx: StageContext, model_path: str, rows: list[dict[str, Any]], parents: dict[str, StageRef]
             ) -> tuple[list[dict[str, Any]], dict]:
-    """Sample with this stage's own backend settings (``rejection_sample.sampling``: vLLM for real runs,
-    transformers for tiny ones)."""
+    """Sample with this stage's own backend settings (its section's ``sampling``: vLLM for real runs, transformers
+    for tiny ones)."""
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
@@ -39,11 +39,11 @@ def _sample(ctx: StageContext, model_path: str, rows: list[dict[str, Any]], pare
     from grpo_core.generation import backend_kind, backend_options, make_backend
     from grpo_core.recipe.rejection import rejection_sample
 
-    rs = resolve_reward_models(ctx, ctx.config.rejection_sample, parents)
+    rs = resolve_reward_models(ctx, ctx.section, parents)
     kind = backend_kind(rs.sampling.use_vllm)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    check_stage_memory(ctx.stage, "sampling", rs, model_path)  # CUDA only: fail fast when it cannot fit
+    check_stage_memory(ctx.stage, ctx.entry.kind, rs, model_path)  # CUDA only: fail fast when it cannot fit
     opts = backend_options(rs.sampling, kind, device, seed=rs.seed, bf16=rs.bf16,
                            model_config=AutoConfig.from_pretrained(model_path))
     backend = make_backend(kind, model_path, tokenizer=tokenizer, **opts)

@@ -1,23 +1,21 @@
 """Optional stage reward_model: a reward model trained on prepare_data's preference pairs (grpo_core.trainer.reward_model),
 and how later stages name it as a reward.
 
-Runs only when the config has a ``reward_model:`` section (the stage table's ``when``). Reads
+Runs only when the config has a ``reward_model:`` section (the stage table's ``optional``). Reads
 ``preferences.parquet`` (columns prompt, chosen, rejected, source[, margin]) and, when prepare_data wrote one,
 ``preferences_eval.parquet`` as the held-out pairs (else ``eval_fraction`` of the pairs is held out). The
 backbone is the base model (the tiny one prepare_data builds, for the embedded default), the cold-start SFT
 model (``init_from: cold_start_sft``) or ``model_name_or_path``, with a fresh score head. Output: ``model/``
 (with ``reward_stats.json``) and ``metrics.jsonl``; the manifest's metrics hold ``eval/pair_accuracy``.
 
-A GRPO stage names the output as ``reward_funcs: [{reward_model: {model: reward_model}}]``:
-``reward_model_upstream`` adds the stage to its inputs (so its fingerprint covers the reward model's version)
-and ``resolve_reward_models`` puts the fetched folder in place of the stage name before training.
+A GRPO stage names the output as ``reward_funcs: [{reward_model: {model: reward_model}}]``: the stage table adds
+the stage to its inputs (``Stage.inputs``, so its fingerprint covers the reward model's version) and
+``tasks.runner.common.resolve_reward_models`` puts the fetched folder in place of the stage name before training.
 """
 
 from __future__ import annotations
 
-from grpo_core.config import REWARD_MODEL_STAGE
-from tasks.config.sections import reward_model_upstream, uses_reward_model_stage, walk_fields
-from tasks.runner.common import StageContext, StageFailed, resolve_reward_models, stage_task
+from tasks.runner.common import StageContext, StageFailed, stage_task
 from tasks.runner.training import train_and_commit
 from tasks.storage.manifest import StageRef
 
@@ -25,28 +23,24 @@ PREFERENCES = "preferences.parquet"
 PREFERENCES_EVAL = "preferences_eval.parquet"
 
 
-@stage_task(REWARD_MODEL_STAGE, section="reward_model")
+@stage_task
 def reward_model(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> StageRef:
-    section = ctx.config.reward_model
+    section = ctx.section
     if section is None:
-        raise StageFailed("reward_model: this config has no `reward_model:` section, so the stage has nothing to do")
+        raise StageFailed(f"{ctx.stage}: this config has no `{ctx.entry.config_key}:` section, so the stage has "
+                          "nothing to do")
     data = parents["prepare_data"]
     files = ctx.store.manifest(data).get("files") or {}
     if PREFERENCES not in files:
-        raise StageFailed(f"reward_model: prepare_data output {data.uri} has no {PREFERENCES}; the reward model "
+        raise StageFailed(f"{ctx.stage}: prepare_data output {data.uri} has no {PREFERENCES}; the reward model "
                           "needs preference pairs (prompt, chosen, rejected, source): configure preference sources "
-                          "in the data section, or remove the `reward_model:` section")
+                          f"in the data section, or remove the `{ctx.entry.config_key}:` section")
     if section.model_name_or_path is not None:
         backbone = section.model_name_or_path
-    elif section.init_from == "cold_start_sft":
-        backbone = str(ctx.fetch(parents["cold_start_sft"], "model"))
-    else:
+    elif section.init_from == "base":
         backbone = ctx.base_model(data)
+    else:  # a stage's model (the table's upstream reads it)
+        backbone = str(ctx.fetch(parents[section.init_from], "model"))
     eval_path = ctx.fetch(data, PREFERENCES_EVAL) if PREFERENCES_EVAL in files else None
-    return train_and_commit(ctx, kind="reward", section=section, model_path=backbone,
-                            rows_path=ctx.fetch(data, PREFERENCES), eval_rows_path=eval_path, parents=parents, fp=fp)
-
-
-# Naming the stage's model in another stage's rewards: finding the entries is tasks/config/sections.py (the stage table's
-# upstream functions use it too), putting the fetched folder in their place tasks/common.resolve_reward_models.
-__all__ = ["reward_model", "resolve_reward_models", "reward_model_upstream", "uses_reward_model_stage", "walk_fields"]
+    return train_and_commit(ctx, model_path=backbone, rows_path=ctx.fetch(data, PREFERENCES), eval_rows_path=eval_path,
+                            parents=parents, fp=fp)

@@ -23,9 +23,9 @@ from tasks.runner.training import train_and_commit
 from tasks.storage.manifest import StageRef
 
 
-@stage_task("sft_consolidate")
+@stage_task
 def sft_consolidate(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> StageRef:
-    section = ctx.config.sft_consolidate
+    section = ctx.section
     data = parents["prepare_data"]
     rows = read_parquet(ctx.fetch(parents["rejection_sample"], "samples.parquet"))
     if not rows:
@@ -37,7 +37,7 @@ def sft_consolidate(ctx: StageContext, parents: dict[str, StageRef], fp: str) ->
         if section.cold_start_sources:  # e.g. only the general sources' rows: R1 mixes non-reasoning data in here
             cold = [r for r in cold if r.get("source") in section.cold_start_sources]
             if not cold:
-                raise StageFailed(f"sft_consolidate.cold_start_sources {section.cold_start_sources} match no "
+                raise StageFailed(f"{ctx.stage}.cold_start_sources {section.cold_start_sources} match no "
                                   "cold-start rows; name sources of cold_start.parquet's source column")
         n_mix = min(len(cold), round(len(rows) * section.cold_start_mix / (1 - section.cold_start_mix + 1e-9)))
         rows += random.Random(section.seed).sample(cold, n_mix)
@@ -49,7 +49,7 @@ def sft_consolidate(ctx: StageContext, parents: dict[str, StageRef], fp: str) ->
                                     general_row_sources=general_names)
         if not counts.get(REASONING):
             raise StageFailed("the consolidation set has no reasoning rows (rejection_sample kept only general "
-                              "sources' answers), so sft_consolidate.reasoning_to_general leaves no general rows "
+                              f"sources' answers), so {ctx.stage}.reasoning_to_general leaves no general rows "
                               "either; sample more reasoning prompts (rejection_sample.sources / max_prompts) or "
                               "relax their filters")
     else:  # the set as it is, labelled reasoning / general:{source}
@@ -59,7 +59,7 @@ def sft_consolidate(ctx: StageContext, parents: dict[str, StageRef], fp: str) ->
     init = section.init_from
     model_path = (ctx.base_model(data) if init == "base" else section.init_model if init == "model"
                   else str(ctx.fetch(parents[init], "model")))
-    return train_and_commit(ctx, kind="sft", section=section, model_path=str(model_path), rows_path=rows_path,
-                            parents=parents, fp=fp, extra_files={"sft_rows.parquet": rows_path},
+    return train_and_commit(ctx, model_path=str(model_path), rows_path=rows_path, parents=parents, fp=fp,
+                            extra_files={"sft_rows.parquet": rows_path},
                             extra_metrics={"data/num_sft_rows": len(rows), "data/num_mixed_cold_start": n_mix,
                                            **{f"data/num_rows/{k}": v for k, v in counts.items()}})

@@ -28,9 +28,10 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """prepare_data and cold_start_sft of configs/ci-tiny.yaml committed to a local store (inline: no child)."""
     from prefect import flow
 
-    from tasks.stages.cold_start_sft import cold_start_sft
     from tasks.config.pipeline import load_config
-    from tasks.stages.prepare_data import prepare_data
+    from tasks.config.stages import get_stage
+
+    prepare_data, cold_start_sft = get_stage("prepare_data").task, get_stage("cold_start_sft").task
 
     store = str(tmp_path_factory.mktemp("store"))
     cfg = load_config(ROOT / "configs" / "ci-tiny.yaml")
@@ -70,9 +71,11 @@ def test_killed_sampler_fails_the_attempt_in_time_and_the_retry_resumes(upstream
 
     from prefect import flow
 
-    from tasks.stages.grpo_train import grpo_train
+    from tasks.config.stages import get_stage
     from tasks.storage.store import Store
     from tasks.runner.training import read_history
+
+    grpo_train = get_stage("grpo_train").task
 
     cfg = upstream["config"].model_copy(deep=True)
     cfg.grpo_train = cfg.grpo_train.model_copy(update={

@@ -173,7 +173,7 @@ def test_evaluate_writes_its_own_output_and_rewrites_no_manifest(first_run, s3_s
     before = {p: store.fs.cat_file(p) for p in store.fs.glob(pattern)}
     grpo = store.latest(RUN, "grpo_train")
     evals_before = _versions(store, output_name("grpo_train"))
-    ref = evaluate.fn(config, RUN, s3_store, grpo, store.latest(RUN, "prepare_data"), force=True)
+    ref = evaluate.fn(config, RUN, s3_store, grpo, {"prepare_data": store.latest(RUN, "prepare_data")}, force=True)
     store.fs.invalidate_cache()
     after = {p: store.fs.cat_file(p) for p in store.fs.glob(pattern)}
     assert {p: after[p] for p in before} == before  # byte-identical

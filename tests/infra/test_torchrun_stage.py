@@ -49,8 +49,9 @@ def upstream(prefect: None, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     from prefect import flow
 
     from tasks.config.pipeline import load_config
-    from tasks.stages.cold_start_sft import cold_start_sft
-    from tasks.stages.prepare_data import prepare_data
+    from tasks.config.stages import get_stage
+
+    prepare_data, cold_start_sft = get_stage("prepare_data").task, get_stage("cold_start_sft").task
 
     store = str(tmp_path_factory.mktemp("store"))
     cfg = load_config(ROOT / "configs" / "ci-tiny.yaml")
@@ -72,7 +73,9 @@ def run_grpo(upstream: dict[str, Any], config: Any = None) -> Any:
     """The grpo_train task inside a flow (with ``config``, default the upstream's); returns the flow's final state."""
     from prefect import flow
 
-    from tasks.stages.grpo_train import grpo_train
+    from tasks.config.stages import get_stage
+
+    grpo_train = get_stage("grpo_train").task
 
     @flow(name="grpo-under-torchrun")
     def grpo_only() -> Any:

@@ -11,8 +11,10 @@ from typer.testing import CliRunner
 from flows.cli import app
 from grpo_core.data.rows import DataError
 from tasks.config.pipeline import ConfigError, PipelineConfig, load_config
-from tasks.stages.prepare_data import prepare_data
+from tasks.config.stages import get_stage
 from tasks.storage.store import Store
+
+prepare_data = get_stage("prepare_data").task
 
 ROOT = Path(__file__).resolve().parents[2]
 

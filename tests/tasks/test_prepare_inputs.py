@@ -9,10 +9,12 @@ from pathlib import Path
 
 from grpo_core.data.rows import read_parquet
 from tasks.config.pipeline import PipelineConfig
-from tasks.stages.prepare_data import prepare_data
+from tasks.config.stages import get_stage
 from tasks.storage.data_inputs import cached_revision, data_inputs
 from tasks.storage.manifest import StageRef
 from tasks.storage.store import Store
+
+prepare_data = get_stage("prepare_data").task
 
 
 def _config(train: Path, eval_dir: Path | None = None) -> PipelineConfig:

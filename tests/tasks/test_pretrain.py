@@ -13,7 +13,9 @@ from grpo_core.data.synthetic import chain_accuracy, evaluate_chain
 from grpo_core.evaluation.heldout import is_direct
 from grpo_core.recipe.prepare import prepare_datasets
 from tasks.config.pipeline import PipelineConfig
-from tasks.stages.prepare_data import prepare_data
+from tasks.config.stages import get_stage
+
+prepare_data = get_stage("prepare_data").task
 
 TINY = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "max_position_embeddings": 64}
 

@@ -10,6 +10,7 @@ import grpo_core.generation
 from grpo_core.models.tiny import build_tiny_model
 import grpo_core.recipe.rejection
 from tasks.config.pipeline import load_config
+from tasks.config.stages import get_stage
 from tasks.stages.rejection_sample import _sample
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,9 @@ def test_rejection_sampling_builds_its_backend_from_its_own_section(tmp_path, mo
                         lambda kind, path, **opts: built.append((kind, opts)) or "backend")
     monkeypatch.setattr(grpo_core.recipe.rejection, "rejection_sample",
                         lambda section, backend, tokenizer, rows: sampled.append((section, backend)) or ([], {}))
-    _sample(SimpleNamespace(config=config, stage="rejection_sample"), str(model), [], {})
+    entry = get_stage("rejection_sample")
+    _sample(SimpleNamespace(config=config, stage=entry.name, entry=entry, section=entry.section_of(config)), str(model),
+            [], {})
     (kind, opts), = built
     assert kind == "vllm" and opts["gpu_memory_utilization"] == 0.55 and opts["max_model_len"] == 60
     assert sampled == [(config.rejection_sample, "backend")]

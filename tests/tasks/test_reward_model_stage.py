@@ -18,8 +18,7 @@ from grpo_core.rewards.reward_model import RewardModelReward
 from grpo_core.rewards.scoring import resolve_reward
 from tasks.config.pipeline import ConfigError, PipelineConfig, load_config, parse_config
 from tasks.config.stages import get_stage
-from tasks.runner.common import StageContext, StageFailed
-from tasks.stages.reward_model import reward_model, resolve_reward_models
+from tasks.runner.common import StageContext, StageFailed, resolve_reward_models
 from tasks.storage.store import Store
 
 GOOD = "Sure. Step 1: gather what you need. Step 2: follow the steps. Thanks for asking!"
@@ -61,7 +60,7 @@ def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rm_stage")
     store = Store(tmp / "store")
     data = commit_prepare_data(store, "r", tmp)
-    ref = reward_model.fn(config(), "r", str(tmp / "store"), {"prepare_data": data})
+    ref = get_stage("reward_model").task.fn(config(), "r", str(tmp / "store"), {"prepare_data": data})
     return tmp, store, data, ref
 
 
@@ -139,7 +138,7 @@ def test_no_preference_pairs_fails_fast_and_commits_nothing(tmp_path):
     store = Store(tmp_path / "store")
     data = commit_prepare_data(store, "bad", tmp_path, with_preferences=False)
     with pytest.raises(StageFailed, match=r"has no preferences.parquet; the reward model needs preference pairs"):
-        reward_model.fn(config(), "bad", str(tmp_path / "store"), {"prepare_data": data})
+        get_stage("reward_model").task.fn(config(), "bad", str(tmp_path / "store"), {"prepare_data": data})
     assert store.latest("bad", "reward_model") is None and store.uncommitted("bad", "reward_model") == []
 
 
@@ -148,7 +147,7 @@ def test_a_stage_reference_counts_wherever_it_sits_in_a_section(trained):
     from pydantic import BaseModel
 
     from grpo_core.config import RewardEntry
-    from tasks.stages.reward_model import reward_model_upstream
+    from tasks.config.sections import reward_model_upstream
 
     class Source(BaseModel):
         name: str

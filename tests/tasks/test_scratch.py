@@ -19,12 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _killed_attempt(base: Path, stage: str) -> Path:
-    """The scratch folder of a stage attempt in another process, killed with SIGKILL mid-stage."""
+    """The scratch folder of a stage attempt in another process (``stage``: an entry's name, or evaluation's
+    output ``evaluate/<stage>``), killed with SIGKILL mid-stage."""
+    entry = stage.partition("/")[0]
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
         from tasks.runner.common import StageContext
         from tasks.config.pipeline import PipelineConfig
-        ctx = StageContext.open(PipelineConfig(), "r", {str(base / "store")!r}, {stage!r})
+        ctx = StageContext.open(PipelineConfig(), "r", {str(base / "store")!r}, {entry!r}, {stage!r})
         (ctx.work / "train" / "out" / "checkpoint-2").mkdir(parents=True)
         (ctx.work / "train" / "out" / "checkpoint-2" / "model.safetensors").write_bytes(b"w" * 4096)
         print(ctx.work, flush=True)

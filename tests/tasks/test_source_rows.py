@@ -9,7 +9,7 @@ import pytest
 
 from grpo_core.config import GRPOConfig
 from tasks.runner.common import StageFailed
-from tasks.stages.prepare_data import check_source_rows
+from tasks.stages.rl import check_source_rows
 from tasks.storage.store import Store
 
 

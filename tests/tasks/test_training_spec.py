@@ -19,9 +19,8 @@ from grpo_core.recipe.prepare import prepare_datasets
 from grpo_core.trainer.sft import resolve_max_steps
 from tasks.config.pipeline import TRAINER_SECTIONS, ConfigError, PipelineConfig, load_config, parse_config
 from tasks.config.training_spec import TrainingSpec, trainer_config
-from tasks.runner.common import fingerprint
-from tasks.stages.cold_start_sft import cold_start_sft
-from tasks.stages.reward_model import resolve_reward_models
+from tasks.config.stages import get_stage
+from tasks.runner.common import fingerprint, resolve_reward_models
 from tasks.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +57,7 @@ def test_num_train_epochs_without_max_steps_trains_that_many_epochs_in_the_child
     })
     store = Store(tmp_path / "store")
     data = commit_prepare_data(store, "r", tmp_path)
-    ref = cold_start_sft.fn(config, "r", str(tmp_path / "store"), {"prepare_data": data})
+    ref = get_stage("cold_start_sft").task.fn(config, "r", str(tmp_path / "store"), {"prepare_data": data})
     steps = EPOCHS * COLD_START_ROWS // BATCH
     assert ref.metrics["train/steps"] == steps
     manifest = store.manifest(ref)

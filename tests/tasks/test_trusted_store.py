@@ -19,14 +19,14 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.report import write_report
 from tasks.config.pipeline import PipelineConfig, load_config
+from tasks.config.stages import get_stage
 from tasks.runner.common import StageFailed
-from tasks.stages.cold_start_sft import cold_start_sft
-from tasks.stages.grpo_train import grpo_train
 from tasks.storage.manifest import StageRef
 from tasks.storage.store import MANIFEST, IntegrityError, Store
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "r"
+cold_start_sft, grpo_train = get_stage("cold_start_sft").task, get_stage("grpo_train").task
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def config() -> PipelineConfig:
 @pytest.fixture(scope="module")
 def template(tmp_path_factory, config) -> Path:
     """A store holding committed prepare_data and cold_start_sft outputs of run ``r``."""
-    from tasks.stages.prepare_data import prepare_data
+    prepare_data = get_stage("prepare_data").task
 
     root = tmp_path_factory.mktemp("template") / "store"
     data = prepare_data.fn(config, RUN, str(root))
