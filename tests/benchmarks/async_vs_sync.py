@@ -1,11 +1,15 @@
 # python tests/benchmarks/async_vs_sync.py [--store DIR --run NAME] [--steps 8] [--rounds 2] [--quick]
 """The embedded default's GRPO stage synchronous against asynchronous (``async_rollouts``) on the same 2 cores.
 
-Work: configs/tiny-cpu.yaml's ``grpo_train`` section (16 prompts x G=8 x up to 48 new tokens, beta 0.04,
-transformers sampling) on the cold-start SFT model of a finished embedded-default run (``--store DIR --run
-NAME``: its newest ``cold_start_sft`` model and ``prepare_data`` train.parquet), or, without ``--store``, on a
-cold-start model this script builds itself (the tiny-cpu model shape and cold-start set, ``--sft-steps`` SFT
-steps: completions then stop early as the stage's do, rather than running to the cap as a random model's do).
+Work: configs/tiny-cpu.yaml's ``grpo_train`` section as the stage gets it (``trainer_config``): its mixture of 6
+chain + 14 countdown prompts a step x G=8 x up to 64 new tokens, each source scored by its own reward, beta 0.04,
+packed micro-batches, transformers sampling. Its inputs are the cold-start SFT model and the training rows of a
+finished embedded-default run (``--store DIR --run NAME``: its newest ``cold_start_sft`` model and
+``prepare_data`` train.parquet), or, without ``--store``, built here as the stages build them: the default's
+``data`` section through ``grpo_core.recipe.prepare.prepare_datasets`` (every source's training rows, chain and
+countdown among them, and its cold-start set), then ``--sft-steps`` cold-start SFT steps on the tiny-cpu model
+shape, not pretrained (completions then stop early as the stage's do, rather than running to the cap as a random
+model's do).
 
 Configurations, each in a fresh child process (``--steps`` GRPO steps, no checkpoints, no reporting):
 ``sync_t1`` and ``sync_t2`` (the synchronous stage at 1 and 2 torch threads: its best is the baseline) and
@@ -25,9 +29,10 @@ does: (generate + train) / max(generate + reference, train - reference); ``bound
 last line is JSON with ``async_speedup`` = best sync s/step / async s/step. Not a test: numbers depend on the
 machine and its load.
 
-``--quick``: the same code path at tiny sizes (2 SFT steps, 3 GRPO steps of 2 prompts x 8 completions of up to
-8 tokens, ``sync_t1`` and ``async`` only, one round, no contention loops); exits 1 if a child fails. Its numbers
-mean nothing; ``tests/benchmarks/test_benchmark_scripts.py`` runs it.
+A child that fails makes the script exit 1, naming it, after the JSON line of what did run (so no run passes
+with ``async_speedup`` missing). ``--quick``: the same code path at tiny sizes (2 SFT steps, 3 GRPO steps of 2
+prompts, one chain and one countdown, x 8 completions of up to 8 tokens, ``sync_t1`` and ``async`` only, one
+round, no contention loops). Its numbers mean nothing; ``tests/benchmarks/test_benchmark_scripts.py`` runs it.
 
 Overlap pays only as far as the two cores are independent. ``core_contention`` measures that: two one-thread
 loops of the tiny model's matrix products, each pinned to a core of its own, run together, against each alone
@@ -49,7 +54,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _child import REPO, launch
+from _child import REPO, exit_if_failed, launch
 
 CONFIG = REPO / "configs" / "tiny-cpu.yaml"
 RUNS = ("sync_t1", "sync_t2", "async", "async_ref_trainer")
@@ -67,27 +72,23 @@ def stage_inputs(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
                              f"`r1 run --run {args.run} --store {args.store}` first, or leave out --store")
         return (store.get_output(sft, "model", work / "cold_start_model"),
                 store.get_output(data, "train.parquet", work / "train.parquet"))
-    from grpo_core.config import SFTConfig
     from grpo_core.data.rows import write_parquet
-    from grpo_core.trainer.sft import train_sft
-    from grpo_core.data.synthetic import make_chain_splits, make_cold_start_rows
     from grpo_core.models.tiny import build_tiny_model
+    from grpo_core.recipe.prepare import prepare_datasets
+    from grpo_core.trainer.sft import train_sft
     from tasks.config.pipeline import load_config
+    from tasks.config.training_spec import trainer_config
 
     cfg = load_config(CONFIG)
-    rows = make_chain_splits(cfg.data.num_train, cfg.data.num_eval, seed=cfg.data.seed)[0]
+    data = prepare_datasets(cfg.data)  # the prepare_data stage's rows: every source the GRPO mixture names
     base = build_tiny_model(work / "base", **cfg.model.tiny.architecture())
-    sft_cfg = SFTConfig(**{**_fields(cfg.cold_start_sft, SFTConfig), "max_steps": args.sft_steps,
-                           "save_steps": 10**6, "report_to": [], "torch_num_threads": 2})
-    cold = make_cold_start_rows(rows, direct_fraction=cfg.data.cold_start_direct_fraction, seed=cfg.data.seed)
+    sft_cfg = trainer_config("sft", cfg.cold_start_sft, torch_num_threads=2).model_copy(
+        update={"max_steps": args.sft_steps, "save_steps": 10**6, "report_to": []})
     start = time.perf_counter()
-    result = train_sft(sft_cfg, base, cold, work / "sft", resume=False)
-    print(f"cold-start SFT: {args.sft_steps} steps in {time.perf_counter() - start:.0f} s", flush=True)
-    return Path(result.get("final_path") or work / "sft" / "final"), write_parquet(rows, work / "train.parquet")
-
-
-def _fields(section: Any, cls: Any) -> dict[str, Any]:
-    return {k: v for k, v in section.model_dump(mode="json").items() if k in cls.model_fields}
+    result = train_sft(sft_cfg, base, data.cold_start, work / "sft", resume=False)
+    print(f"cold-start SFT: {args.sft_steps} steps on {len(data.cold_start)} rows in "
+          f"{time.perf_counter() - start:.0f} s", flush=True)
+    return Path(result.get("final_path") or work / "sft" / "final"), write_parquet(data.train, work / "train.parquet")
 
 
 def run_child(spec: dict[str, Any]) -> None:
@@ -96,9 +97,11 @@ def run_child(spec: dict[str, Any]) -> None:
     from grpo_core.data.rows import read_parquet
     from grpo_core.trainer.loop import train_grpo
     from tasks.config.pipeline import load_config
+    from tasks.config.training_spec import trainer_config
 
-    section = _fields(load_config(CONFIG).grpo_train, GRPOConfig)
-    if spec.get("quick"):  # tiny steps: 2 prompts x G=8, up to 8 tokens
+    stage = trainer_config("grpo", load_config(CONFIG).grpo_train, torch_num_threads=spec["threads"])
+    section = stage.model_dump(mode="json", exclude_unset=True)  # what the stage sets, to change before validation
+    if spec.get("quick"):  # tiny steps: 2 prompts (one a source) x G=8, up to 8 tokens
         section.update(generation_batch_size=16, per_device_train_batch_size=16)
         section["sampling"] = {**section["sampling"], "max_completion_length": 8}
     config = GRPOConfig(**{**section, "max_steps": spec["steps"], "save_steps": 10**6, "report_to": [],
@@ -226,9 +229,8 @@ def main() -> None:
                 out["core_contention"] = core_contention()
                 out["bound_contended"] = sync[best]["s_per_step"] / (overlapped * out["core_contention"])
     print(json.dumps(out))
-    failed = [run for run, rs in results.items() if any("error" in r for r in rs)]
-    if args.quick and failed:
-        raise SystemExit(f"--quick: {failed} failed (see above)")
+    exit_if_failed({f"{run} round {rnd}": r["error"] for run, rs in results.items()
+                    for rnd, r in enumerate(rs) if "error" in r})
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ the weights over HTTP after every step and checks them (its peak is then the tra
 ``grpo_async`` repeats a few with ``async_rollouts`` (the sampler in its own process on the GPU in the trainer's dtype,
 weights through shared memory, one step stale, importance-sampling corrected).
 
-Without a CUDA GPU it stops at once with a message. ``--build-only`` builds the model folder (at any size,
+A part that fails makes the script exit 1 after the JSON line (its entry holds the error). Without a CUDA GPU
+it stops at once with a message. ``--build-only`` builds the model folder (at any size,
 via ``--hidden/--layers/...``) and prints its shape: the part that runs on a CPU.
 """
 
@@ -386,8 +387,11 @@ def main(argv: list[str] | None = None) -> None:
     asleep = child("--grpo-only", "--sleep-mode", "--steps", str(args.sleep_mode_steps)) if args.sleep_mode_steps else None
     served = child("--grpo-only", "--server", "--steps", str(args.server_steps)) if args.server_steps else None
     overlapped = child("--grpo-only", "--async-rollouts", "--steps", str(args.async_steps)) if args.async_steps else None
-    print(json.dumps({**grpo, "sft_fsdp": sft, "grpo_sleep_mode": asleep, "grpo_server": served,
-                      "grpo_async": overlapped}))
+    parts = {"grpo": grpo, "sft_fsdp": sft, "grpo_sleep_mode": asleep, "grpo_server": served, "grpo_async": overlapped}
+    print(json.dumps({**grpo, **{k: v for k, v in parts.items() if k != "grpo"}}))
+    failed = [k for k, v in parts.items() if v is not None and "error" in v]
+    if failed:  # a part that failed fails the check: its entry holds the error, not numbers
+        sys.exit(f"gpu_check: {', '.join(failed)} failed (their entries above hold the errors)")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,10 @@ ours with transformers sampling, colocated vLLM and asynchronous rollouts vs TRL
 peak RSS with the same backend. Speedups are ratios of
 steps/s (TRL s/step / ours s/step); ``*_cpu_speedup`` uses CPU-seconds, steadier on a shared CPU. The
 top-level numbers are the embedded default's (chain prompts, base model); ``per_workload`` holds every
-(workload, model). The last line is JSON.
+(workload, model). The last line is JSON. A run that fails (TRL's colocated vLLM aside: a probe, tried until it
+fails once and reported as ``trl_vllm``) makes the script exit 1 after it, naming the run, so a speedup never goes
+missing unnoticed. ``--quick``: the base model on chain prompts, 3 steps, one round, no TRL vLLM probe (a smoke
+run; ``tests/benchmarks/test_benchmark_scripts.py`` runs it).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _child import launch
+from _child import exit_if_failed, launch
 
 NUM_PROMPTS, NUM_GENERATIONS, MAX_COMPLETION_LENGTH = 8, 8, 32
 BETA, LEARNING_RATE, SEED = 0.04, 5e-5, 0
@@ -112,10 +115,10 @@ def run_ours(spec: dict[str, Any], clock: StepClock) -> dict[str, Any]:
         use_vllm=spec["backend"] == "vllm", async_rollouts=spec["backend"] == "async", reward_funcs=[reward.__name__],
     )
 
-    import grpo_core.trainer.loop as loop
+    import grpo_core.trainer.step as step_module  # where the trainer looks generate_groups up
 
     rollout_cpu = [0.0]
-    generate_groups = loop.generate_groups
+    generate_groups = step_module.generate_groups  # AttributeError (the child fails) if the trainer moved it
 
     def timed_generate_groups(*args, **kwargs):  # CPU-seconds of sampling + scoring, for the train share
         start = cpu_seconds()
@@ -123,7 +126,7 @@ def run_ours(spec: dict[str, Any], clock: StepClock) -> dict[str, Any]:
         rollout_cpu[0] += cpu_seconds() - start
         return out
 
-    loop.generate_groups = timed_generate_groups
+    step_module.generate_groups = timed_generate_groups
 
     class Recorder:
         def on_step(self, step: int, max_steps: int, metrics: dict[str, float]) -> None:
@@ -353,6 +356,9 @@ def main() -> None:
         "threads": args.threads, "matmul_peak_gflops": peak, "load_avg_start": load, "load_avg_end": os.getloadavg(),
         "per_workload": per_workload,
     }))
+    # TRL's colocated vLLM is a probe (tried until it fails once, reported as "trl_vllm"); any other run must run
+    exit_if_failed({f"{work}/{model}/{run} round {rnd}": r["error"] for (work, model, run), rs in results.items()
+                    if run != "trl_vllm" for rnd, r in enumerate(rs) if "error" in r})
 
 
 def compare(summary: dict[str, dict[str, Any] | None]) -> dict[str, Any]:

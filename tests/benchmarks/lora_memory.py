@@ -24,10 +24,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
+from _child import run_json
 from _memory import read_status_kib, reset_peak_rss
 
 METHODS = ("full", "lora")
@@ -134,8 +134,7 @@ def main() -> None:
         for method in METHODS if r % 2 == 0 else METHODS[::-1]:
             cmd = [sys.executable, __file__, "--child", method] + [
                 f"--{k}={getattr(args, k)}" for k in ("layers", "batch", "tokens", "steps", "vocab", "threads", "device")]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=os.environ)
-            runs[method].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            runs[method].append(run_json(cmd, os.environ, what=f"{method} child"))
     med = {m: {k: statistics.median(r[k] for r in runs[m]) for k in ("peak_mib", "step_s", "trainable")} for m in METHODS}
     print(json.dumps({
         "lora_peak_ratio": med["lora"]["peak_mib"] / med["full"]["peak_mib"],
