@@ -1,4 +1,4 @@
-# python tests/benchmarks/logprob_memory.py --repeats 2
+# python tests/benchmarks/logprob_memory.py          (quick smoke run: --quick)
 """Peak memory and time of the old/ref log-prob pass: naive full log-softmax vs grpo_core's chunked pass.
 
 Model: a 1-layer Qwen2 with Qwen2.5-0.5B's widths (hidden 896, vocab 151,936, tied embeddings), random
@@ -13,7 +13,12 @@ allocator keeps no statistics, so the child resets the kernel's RSS high-water m
 after building the model and reports ``VmHWM - VmRSS_before``, i.e. what the pass itself added on top of the
 weights. Time: CPU seconds (user + sys) of the pass with 1 torch thread, steadier than wall time on shared
 cores; wall time is printed too. The last line is JSON with ``memory_ratio`` (chunked / naive, target <= 0.25)
-and ``time_ratio`` (target <= 1.2).
+and ``time_ratio`` (target <= 1.2). A child that fails ends the script with exit 1 and its stderr.
+
+``--quick``: the same code path at a small size (an 8,192-token vocabulary, hidden 224, 2 x (16 + 256) tokens in
+chunks of 128, one repeat), in seconds; its ratios mean little (the weights, not the pass, dominate at that size).
+``tests/benchmarks/test_benchmark_scripts.py`` runs it and checks the JSON line's keys and that both passes give
+the same log-probs.
 """
 
 from __future__ import annotations
@@ -23,10 +28,10 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
+from _child import run_json
 from _memory import qwen_one_layer, read_status_kib, reset_peak_rss
 
 
@@ -72,8 +77,13 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=None, help="default: compute_token_logps's default")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="vocabulary 8,192, hidden 224, 2 x (16 + 256) tokens, "
+                        "chunks of 128, 1 repeat (a smoke run)")
     parser.add_argument("--child", choices=["naive", "chunked"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.vocab, args.hidden, args.batch, args.prompt, args.tokens, args.repeats = 8192, 224, 2, 16, 256, 1
+        args.chunk_size = args.chunk_size or 128  # several chunks of the 512 rows, as at full size
     if args.chunk_size is None:
         import inspect
 
@@ -84,16 +94,14 @@ def main() -> None:
         return run_child(args)
 
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
-    forward = [a for a in sys.argv[1:]] + ["--chunk-size", str(args.chunk_size)]
+    forward = [f"--{k.replace('_', '-')}={getattr(args, k)}"  # the resolved sizes (after --quick)
+               for k in ("batch", "tokens", "prompt", "vocab", "hidden", "chunk_size", "threads")]
     results: dict[str, list[dict]] = {"naive": [], "chunked": []}
     print(f"B={args.batch} T={args.tokens} V={args.vocab} H={args.hidden} chunk_size={args.chunk_size} threads={args.threads}")
     print(f"{'method':<8} {'rep':>3} {'pass peak MiB':>14} {'RSS peak MiB':>13} {'cpu s':>7} {'wall s':>7}")
     for rep in range(args.repeats):
         for method in (("naive", "chunked") if rep % 2 == 0 else ("chunked", "naive")):
-            out = subprocess.run(
-                [sys.executable, __file__, *forward, "--child", method], env=env, capture_output=True, text=True, check=True
-            ).stdout.strip().splitlines()[-1]
-            r = json.loads(out)
+            r = run_json([sys.executable, __file__, *forward, "--child", method], env, what=f"{method} child")
             results[method].append(r)
             print(f"{method:<8} {rep:>3} {r['pass_peak_mib']:>14.0f} {r['rss_peak_mib']:>13.0f} {r['cpu_s']:>7.2f} {r['wall_s']:>7.2f}", flush=True)
 

@@ -1,4 +1,4 @@
-# OMP_NUM_THREADS=1 python tests/benchmarks/plan_vs_measured.py --sizes 10m,100m        (then once: --sizes 500m)
+# OMP_NUM_THREADS=1 python tests/benchmarks/plan_vs_measured.py      (10m and 100m; then once: --sizes 500m)
 """The memory planner's model-state prediction against the measured peak RSS growth on CPU.
 
 Models: three Qwen2-shaped random-init models (``Qwen2Config``, built with ``from_config``, never
@@ -19,7 +19,9 @@ Measured: the growth of the kernel's RSS high-water mark over the process's RSS 
 were built (``/proc/self/clear_refs``, tests/benchmarks/_memory.py), the largest over the ranks. Predicted:
 ``grpo_core.plan.memory.model_state_bytes(shape, strategy, ranks, device="cpu", reference=True)``.
 One JSON line per case: predicted components, predicted total, measured, ratio (measured / predicted;
-target within 25%).
+target within 25%). A case whose process fails ends the script with exit 1, naming the case (its stderr is
+above). ``--quick``: the 10m model, 1 process and 2 ranks under FSDP (DDP left out), about a minute on 2 cores;
+``tests/benchmarks/test_benchmark_scripts.py`` runs it and checks every line's keys and numbers.
 
 Measured on this project's 2-core CPU (MiB predicted / measured, ratio):
   10m:  1 process 284 / 293 (1.03); 2 ranks FSDP 260 / 288 (1.11); 2 ranks DDP 284 / 290 (1.02)
@@ -34,6 +36,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from _memory import read_status_kib, reset_peak_rss
@@ -120,7 +123,9 @@ def run_case(size: str, nproc: int, strategy: str, work: Path) -> dict:
         cmd = [sys.executable, *script]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *script]
-    subprocess.run(cmd, env=env, check=True, cwd=ROOT)
+    proc = subprocess.run(cmd, env=env, cwd=ROOT)
+    if proc.returncode:
+        sys.exit(f"case {size} {nproc}:{strategy} failed (exit {proc.returncode}); its output is above")
     measured = max(json.loads(Path(f"{out}-{r}.json").read_text())["peak_kib"] for r in range(nproc)) * 1024
     shape = ModelShape.from_config(qwen2_config(size))
     resolved = "single" if nproc == 1 else strategy
@@ -136,13 +141,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10m,100m", help="comma-separated: 10m, 100m, 500m (500m needs ~13 GB)")
     parser.add_argument("--cases", default="1:single,2:fsdp,2:ddp", help="ranks:strategy pairs")
-    parser.add_argument("--work", default="/tmp/plan_vs_measured")
+    parser.add_argument("--work", default=None, help="where the ranks write their peaks (default: a fresh temp folder)")
+    parser.add_argument("--quick", action="store_true", help="10m only, 1 process and 2 ranks FSDP (a smoke run)")
     parser.add_argument("--child", nargs=3, metavar=("SIZE", "STRATEGY", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(*args.child[:2], Path(args.child[2]))
         return
-    work = Path(args.work)
+    if args.quick:
+        args.sizes, args.cases = "10m", "1:single,2:fsdp"
+    work = Path(args.work or tempfile.mkdtemp(prefix="plan_vs_measured_"))
     work.mkdir(parents=True, exist_ok=True)
     for size in args.sizes.split(","):
         for case in args.cases.split(","):

@@ -1,17 +1,22 @@
-# python tests/benchmarks/rejection_throughput.py [--model PATH] [--prompts 1500] [--rounds 2] [--threads 2] [--no-chunked]
+# python tests/benchmarks/rejection_throughput.py [--model PATH] [--prompts 1500] [--rounds 2] [--threads 2] [--no-chunked] [--quick]
 """Rejection sampling's throughput against one raw ``LLM.generate`` call on the same engine, prompts and settings.
 
-The embedded default's rejection_sample stage (configs/tiny-cpu.yaml: 1,500 training prompts x 4 samples,
-48 new tokens, temperature 1, chain_accuracy) on vLLM: ``rejection_sample`` end to end (prompt
+The rejection_sample stage's sampling on vLLM, on the embedded default's chain prompts (1,500 training prompts x 4
+samples, 48 new tokens, temperature 1, chain_accuracy: configs/tiny-cpu.yaml's stage when this was measured; it now
+samples 500 prompts of each of chain and countdown, up to 64 tokens): ``rejection_sample`` end to end (prompt
 encoding, generation, scoring, filters) against ``llm.generate(prompts, SamplingParams(n=4, ...))`` on the
 same engine; ``chunked`` is the same stage with the engine marked as not batching itself, so it gets 16
 prompts (64 sequences) per call, as before this benchmark's change. They run interleaved (raw, ours, chunked,
-raw, ...) so load from other processes hits all of them; the ratios are of the medians, and ``ratio_per_round`` pairs each round's runs. Each run also prints
-a progress line to stderr. ``--model`` is a trained GRPO model (its completions stop early, as in the
-stage); without it a random-init model of the embedded default's shape is built (completions run to the cap).
+raw, ...) so load from other processes hits all of them; the ratios are of the medians, and ``ratio_per_round``
+pairs each round's runs. Each run also prints a progress line to stderr. ``--model`` is a trained GRPO model (its
+completions stop early, as in the stage); without it a random-init model of the embedded default's shape is built
+(completions run to the cap).
 Prints one JSON line: samples/s for each round, raw completion tokens/s, ``ratio`` (ours / raw) and
 ``chunked_ratio`` (chunked / raw).
-Not a test: numbers depend on the machine and its load.
+Not a test: numbers depend on the machine and its load. ``--quick``: 32 prompts x 2 samples of up to 8 tokens,
+one round (a smoke run of the same code path; its numbers mean little);
+``tests/benchmarks/test_benchmark_scripts.py`` runs it and checks the JSON line's keys and that every run
+returned every sample.
 """
 
 from __future__ import annotations
@@ -34,7 +39,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-chunked", action="store_true", help="skip the fixed-batch comparison")
+    ap.add_argument("--quick", action="store_true", help="32 prompts x 2 samples of up to 8 tokens, 1 round (a smoke run)")
     args = ap.parse_args()
+    if args.quick:
+        args.prompts, args.samples, args.max_completion_length, args.rounds = 32, 2, 8, 1
 
     import torch
     from transformers import AutoConfig, AutoTokenizer
@@ -85,12 +93,14 @@ def main() -> None:
     runs = [("raw", raw), ("ours", ours)] + ([] if args.no_chunked else [("chunked", chunked)])
     result: dict[str, list[float]] = {f"{name}_samples_per_s": [] for name, _ in runs}
     result["raw_tokens_per_s"] = []
+    result["samples_per_run"] = []
     for round_ in range(args.rounds):
         for name, fn in runs:
             start = time.perf_counter()
             samples, tokens = fn()
             wall = time.perf_counter() - start
             result[f"{name}_samples_per_s"].append(round(samples / wall, 1))
+            result["samples_per_run"].append(samples)
             if tokens >= 0:
                 result["raw_tokens_per_s"].append(round(tokens / wall, 1))
             print(f"round {round_ + 1} {name}: {samples} samples in {wall:.1f} s", file=sys.stderr, flush=True)

@@ -1,4 +1,4 @@
-# python tests/benchmarks/reward_throughput.py [--workers 2] [--timeout 3] [--repeat 1]
+# python tests/benchmarks/reward_throughput.py [--workers 2] [--timeout 3] [--repeat 1] [--limit N] [--quick]
 """Reward throughput: math_accuracy checks per second on GSM8K-style and MATH-style answers.
 
 Answers are the real GSM8K / MATH-500 gold answers (../shared/data), written as a model would: half right
@@ -8,7 +8,9 @@ Answers are the real GSM8K / MATH-500 gold answers (../shared/data), written as 
 - math end-to-end: MATH-500 LaTeX answers (most go to math-verify in the workers);
 - gsm8k unboxed end-to-end: the GSM8K pairs as "The answer is $1,000." with no box (math-verify's extraction
   reads the tail in the workers before the last number counts).
-Prints a table and one JSON line. Not a test: numbers depend on the machine and its load.
+Prints a table and one JSON line. Not a test: numbers depend on the machine and its load. ``--quick``: the first
+100 answers of each set (``--limit 100``), in seconds; ``tests/benchmarks/test_benchmark_scripts.py`` runs it and
+checks each row's keys and that about half of each set scores 1 (half the answers are right by construction).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(os.environ.get("R1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
-def gsm8k_cases() -> tuple[list[str], list[str]]:
-    rows = [json.loads(line) for line in (DATA / "gsm8k_test.jsonl").open()]
+def gsm8k_cases(limit: int | None = None) -> tuple[list[str], list[str]]:
+    rows = [json.loads(line) for line in (DATA / "gsm8k_test.jsonl").open()][:limit]
     golds = [r["answer"].rsplit("####", 1)[1].strip().replace(",", "") for r in rows]
     completions = []
     for i, gold in enumerate(golds):
@@ -38,8 +40,8 @@ def unboxed(completions: list[str]) -> list[str]:
     return [c.replace("\\boxed{", "$").replace("}.", ".") for c in completions]
 
 
-def math_cases() -> tuple[list[str], list[str]]:
-    golds = [r["answer"] for r in json.loads((DATA / "math500_test.json").read_text())]
+def math_cases(limit: int | None = None) -> tuple[list[str], list[str]]:
+    golds = [r["answer"] for r in json.loads((DATA / "math500_test.json").read_text())][:limit]
     completions = []
     for i, gold in enumerate(golds):
         pred = gold.replace("\\frac", "\\dfrac") if i % 2 == 0 else golds[(i + 1) % len(golds)]
@@ -61,7 +63,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=3.0)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--limit", type=int, default=None, help="the first N answers of each set (default: all)")
+    ap.add_argument("--quick", action="store_true", help="--limit 100 (a smoke run)")
     args = ap.parse_args()
+    if args.quick:
+        args.limit = args.limit or 100
 
     from grpo_core.rewards import math as math_reward
     from grpo_core.rewards import math_accuracy, pop_reward_stats
@@ -72,8 +78,8 @@ def main() -> None:
     math_accuracy(["\\boxed{\\frac{1}{2}}"], answer=["0.5"])  # start the workers outside the timings
     pop_reward_stats()
 
-    g_comp, g_gold = gsm8k_cases()
-    m_comp, m_gold = math_cases()
+    g_comp, g_gold = gsm8k_cases(args.limit)
+    m_comp, m_gold = math_cases(args.limit)
     g_jobs = [("answer", g, extract_answer(c).text, "boxed", VerifyOptions()) for c, g in zip(g_comp, g_gold)]
     pool = math_reward.get_pool()
 

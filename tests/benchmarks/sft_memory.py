@@ -1,4 +1,4 @@
-# OMP_WAIT_POLICY=PASSIVE python tests/benchmarks/sft_memory.py --repeats 1
+# OMP_WAIT_POLICY=PASSIVE python tests/benchmarks/sft_memory.py          (quick smoke run: --quick)
 """Peak memory of one SFT training pass (forward + backward): the old full-logits loss vs grpo_core's chunked loss.
 
 Model: a 1-layer Qwen2 with Qwen2.5-0.5B's widths (hidden 896, vocab 151,936, tied embeddings), random
@@ -15,7 +15,11 @@ methods interleaved (A B, B A, ...). The child first runs a small warm-up step, 
 ``.grad`` buffers exist (zeroed, not freed: a training step reuses them) and kernels are loaded; then on CPU
 it resets the kernel's RSS high-water mark (``/proc/self/clear_refs``) and reports ``VmHWM - VmRSS_before``,
 what the pass added on top of weights and gradients; on CUDA ``max_memory_allocated - memory_allocated``.
-The last line is JSON with ``memory_ratio`` (chunked / old, target <= 1/3) and whether losses agree.
+The last line is JSON with ``memory_ratio`` (chunked / old, target <= 1/3) and whether losses agree. A child that
+fails ends the script with exit 1 and its stderr. ``--quick``: the same code path at a small size (an 8,192-token
+vocabulary, hidden 224, 2 x (16 + 256) tokens in chunks of 128), in seconds; its ratios mean little.
+``tests/benchmarks/test_benchmark_scripts.py`` runs it and checks the JSON line's keys and that both losses and
+gradients agree.
 
 Measured on 2 CPU threads: old 7,898 MiB, chunked 2,106 MiB at SFTConfig's chunk size 256 (ratio 0.27,
 CPU time x1.15); at GRPO's 1024 the chunked pass took 4,038 MiB (ratio 0.51): the backward of one chunk
@@ -30,10 +34,10 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
+from _child import run_json
 from _memory import qwen_one_layer, read_status_kib, reset_peak_rss
 
 IGNORE_INDEX = -100
@@ -104,8 +108,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true", help="vocabulary 8,192, hidden 224, 2 x (16 + 256) tokens, "
+                        "chunks of 128 (a smoke run)")
     parser.add_argument("--child", choices=["old", "chunked"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.vocab, args.hidden, args.batch, args.prompt, args.tokens, args.repeats = 8192, 224, 2, 16, 256, 1
+        args.chunk_size = args.chunk_size or 128  # several chunks of the 512 rows, as at full size
     if args.chunk_size is None:
         from grpo_core.config import SFTConfig
 
@@ -114,17 +123,15 @@ def main() -> None:
         return run_child(args)
 
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
-    forward = [a for a in sys.argv[1:]] + ["--chunk-size", str(args.chunk_size)]
+    forward = [f"--{k.replace('_', '-')}={getattr(args, k)}"  # the resolved sizes (after --quick)
+               for k in ("batch", "tokens", "prompt", "vocab", "hidden", "chunk_size", "threads", "device")]
     results: dict[str, list[dict]] = {"old": [], "chunked": []}
     print(f"B={args.batch} L={args.prompt}+{args.tokens} V={args.vocab} H={args.hidden} chunk_size={args.chunk_size} "
           f"threads={args.threads} device={args.device}")
     print(f"{'method':<8} {'rep':>3} {'pass peak MiB':>14} {'peak MiB':>9} {'cpu s':>7} {'wall s':>7} {'loss':>9}")
     for rep in range(args.repeats):
         for method in (("old", "chunked") if rep % 2 == 0 else ("chunked", "old")):
-            out = subprocess.run(
-                [sys.executable, __file__, *forward, "--child", method], env=env, capture_output=True, text=True, check=True
-            ).stdout.strip().splitlines()[-1]
-            r = json.loads(out)
+            r = run_json([sys.executable, __file__, *forward, "--child", method], env, what=f"{method} child")
             results[method].append(r)
             print(f"{method:<8} {rep:>3} {r['pass_peak_mib']:>14.0f} {r['peak_mib']:>9.0f} {r['cpu_s']:>7.2f} "
                   f"{r['wall_s']:>7.2f} {r['loss']:>9.5f}", flush=True)

@@ -1,5 +1,5 @@
 """A 2-rank FSDP load never holds more than one full copy of the model per machine (plus about one tensor per
-rank in flight): ``fsdp_load_memory.py`` on its small preset (~48M parameters, 182 MiB in fp32)."""
+rank in flight): ``fsdp_load_memory.py --quick``, its small preset (~48M parameters, 182 MiB in fp32)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ SLACK_MIB = 40  # allocator and gloo buffers; the small preset's layer is 15 MiB
 
 def test_two_rank_load_holds_one_copy_per_machine() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--preset", "small"], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick"], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,4 +1,4 @@
-# python tests/benchmarks/verify_agreement.py [--timeout 5] [--sets verify,golds,labelled] [--misses 0]
+# python tests/benchmarks/verify_agreement.py [--timeout 5] [--sets verify,golds,labelled] [--misses 0] [--limit N] [--quick]
 """Agreement with the labels: ``math_accuracy`` (default options, as users call it) beside plain math-verify.
 
 Data sets (../shared/data, built by tests/grpo_core/rewards/labelled_cases.py):
@@ -10,7 +10,9 @@ Data sets (../shared/data, built by tests/grpo_core/rewards/labelled_cases.py):
 Plain math-verify is ``verify(parse(gold), parse(completion))`` with every default, in this process (a bare
 gold is written ``$gold$`` first). Both get the same per-check time limit (``--timeout``, math-verify's default
 5 s), so the comparison measures extraction, not this machine's load. Prints one JSON line per data set.
-Not a test (tests/grpo_core/rewards/test_math_accuracy.py asserts the bounds).
+Not a test (tests/grpo_core/rewards/test_math_accuracy.py asserts the bounds). ``--quick``: the first 40 cases of
+each data set (``--limit 40``); ``tests/benchmarks/test_benchmark_scripts.py`` runs it and checks each line's keys
+and counts.
 """
 
 from __future__ import annotations
@@ -33,7 +35,11 @@ def main() -> None:
                     help="seconds per check, for both (math-verify's default)")
     ap.add_argument("--sets", default="verify,golds,labelled", help="comma list of: verify, golds, labelled")
     ap.add_argument("--misses", type=int, default=0, help="also print up to N disagreements per data set")
+    ap.add_argument("--limit", type=int, default=None, help="the first N cases of each data set (default: all)")
+    ap.add_argument("--quick", action="store_true", help="--limit 40 (a smoke run)")
     args = ap.parse_args()
+    if args.quick:
+        args.limit = args.limit or 40
 
     import labelled_cases as lc
 
@@ -45,7 +51,7 @@ def main() -> None:
               "labelled": lc.LABELLED}
     for group in args.sets.split(","):
         for name, build in groups[group].items():
-            cases = build(DATA)
+            cases = build(DATA)[: args.limit]
             start = time.perf_counter()
             ours = math_accuracy([c.completion for c in cases], answer=[c.gold for c in cases])
             ours_s = time.perf_counter() - start
