@@ -3,9 +3,11 @@
 
 Builds what it needs: a tiny model of the embedded default's shape (configs/tiny-cpu.yaml ``model.tiny``, random init,
 not pretrained: its completions run to the length cap in training and evaluation alike, the costliest case for
-both) and chain rows as prepare_data makes them; then trains the default's ``grpo_train`` section (its sizes, its
-sampler) for 50 steps without and with ``eval_steps: 25`` on the default's ``eval_samples`` (64 held-out prompts,
-scored as the default's ``evaluate`` section says: greedy + 4 samples each). The stage runs 150 steps with one
+both) and the train and held-out rows prepare_data makes (``prepare_datasets`` on the default's ``data`` section:
+chain and countdown for the stage's mixture, general prompts it leaves aside); then trains the default's
+``grpo_train`` section (its sizes, its mixture, its sampler) for 50 steps without and with ``eval_steps: 25`` on
+the default's ``eval_samples`` (the first 64 verifiable held-out prompts, as the stage takes them, scored as the
+default's ``evaluate`` section says: greedy + 4 samples each). The stage runs 150 steps with one
 evaluation per 25, so 50 steps keep its ratio. Prints one JSON line: ``added_fraction`` (the seconds evaluation
 took, ``time/eval`` summed, over the stage's seconds without it: the target is <= 0.10), ``measured_fraction``
 (wall with / wall without - 1: the same, plus noise on a shared machine), and ``probe_s``, a fixed CPU workload's
@@ -54,8 +56,8 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from grpo_core.data.synthetic import make_chain_splits
     from grpo_core.models.tiny import build_tiny_model
+    from grpo_core.recipe.prepare import prepare_datasets
     from tasks.config.pipeline import load_config
     from tasks.config.training_spec import trainer_config
 
@@ -66,9 +68,8 @@ def main() -> None:
     base = base.model_copy(update={"max_steps": steps, "save_steps": steps, "report_to": ["jsonl"]})
     with_eval = base.model_copy(update={"eval_steps": every, **({"eval_samples": samples} if samples else {})})
     eval_config = default.evaluate.model_copy(update={"rm_reward": None, "benchmarks": []})
-    train_rows, eval_rows = make_chain_splits(400, max(64, samples or 0), seed=0)
-    train_rows = [{**r, "source": "chain"} for r in train_rows]
-    eval_rows = [{**r, "source": "chain"} for r in eval_rows]
+    data = prepare_datasets(default.data)  # the prepare_data stage's rows: the mixture's sources among them
+    train_rows, eval_rows = data.train, data.eval
     shape = default.model.tiny
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "tiny", seed=0, hidden_size=shape.hidden_size,
