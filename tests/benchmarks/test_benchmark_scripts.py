@@ -40,7 +40,6 @@ NOT_RUN = {  # name -> why it is skipped
 }
 EXTENDED = {  # quick modes over a minute: they run in the extended tier (`pytest -m extended`), not in CI's
     "grpo_vs_trl.py",  # four children (ours x3, TRL): ~170 s
-    "fetch_verify_cost.py",  # prepares the embedded default's data (a 2-step pretraining in --quick)
     "async_vs_sync.py",  # the default's data, 2 SFT steps, two GRPO children: ~110 s
     "plan_vs_measured.py",  # a process and a 2-rank torchrun: ~80 s
     "rejection_throughput.py",  # a vLLM engine on CPU: ~90 s
