@@ -26,6 +26,7 @@ from tasks.runner.common import (StageContext, commit_stage, logger, resolve_rew
                           write_jsonl)
 from tasks.storage.manifest import StageRef
 
+
 def output_name(stage: str) -> str:
     """Where the evaluations of ``stage``'s models are committed (a stage name for the store)."""
     return f"{evaluation().name}/{stage}"
