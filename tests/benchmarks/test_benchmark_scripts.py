@@ -112,6 +112,15 @@ def check_countdown_aha(lines: list[dict[str, Any]]) -> None:
     assert out["wall_s"]["total"] >= 0
 
 
+def check_general_rl(lines: list[dict[str, Any]]) -> None:
+    out = lines[-1]
+    assert out["quick"] is True and out["steps"] == 2 and 0 <= out["rm_pair_acc"] <= 1
+    for when in ("before", "after"):
+        for source in ("", "helpful/", "unsafe/"):
+            finite(out[when][f"eval/{source}rm_score"])
+            assert 0 <= out[when][f"eval/{source}preferred_rate"] <= 1
+
+
 def check_logprob_memory(lines: list[dict[str, Any]]) -> None:
     out = lines[-1]
     for key in ("memory_ratio", "time_ratio", "wall_time_ratio", "naive_pass_peak_mib", "chunked_pass_peak_mib"):
@@ -168,6 +177,7 @@ CHECKS: dict[str, Callable[[list[dict[str, Any]]], None]] = {
     "grpo_vs_trl.py": check_grpo_vs_trl,
     "fetch_verify_cost.py": check_fetch_verify_cost,
     "countdown_aha.py": check_countdown_aha,
+    "general_rl.py": check_general_rl,
     "logprob_memory.py": check_logprob_memory,
     "sft_memory.py": check_sft_memory,
     "plan_vs_measured.py": check_plan_vs_measured,
