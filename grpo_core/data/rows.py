@@ -8,9 +8,10 @@ plus any ``keep_columns`` of the source (e.g. ``tests`` for code rewards). Cold-
 ``{"prompt": messages, "completion": str}``.
 
 Sources: local ``.jsonl``/``.json``/``.parquet``/``.csv`` files, or anything ``datasets.load_dataset``
-opens (a hub name such as ``openai/gsm8k``, or a local folder). Rows are validated one by one; a bad
-row raises a ``DataError`` naming file, row (the 1-based line for jsonl/csv) and field with how to fix
-it, or, with ``on_error="skip"``, is skipped and counted; a byte that is not UTF-8 makes its row bad.
+opens (a hub name such as ``openai/gsm8k``, or a local folder, read afresh each time: ``_read_datasets``).
+Rows are validated one by one; a bad row raises a ``DataError`` naming file, row (the 1-based line for
+jsonl/csv) and field with how to fix it, or, with ``on_error="skip"``, is skipped and counted; a byte
+that is not UTF-8 makes its row bad.
 An empty file is an error of its own. ``RAW_PROMPT`` keeps a row's prompt as read, before any template, for
 decontamination (``grpo_core.recipe.prepare``).
 """
@@ -189,15 +190,28 @@ def _read_rows(path: Path, on_error: OnError, stats: LoadStats) -> list[tuple[st
 
 
 def _read_datasets(source: str, *, split: str, name: str | None) -> list[tuple[str, dict[str, Any]]]:
-    """A hub name (``openai/gsm8k``) or a folder ``datasets`` understands."""
+    """A hub name (``openai/gsm8k``) or a folder ``datasets`` understands.
+
+    A local folder is read by ``load_dataset`` as a hub set is (its README.md configs, ``data_files``, splits), but
+    into a cache folder of its own, removed once its rows are read: the shared cache keys a local folder by its name
+    and layout, not its content or place, so a folder rebuilt in place or another folder of the same name came back
+    with the first one's rows. A hub name reads through the shared cache (its offline copy) as before."""
     import datasets
 
+    local = Path(source).expanduser().is_dir()
     try:
-        ds = datasets.load_dataset(source, name, split=split)
+        if not local:
+            return _records(datasets.load_dataset(source, name, split=split), f"{source}[{split}]")
+        root = Path(datasets.config.HF_DATASETS_CACHE)  # the space set aside for data sets, not /tmp
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="r1-local-folder-", dir=root) as cache:
+            return _records(datasets.load_dataset(source, name, split=split, cache_dir=cache), f"{source}[{split}]")
     except Exception as e:  # noqa: BLE001 - re-raised with the source named
         raise DataError(f"cannot load dataset {source!r} (config {name!r}, split {split!r}): "
                         f"{type(e).__name__}: {e}") from e
-    label = f"{source}[{split}]"
+
+
+def _records(ds: Any, label: str) -> list[tuple[str, dict[str, Any]]]:
     return [(f"{label} row {i}", rec) for i, rec in enumerate(ds, start=1)]
 
 

@@ -161,6 +161,43 @@ def test_datasets_code_path_on_local_folder(tmp_path, monkeypatch):
         load_prompt_rows(DatasetSource(path=str(folder), split="validation", field_map=GSM8K_MAP))
 
 
+def _hub_layout_folder(folder, answers, mtime_ns):
+    """A folder laid out as a hub data set (README.md configs, a parquet shard), its shard's mtime set: a rebuild
+    that keeps names, layout and times (copied with copy2, or made by the same script at a fixed time)."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    (folder / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
+                                      "    path: data/train-*\n---\n")
+    shard = folder / "data" / "train-00000-of-00001.parquet"
+    pq.write_table(pa.table({"question": [f"q{i}" for i in range(3)], "answer": [f"x #### {a}" for a in answers]}), shard)
+    os.utime(shard, ns=(mtime_ns, mtime_ns))
+
+
+def test_a_rebuilt_local_folder_reads_its_new_rows(tmp_path, monkeypatch):
+    """The ``datasets`` cache keys a local folder by its name and layout, not its content or place: read through it, a
+    folder rebuilt in place, or another folder of the same name, came back with the first folder's rows."""
+    import datasets
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    src = lambda folder: DatasetSource(path=str(folder), name="default", split="train", field_map=GSM8K_MAP)  # noqa: E731
+    answers = lambda folder: [r["answer"] for r in load_prompt_rows(src(folder))[0]]  # noqa: E731
+    first = tmp_path / "a" / "open-r1--set"
+    _hub_layout_folder(first, [1, 2, 3], 10**18)
+    assert answers(first) == ["1", "2", "3"]
+    _hub_layout_folder(first, [4, 5, 6], 10**18)  # rebuilt in place
+    assert answers(first) == ["4", "5", "6"]
+    other = tmp_path / "b" / "open-r1--set"  # same name, another directory
+    _hub_layout_folder(other, [7, 8, 9], 2 * 10**18)
+    assert answers(other) == ["7", "8", "9"]
+    assert answers(first) == ["4", "5", "6"]
+    assert not any((tmp_path / "cache").iterdir())  # each read's own cache folder is gone
+
+
 def test_sft_rows_need_completion(tmp_path):
     path = tmp_path / "traces.jsonl"
     path.write_text('{"q": "1+1", "trace": "<think>1+1=2</think><answer>2</answer>"}\n{"q": "2+2"}\n')
