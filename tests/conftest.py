@@ -27,6 +27,7 @@ _PRIVATE = tempfile.mkdtemp(prefix=f"r1-tests-{os.environ.get('PYTEST_XDIST_WORK
 atexit.register(shutil.rmtree, _PRIVATE, ignore_errors=True)
 os.environ.setdefault("R1_WORKDIR", os.path.join(_PRIVATE, "work"))
 os.environ.setdefault("PREFECT_HOME", os.path.join(_PRIVATE, "prefect-home"))
+os.environ.setdefault("R1_HASH_CACHE", os.path.join(_PRIVATE, "hashes"))  # tasks/storage/file_hashes.py
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("R1_SHARED_DATA", ROOT.parent / "shared" / "data"))

@@ -4,16 +4,16 @@ data sets, as a part of prepare_data's fingerprint (``tasks.runner.common.stage_
 Without it a data file edited in place (every answer changed, same run name and config) was "reused": the
 fingerprint held the config's paths, not what the paths hold. Here each local source (``data.train_sources``,
 ``eval_sources``, and ``cold_start_sources``: a file source's file, a trace set's file, a teacher's ``prompts``
-file) counts by the sha256 of its bytes; a folder by every file in it (relative name and sha256). Hashes are
-cached within the process by (path, size, mtime_ns), so a run that fingerprints twice reads each file once.
+file) counts by the sha256 of its bytes; a folder by every file in it (relative name and sha256). A file is read
+once per change (``file_hashes.py``), so a run that fingerprints twice reads each file once.
 
 A hub data set counts by the revision its local cache resolved last: the commit in the hub cache's
 ``refs/<revision>`` (``HF_HUB_CACHE/datasets--org--name/refs/main``), else the newest version folder of the
 ``datasets`` cache (``HF_DATASETS_CACHE/org___name/<config>/<version>/<hash>``). Neither is asked of the hub
 (no network before a stage), so a hub data set that changed since the cache last loaded it, or one never
 loaded here (only its name counts then), is seen on the next run after the cache has the new revision.
-Not counted: a teacher source's model folder (its weights: GBs to hash; a ``run:RUN/STAGE`` teacher is a
-parent with its version already).
+A teacher source's model folder counts as every model folder a stage's config names does
+(``tasks.config.fingerprint_fields``); a ``run:RUN/STAGE`` teacher is a parent with its version.
 """
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_core.config import DataConfig, DatasetSource, TeacherSource, TraceSource
-from tasks.storage.manifest import sha256_file
-
-_HASHES: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256, for this process
+from tasks.storage.file_hashes import file_sha256
 
 
 def data_inputs(data: DataConfig) -> dict[str, Any]:
@@ -55,15 +53,6 @@ def source_identity(location: str, config_name: str | None = None) -> dict[str, 
         files = sorted(p for p in path.rglob("*") if p.is_file())
         return {"path": location, "files": {p.relative_to(path).as_posix(): file_sha256(p) for p in files}}
     return {"hub": location, "config": config_name, "revision": cached_revision(location, config_name)}
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes, read once per (path, size, mtime_ns) in this process."""
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _HASHES:
-        _HASHES[key] = sha256_file(path)
-    return _HASHES[key]
 
 
 def cached_revision(name: str, config_name: str | None = None) -> str | None:
