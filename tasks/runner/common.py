@@ -1,7 +1,8 @@
 """What every stage task shares: fingerprints, the retry rule, store fetches, artifacts.
 
 Caching: a stage is skipped when the store already holds a committed output whose manifest carries the
-same fingerprint (sha256 of the stage's resolved config section + the exact upstream versions it read).
+same fingerprint (sha256 of the stage's config section, the fields set away from their defaults, + the content of
+the local model folders it names + the exact upstream versions it read: ``fingerprint``).
 The store is checked directly instead of Prefect's result cache (``cache_key_fn``): the store is the one
 source of truth, so a cache hit works from any machine that can read the store, a deleted output is
 never "cached", and nothing depends on where Prefect keeps its result records. Task source is not in
@@ -26,6 +27,7 @@ from typing import Any, Callable
 from pydantic import BaseModel
 
 from grpo_core.config import REWARD_MODEL_STAGE
+from tasks.config.fingerprint_fields import keyed_fields, model_folders
 from tasks.config.pipeline import PipelineConfig
 from tasks.config.sections import replace_stage_references, uses_reward_model_stage
 from tasks.config.stages import Stage, get_entry
@@ -83,7 +85,7 @@ class StageBody:
                 parents = dict(inputs or {})
                 if self.referenced is not None:
                     parents.update(self.referenced(ctx.section, ctx.store))
-                extra = {"model": config.model.model_dump(mode="json")} if self.key_model else {}
+                extra: dict[str, Any] = {"model": config.model} if self.key_model else {}
                 if self.fingerprint_inputs is not None and (read := self.fingerprint_inputs(ctx.section)):
                     extra["inputs"] = read  # only when there are any: a fingerprint without them stays as it was
                 return reuse_or_build(ctx, entry.name, ctx.section, parents, extra, force,
@@ -124,8 +126,11 @@ def reuse_or_build(ctx: "StageContext", stage: str, section: BaseModel, parents:
                    extra: dict[str, Any] | None, force: bool, build: Callable[[str], StageRef],
                    why: str = "same config and inputs") -> Any:
     """What every stage does around its work (``stage_task``'s tasks and evaluation): fingerprint ``section`` and
-    the exact ``parents`` (and ``extra``), reuse the committed output with that fingerprint unless ``force``d (a
-    ``Cached`` state), else ``build(fingerprint)``."""
+    the exact ``parents`` (and ``extra``, and the content of the local model folders ``section`` and the sections in
+    ``extra`` name), reuse the committed output with that fingerprint unless ``force``d (a ``Cached`` state), else
+    ``build(fingerprint)``."""
+    if folders := model_folders(section, *(v for v in (extra or {}).values() if isinstance(v, BaseModel))):
+        extra = {**(extra or {}), "model_folders": folders}  # only when there are any (a hub or tiny model: none)
     fp = fingerprint(stage, section, parents, extra)
     if (ref := ctx.reuse(fp, force)) is not None:
         return cached(ref, why)
@@ -143,10 +148,17 @@ def stage_task_options(name: str) -> Any:
 
 def fingerprint(stage: str, section: BaseModel | dict[str, Any], parents: dict[str, StageRef],
                 extra: dict[str, Any] | None = None) -> str:
-    """sha256 over the stage's config section and the exact upstream outputs (versions) it reads."""
-    cfg = section.model_dump(mode="json") if isinstance(section, BaseModel) else section
-    payload = {"stage": stage, "config": cfg, "parents": {k: v.parent_entry() for k, v in sorted(parents.items())},
-               "extra": extra or {}}
+    """sha256 over the stage's config section, the exact upstream outputs (versions) it reads and ``extra`` (the
+    model section, input files' hashes, model folders' content).
+
+    A section (and a section in ``extra``) counts by its fields set away from their defaults
+    (``tasks.config.fingerprint_fields.keyed_fields``): an option added to the code, with a default, changes no
+    fingerprint, so a store's committed stages stay reusable. A default changed in code is a code change and keeps
+    them too (rebuild with ``r1 stage NAME`` or ``--from-stage``, or write the field in the config). Fingerprints made
+    before this rule (the whole section, defaults included) all differ from today's: such a store's stages are
+    rebuilt once."""
+    payload = {"stage": stage, "config": keyed_fields(section),
+               "parents": {k: v.parent_entry() for k, v in sorted(parents.items())}, "extra": keyed_fields(extra or {})}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
