@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from grpo_core.generation.base import tensor_digest
 from grpo_core.trainer.lora import MergedWeights, is_peft_model, merged_state_dict
@@ -46,11 +47,12 @@ def probe_names(model: torch.nn.Module) -> list[str]:
 
 
 def policy_tensors(model: torch.nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
-    """The tensors ``names`` as the sampler should hold them: merged under LoRA, else the model's own."""
+    """The tensors ``names`` as the sampler should hold them: merged under LoRA, else the model's own, whole: an
+    FSDP shard (a DTensor) is gathered, a collective every rank joins (each runs the check, in ``names`` order)."""
     if is_peft_model(model):
         return merged_state_dict(model, names)
     state = model.state_dict()
-    return {n: state[n] for n in names}
+    return {n: state[n].full_tensor() if isinstance(state[n], DTensor) else state[n] for n in names}
 
 
 def push_weights(backend: Any, model: torch.nn.Module) -> None:
