@@ -15,7 +15,9 @@ response without ``</think>`` has no summary: it is scored as an empty answer an
 (``rewards/{name}/no_summary``, ``scoped_response``).
 
 ``normalize: true`` divides by the model's ``reward_stats.json`` when it has one, else by the running moments of
-every score seen so far; those are state (``state_dict``) that the GRPO trainer keeps in its checkpoints.
+every score seen so far; those are state (``state_dict``) that the GRPO trainer keeps in its checkpoints, and under
+several trainer processes they are every rank's scores, merged at each update (``share_moments``), so N processes
+normalise as one does.
 ``reward_clip_range: [lo, hi]`` then clamps each score (``clip_scores``), counted as ``rewards/{name}/clipped``.
 
 Bounded in time: the rows of a call share a ``timeout``; rows whose batch would start after it score None and
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from grpo_core.config import RewardModelSpec
 from grpo_core.rewards.base import completion_text, count_reward_event, is_conversational
@@ -133,16 +136,30 @@ def set_pad_token(model: torch.nn.Module, tokenizer: Any) -> int:
 
 
 class RunningMoments:
-    """Mean and standard deviation of every score seen so far (Chan et al.'s parallel update)."""
+    """Mean and standard deviation of every score seen so far (Chan et al.'s parallel update).
+
+    ``across_ranks`` (set by the GRPO trainer on its training reward functions, ``share_moments``): each ``update``
+    merges every rank's batch, in rank order, so N processes that each score their share of a step hold the moments
+    one process scoring the whole step holds, and normalise alike. The update is then a collective: every rank calls
+    it together (``scoring.score_completions`` calls such a function on every rank, with no rows where a rank holds
+    none of its source's)."""
 
     def __init__(self) -> None:
         self.count, self.mean, self.m2 = 0, 0.0, 0.0
+        self.across_ranks = False
 
     def update(self, values: list[float]) -> None:
-        if not values:
+        parts = [batch_moments(values)]
+        if self.across_ranks and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            parts = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, batch_moments(values))
+        for n, mean, m2 in parts:
+            self.merge(n, mean, m2)
+
+    def merge(self, n: int, mean: float, m2: float) -> None:
+        """Add a batch of ``n`` values with mean ``mean`` and sum of squared deviations ``m2``."""
+        if not n:
             return
-        n, mean = len(values), sum(values) / len(values)
-        m2 = sum((v - mean) ** 2 for v in values)
         delta, total = mean - self.mean, self.count + n
         self.mean += delta * n / total
         self.m2 += m2 + delta ** 2 * self.count * n / total
@@ -219,6 +236,27 @@ class RewardModelReward:
 
     def normalize(self, scores: list[float | None]) -> list[float | None]:
         return normalize_scores(scores, self.stats, self.moments)
+
+
+def batch_moments(values: list[float]) -> tuple[int, float, float]:
+    """``(count, mean, sum of squared deviations)`` of ``values``."""
+    if not values:
+        return 0, 0.0, 0.0
+    mean = sum(values) / len(values)
+    return len(values), mean, sum((v - mean) ** 2 for v in values)
+
+
+def moments_of(func: Any) -> list[RunningMoments]:
+    """The running moments a reward function normalises by: its own, an ensemble's members'."""
+    own = getattr(func, "moments", None)
+    return ([own] if isinstance(own, RunningMoments) else []) + [m for member in getattr(func, "members", [])
+                                                                 for m in moments_of(member)]
+
+
+def share_moments(func: Any) -> None:
+    """Have ``func``'s running moments (if any) merged over every rank at each update (``RunningMoments``)."""
+    for moments in moments_of(func):
+        moments.across_ranks = True
 
 
 def normalize_scores(scores: list[float | None], stats: dict[str, Any] | None,

@@ -99,7 +99,8 @@ class GRPOSteps:
 
     def _restore_reward_state(self) -> None:
         """A resumed run's reward functions get back their state (a reward model's running moments under
-        ``normalize``), each rank its own: the same score maps to the same reward as in the uninterrupted run."""
+        ``normalize``, merged over every rank: ``reward_model.share_moments``), each rank its saved copy: the same
+        score maps to the same reward as in the uninterrupted run."""
         saved = self.run.state.get("reward_state")
         if not saved:
             return
