@@ -32,8 +32,9 @@ import json
 import logging
 import math
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -195,6 +196,7 @@ class RewardModelReward:
         stats_file = Path(path) / REWARD_STATS_FILE
         self.stats = json.loads(stats_file.read_text()) if stats_file.is_file() else None
         self.moments = RunningMoments()
+        self.raw = False  # raw_scores: the score on a fixed scale, for the reward-hacking monitor
 
     def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
         deadline = time.monotonic() + self.spec.timeout
@@ -223,6 +225,8 @@ class RewardModelReward:
                 continue
             for i, s in zip(batch, logits.tolist()):
                 scores[i] = s if math.isfinite(s) else None
+        if self.raw:
+            return fixed_scale(scores, self.stats if self.spec.normalize else None)
         return clip_scores(self.normalize(scores) if self.spec.normalize else scores, self.spec.reward_clip_range,
                            self.__name__)
 
@@ -257,6 +261,29 @@ def share_moments(func: Any) -> None:
     """Have ``func``'s running moments (if any) merged over every rank at each update (``RunningMoments``)."""
     for moments in moments_of(func):
         moments.across_ranks = True
+
+
+def fixed_scale(scores: list[float | None], stats: dict[str, Any] | None) -> list[float | None]:
+    """What ``raw_scores`` gives: ``scores`` normalised by a model's fixed ``reward_stats.json`` when given, else as
+    they are; never by the running moments, never clipped."""
+    return scores if stats is None else normalize_scores(scores, stats, RunningMoments())
+
+
+@contextmanager
+def raw_scores(funcs: Sequence[Any]) -> Iterator[None]:
+    """Inside the block the reward models among ``funcs`` (an ensemble's members too) score on a fixed scale:
+    normalised by ``reward_stats.json`` where the model has one, else raw; not by the running moments, which move
+    with the policy's scores (a proxy that rises in raw score would read flat against them), and not clipped
+    (``reward_clip_range`` would flatten it too). The running moments are neither read nor updated, so no rank
+    joins a merge (``RunningMoments.across_ranks``): one rank alone may score (the reward-hacking monitor)."""
+    targets = [f for func in funcs for f in (func, *getattr(func, "members", [])) if hasattr(f, "raw")]
+    for f in targets:
+        f.raw = True
+    try:
+        yield
+    finally:
+        for f in targets:
+            f.raw = False
 
 
 def normalize_scores(scores: list[float | None], stats: dict[str, Any] | None,
