@@ -74,7 +74,8 @@ class ServerBackend:
     def start_push(self) -> WeightPush:
         """A weight push begun on the server, fed tensor by tensor (``trainer/server_ranks.py`` walks a sharded
         model's state in lockstep with the other ranks between two ``add``)."""
-        return WeightPush(self, self._request("POST", "/update_weights/start", doing="starting a weight push")["update_id"])
+        started = self._request("POST", "/update_weights/start", doing="starting a weight push")
+        return WeightPush(self, started["update_id"])
 
     def reset_prefix_cache(self) -> None:
         self._request("POST", "/reset_prefix_cache", doing="resetting the prefix cache")

@@ -68,8 +68,8 @@ def score_completions(
 
     NaN where a function returned None. ``routes`` (a data mixture by source): for each function the indices
     of the ``rows`` it scores; it is called on those rows' completions only, NaN elsewhere (a function whose running
-    moments are shared across ranks, ``reward_model.share_moments``, is called even with none: every rank joins). Raises ValueError
-    naming the function when it returns a number of scores other than it was given completions.
+    moments are shared across ranks, ``reward_model.share_moments``, is called even with none: every rank joins).
+    Raises ValueError naming the function when it returns a number of scores other than it was given completions.
     """
     B = len(rows) * num_generations
     if len(rollouts) != B:

@@ -151,7 +151,8 @@ class FixedPolicy:
     def generate(self, prompt_ids, request):
         from grpo_core.generation.base import Rollout
 
-        return [Rollout(list(p), [5], None, truncated=False, text=self.text) for p in prompt_ids for _ in range(request.n)]
+        return [Rollout(list(p), [5], None, truncated=False, text=self.text)
+                for p in prompt_ids for _ in range(request.n)]
 
 
 def test_the_proxy_reads_a_normalised_reward_model_raw_so_a_rising_score_reads_rising(tmp_path):
@@ -171,7 +172,8 @@ def test_the_proxy_reads_a_normalised_reward_model_raw_so_a_rising_score_reads_r
                         max_prompt_length=16, eval_samples=2, monitor_window=2,
                         reward_funcs=[{"reward_model": {"model": rm, "scope": "full", "normalize": True}}])
     rows = TRAIN[:2]
-    mixture = build_mixture(config, rows, None, DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")))
+    one = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    mixture = build_mixture(config, rows, None, one)
     trained, raw = mixture.funcs[0], RewardModelReward(RewardModelSpec(model=rm, scope="full"))
     prompts = [r["prompt"] for r in rows]
 

@@ -46,9 +46,10 @@ def score_steps(rm: str, ctx: DistContext) -> dict:
     from grpo_core.trainer.loop import build_mixture
     from grpo_core.trainer.rollouts import score_groups
 
-    config = GRPOConfig(use_vllm=False, generation_batch_size=4 * G, num_generations=G, max_completion_length=8, sources=[
-        {"name": "a", "weight": 3.0, "reward_funcs": [{"reward_model": {"model": rm, "scope": "full", "normalize": True}}]},
-        {"name": "b", "weight": 1.0, "reward_funcs": ["format"]}])
+    normalised = {"reward_model": {"model": rm, "scope": "full", "normalize": True}}
+    config = GRPOConfig(use_vllm=False, generation_batch_size=4 * G, num_generations=G, max_completion_length=8,
+                        sources=[{"name": "a", "weight": 3.0, "reward_funcs": [normalised]},
+                                 {"name": "b", "weight": 1.0, "reward_funcs": ["format"]}])
     rows = [{"prompt": f"question {i}", "source": src} for src in "ab" for i in range(4)]
     mixture = build_mixture(config, rows, None, ctx)
     out: dict = {"rewards": []}
