@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from torch.distributed.tensor import DTensor
 
 
 @dataclass
@@ -95,6 +96,9 @@ def merge_eos_ids(generation_eos: Any, tokenizer: Any, where: str) -> list[int]:
 
 def tensor_digest(tensor: torch.Tensor) -> str:
     """sha256 of a tensor's bytes (contiguous, on the CPU): how a sampler reports the weights it holds (the LoRA
-    sync check, grpo_core/trainer/weight_sync.py)."""
+    sync check, grpo_core/trainer/weight_sync.py). A sharded DTensor is refused: hash the gathered tensor."""
+    if isinstance(tensor, DTensor):
+        raise TypeError(f"tensor_digest of a sharded DTensor {tuple(tensor.shape)} would hash one rank's shard; gather "
+                        "it first on every rank (tensor.full_tensor(), a collective) and hash the full tensor")
     data = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
     return hashlib.sha256(data.tobytes()).hexdigest()

@@ -66,31 +66,16 @@ class ServerBackend:
 
     def update_weights(self, model: torch.nn.Module) -> None:
         """Send ``model``'s weights in chunks, then have the server load them all (and drop its prefix cache)."""
-        from safetensors.torch import save
-
-
-        update_id = self._request("POST", "/update_weights/start", doing="starting a weight push")["update_id"]
-        chunk: dict[str, torch.Tensor] = {}
-        size = sent = 0
-
-        def flush() -> None:
-            nonlocal chunk, size
-            if chunk:
-                self._request("POST", "/update_weights/chunk", params={"update_id": update_id}, data=save(chunk),
-                              doing=f"pushing weights ({len(chunk)} tensors)")
-            chunk, size = {}, 0
-
+        push = self.start_push()
         for name, tensor in full_state_items(model):
-            if tensor.is_floating_point():
-                tensor = tensor.to(self.dtype)
-            tensor = tensor.detach().to("cpu").contiguous().clone()  # clone: tied weights share storage
-            nbytes = tensor.numel() * tensor.element_size()
-            if chunk and size + nbytes > self.chunk_bytes:
-                flush()
-            chunk[name], size, sent = tensor, size + nbytes, sent + 1
-        flush()
-        self._request("POST", "/update_weights/finish", json={"update_id": update_id, "num_tensors": sent},
-                      doing="loading the pushed weights")
+            push.add(name, tensor)
+        push.finish()
+
+    def start_push(self) -> WeightPush:
+        """A weight push begun on the server, fed tensor by tensor (``trainer/server_ranks.py`` walks a sharded
+        model's state in lockstep with the other ranks between two ``add``)."""
+        started = self._request("POST", "/update_weights/start", doing="starting a weight push")
+        return WeightPush(self, started["update_id"])
 
     def reset_prefix_cache(self) -> None:
         self._request("POST", "/reset_prefix_cache", doing="resetting the prefix cache")
@@ -152,6 +137,39 @@ class ServerBackend:
             f"the vLLM server at {self.base_url} (pid {self.process.pid}, started by this stage) exited with code "
             f"{self.process.exit_code()} while {doing}; its log: {self.process.log_path}. Rerun the stage: it starts "
             f"a new server and resumes from its last checkpoint. Last log lines:\n{self.process.log_tail()}")
+
+
+class WeightPush:
+    """One push in progress: ``add`` each tensor (cast to the server's dtype, sent in blobs of at most
+    ``client.chunk_bytes``), then ``finish`` has the server load them all."""
+
+    def __init__(self, client: ServerBackend, update_id: str) -> None:
+        self.client, self.update_id = client, update_id
+        self.chunk: dict[str, torch.Tensor] = {}
+        self.size = self.sent = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if tensor.is_floating_point():
+            tensor = tensor.to(self.client.dtype)
+        tensor = tensor.detach().to("cpu").contiguous().clone()  # clone: tied weights share storage
+        nbytes = tensor.numel() * tensor.element_size()
+        if self.chunk and self.size + nbytes > self.client.chunk_bytes:
+            self._flush()
+        self.chunk[name], self.size, self.sent = tensor, self.size + nbytes, self.sent + 1
+
+    def finish(self) -> None:
+        self._flush()
+        self.client._request("POST", "/update_weights/finish", json={"update_id": self.update_id,
+                                                                     "num_tensors": self.sent},
+                             doing="loading the pushed weights")
+
+    def _flush(self) -> None:
+        from safetensors.torch import save
+
+        if self.chunk:
+            self.client._request("POST", "/update_weights/chunk", params={"update_id": self.update_id},
+                                 data=save(self.chunk), doing=f"pushing weights ({len(self.chunk)} tensors)")
+        self.chunk, self.size = {}, 0
 
 
 def _detail(response: Any) -> str:

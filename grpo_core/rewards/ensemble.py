@@ -42,13 +42,14 @@ class RewardModelEnsemble:
         self.spec, self.__name__ = spec, spec.name
         self.k = DEFAULT_ENSEMBLE_K if spec.ensemble_k is None else spec.ensemble_k
         self.members = [RewardModelReward(member, path) for path in [model_path or spec.model, *spec.ensemble]]
+        self.raw = False  # reward_model.raw_scores: members on a fixed scale, the combination not clipped
 
     def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
         per_member = [m(prompts, completions, **kwargs) for m in self.members]  # M lists of B scores
         combined = [None if any(s is None for s in row)
                     else conservative_mean(list(row), self.k)  # type: ignore[arg-type]
                     for row in zip(*per_member)]
-        return clip_scores(combined, self.spec.reward_clip_range, self.__name__)
+        return combined if self.raw else clip_scores(combined, self.spec.reward_clip_range, self.__name__)
 
     def state_dict(self) -> dict[str, Any]:
         """Each member's normalisation state (running moments when it has no ``reward_stats.json``)."""

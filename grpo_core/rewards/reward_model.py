@@ -15,7 +15,9 @@ response without ``</think>`` has no summary: it is scored as an empty answer an
 (``rewards/{name}/no_summary``, ``scoped_response``).
 
 ``normalize: true`` divides by the model's ``reward_stats.json`` when it has one, else by the running moments of
-every score seen so far; those are state (``state_dict``) that the GRPO trainer keeps in its checkpoints.
+every score seen so far; those are state (``state_dict``) that the GRPO trainer keeps in its checkpoints, and under
+several trainer processes they are every rank's scores, merged at each update (``share_moments``), so N processes
+normalise as one does.
 ``reward_clip_range: [lo, hi]`` then clamps each score (``clip_scores``), counted as ``rewards/{name}/clipped``.
 
 Bounded in time: the rows of a call share a ``timeout``; rows whose batch would start after it score None and
@@ -30,10 +32,12 @@ import json
 import logging
 import math
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import torch
+import torch.distributed as dist
 
 from grpo_core.config import RewardModelSpec
 from grpo_core.rewards.base import completion_text, count_reward_event, is_conversational
@@ -133,16 +137,30 @@ def set_pad_token(model: torch.nn.Module, tokenizer: Any) -> int:
 
 
 class RunningMoments:
-    """Mean and standard deviation of every score seen so far (Chan et al.'s parallel update)."""
+    """Mean and standard deviation of every score seen so far (Chan et al.'s parallel update).
+
+    ``across_ranks`` (set by the GRPO trainer on its training reward functions, ``share_moments``): each ``update``
+    merges every rank's batch, in rank order, so N processes that each score their share of a step hold the moments
+    one process scoring the whole step holds, and normalise alike. The update is then a collective: every rank calls
+    it together (``scoring.score_completions`` calls such a function on every rank, with no rows where a rank holds
+    none of its source's)."""
 
     def __init__(self) -> None:
         self.count, self.mean, self.m2 = 0, 0.0, 0.0
+        self.across_ranks = False
 
     def update(self, values: list[float]) -> None:
-        if not values:
+        parts = [batch_moments(values)]
+        if self.across_ranks and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            parts = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, batch_moments(values))
+        for n, mean, m2 in parts:
+            self.merge(n, mean, m2)
+
+    def merge(self, n: int, mean: float, m2: float) -> None:
+        """Add a batch of ``n`` values with mean ``mean`` and sum of squared deviations ``m2``."""
+        if not n:
             return
-        n, mean = len(values), sum(values) / len(values)
-        m2 = sum((v - mean) ** 2 for v in values)
         delta, total = mean - self.mean, self.count + n
         self.mean += delta * n / total
         self.m2 += m2 + delta ** 2 * self.count * n / total
@@ -178,6 +196,7 @@ class RewardModelReward:
         stats_file = Path(path) / REWARD_STATS_FILE
         self.stats = json.loads(stats_file.read_text()) if stats_file.is_file() else None
         self.moments = RunningMoments()
+        self.raw = False  # raw_scores: the score on a fixed scale, for the reward-hacking monitor
 
     def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
         deadline = time.monotonic() + self.spec.timeout
@@ -206,6 +225,8 @@ class RewardModelReward:
                 continue
             for i, s in zip(batch, logits.tolist()):
                 scores[i] = s if math.isfinite(s) else None
+        if self.raw:
+            return fixed_scale(scores, self.stats if self.spec.normalize else None)
         return clip_scores(self.normalize(scores) if self.spec.normalize else scores, self.spec.reward_clip_range,
                            self.__name__)
 
@@ -219,6 +240,50 @@ class RewardModelReward:
 
     def normalize(self, scores: list[float | None]) -> list[float | None]:
         return normalize_scores(scores, self.stats, self.moments)
+
+
+def batch_moments(values: list[float]) -> tuple[int, float, float]:
+    """``(count, mean, sum of squared deviations)`` of ``values``."""
+    if not values:
+        return 0, 0.0, 0.0
+    mean = sum(values) / len(values)
+    return len(values), mean, sum((v - mean) ** 2 for v in values)
+
+
+def moments_of(func: Any) -> list[RunningMoments]:
+    """The running moments a reward function normalises by: its own, an ensemble's members'."""
+    own = getattr(func, "moments", None)
+    return ([own] if isinstance(own, RunningMoments) else []) + [m for member in getattr(func, "members", [])
+                                                                 for m in moments_of(member)]
+
+
+def share_moments(func: Any) -> None:
+    """Have ``func``'s running moments (if any) merged over every rank at each update (``RunningMoments``)."""
+    for moments in moments_of(func):
+        moments.across_ranks = True
+
+
+def fixed_scale(scores: list[float | None], stats: dict[str, Any] | None) -> list[float | None]:
+    """What ``raw_scores`` gives: ``scores`` normalised by a model's fixed ``reward_stats.json`` when given, else as
+    they are; never by the running moments, never clipped."""
+    return scores if stats is None else normalize_scores(scores, stats, RunningMoments())
+
+
+@contextmanager
+def raw_scores(funcs: Sequence[Any]) -> Iterator[None]:
+    """Inside the block the reward models among ``funcs`` (an ensemble's members too) score on a fixed scale:
+    normalised by ``reward_stats.json`` where the model has one, else raw; not by the running moments, which move
+    with the policy's scores (a proxy that rises in raw score would read flat against them), and not clipped
+    (``reward_clip_range`` would flatten it too). The running moments are neither read nor updated, so no rank
+    joins a merge (``RunningMoments.across_ranks``): one rank alone may score (the reward-hacking monitor)."""
+    targets = [f for func in funcs for f in (func, *getattr(func, "members", [])) if hasattr(f, "raw")]
+    for f in targets:
+        f.raw = True
+    try:
+        yield
+    finally:
+        for f in targets:
+            f.raw = False
 
 
 def normalize_scores(scores: list[float | None], stats: dict[str, Any] | None,

@@ -21,7 +21,7 @@ from grpo_core.config import JudgeSpec, RewardModelSpec, RewardSpec, normalize_r
 from grpo_core.rewards.base import RewardFunc, get_reward_funcs, is_conversational
 from grpo_core.rewards.ensemble import RewardModelEnsemble
 from grpo_core.rewards.judge import JudgeReward
-from grpo_core.rewards.reward_model import RewardModelReward
+from grpo_core.rewards.reward_model import RewardModelReward, moments_of
 from grpo_core.rewards.served import served_reward
 
 PASS_THRESHOLD = 1.0  # a verifiable reward scores 1.0 for a correct completion
@@ -67,8 +67,9 @@ def score_completions(
     """``[B, R]`` rewards, B = ``len(rows) * num_generations`` (a row's completions contiguous), R functions.
 
     NaN where a function returned None. ``routes`` (a data mixture by source): for each function the indices
-    of the ``rows`` it scores; it is called on those rows' completions only, NaN elsewhere. Raises ValueError
-    naming the function when it returns a number of scores other than it was given completions.
+    of the ``rows`` it scores; it is called on those rows' completions only, NaN elsewhere (a function whose running
+    moments are shared across ranks, ``reward_model.share_moments``, is called even with none: every rank joins).
+    Raises ValueError naming the function when it returns a number of scores other than it was given completions.
     """
     B = len(rows) * num_generations
     if len(rollouts) != B:
@@ -87,7 +88,7 @@ def score_completions(
             seqs = list(range(B))
         else:  # this function's rows only, each row's G completions
             seqs = [r * num_generations + j for r in routes[col] for j in range(num_generations)]
-            if not seqs:
+            if not seqs and not any(m.across_ranks for m in moments_of(func)):  # else: its update is a collective
                 continue
         pick = (lambda values: values) if routes is None else (lambda values: [values[i] for i in seqs])
         scores = func(

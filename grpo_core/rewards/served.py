@@ -205,6 +205,7 @@ class ServedRewardModel(_ServedReward):
     def __init__(self, spec: RewardModelSpec) -> None:
         super().__init__(spec)
         self.moments = RunningMoments()
+        self.raw = False  # reward_model.raw_scores: the server's score as it comes (no reward_stats.json here)
 
     def request(self, prompt: Any, completion: Any) -> dict[str, Any]:
         messages = list(prompt) if is_conversational(prompt) else [{"role": "user", "content": str(prompt)}]
@@ -221,6 +222,8 @@ class ServedRewardModel(_ServedReward):
 
     def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
         scores = super().__call__(prompts, completions, **kwargs)
+        if self.raw:
+            return scores
         return clip_scores(normalize_scores(scores, None, self.moments) if self.spec.normalize else scores,
                            self.spec.reward_clip_range, self.__name__)
 

@@ -13,6 +13,12 @@ Layout of ``output_dir/checkpoint-N`` (loadable with ``from_pretrained`` as is):
 Everything is written into ``.tmp-checkpoint-N``, fsynced, then renamed, so a crash leaves either a
 complete checkpoint or a temp folder that is never read. On resume the newest checkpoint whose files
 match their hashes and load is used; any other is reported (naming the file) and skipped.
+
+Sharded state (``state/``, FSDP on one host) is hashed where it is written and read: at save each rank hashes the
+DCP shard it wrote (``hash_own_shards``; rank 0 ``.metadata`` too) and rank 0 writes those digests into the
+manifest; at resume each rank checks the shards of its rank number (modulo the process count) and the small files,
+then the ranks agree (one all-gather), so a bad shard skips the checkpoint on every rank together. A 7B run's
+weights and Adam state (~84 GB) are hashed once over all ranks, not once per rank.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from grpo_core.trainer.sharded_state import STATE_DIR, has_sharded_state
 
@@ -37,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_DCP_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")  # torch.distributed.checkpoint's file of rank N
 
 
 class CheckpointError(RuntimeError):
@@ -75,6 +83,23 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def hashing_rank(name: str, world_size: int) -> int | None:
+    """Which rank hashes checkpoint file ``name`` (relative to the checkpoint) among ``world_size``: a DCP shard
+    ``state/__{r}_{i}.distcp`` rank ``r``'s (modulo ``world_size``: N ranks' checkpoint resumed on M), the rest of
+    ``state/`` rank 0's; None for the files outside it (small; every rank reads them whole, so each checks them)."""
+    parts = Path(name).parts
+    if len(parts) != 2 or parts[0] != STATE_DIR:
+        return None
+    shard = _DCP_SHARD.match(parts[1])
+    return int(shard.group(1)) % world_size if shard else 0
+
+
+def hash_own_shards(checkpoint: Path, rank: int, world_size: int) -> dict[str, str]:
+    """sha256 of the files of ``checkpoint/state`` that ``rank`` hashes (``hashing_rank``), by relative name."""
+    names = sorted(f"{STATE_DIR}/{p.name}" for p in (checkpoint / STATE_DIR).iterdir() if p.is_file())
+    return {name: _sha256(checkpoint / name) for name in names if hashing_rank(name, world_size) == rank}
 
 
 def _fsync(path: Path) -> None:
@@ -121,6 +146,7 @@ def save_checkpoint(
     config_name: str = "grpo_config.json",
     sharded_state: bool = False,
     keep_steps: tuple[int, ...] = (),
+    state_digests: dict[str, str] | None = None,
 ) -> Path:
     """Write ``checkpoint-{step}`` atomically, then delete all but the newest ``save_total_limit`` and those of
     ``keep_steps`` (``select_checkpoint: heldout``'s best so far: ``trainer/selection.py``).
@@ -128,7 +154,8 @@ def save_checkpoint(
     ``model_state_dict``/``optimizer_state_dict``: full states gathered from a sharded (FSDP) model;
     default: the model's and optimizer's own. ``sharded_state``: every rank has already written its shards of
     both into ``temp_checkpoint_dir(output_dir, step)/state`` (``sharded_state.save_sharded_state``); only the
-    model's config is written beside them. ``config_name``: the file holding ``config``.
+    model's config is written beside them, and ``state_digests`` (every rank's ``hash_own_shards``) are their
+    hashes, so this rank does not read the other ranks' shards. ``config_name``: the file holding ``config``.
     """
     final = output_dir / f"checkpoint-{step}"
     tmp = temp_checkpoint_dir(output_dir, step)
@@ -149,7 +176,9 @@ def save_checkpoint(
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
     for p in files:
         _fsync(p)
-    write_json(tmp / MANIFEST, {"step": step, "files": {str(p.relative_to(tmp)): _sha256(p) for p in files}})
+    given = state_digests or {}
+    names = [p.relative_to(tmp).as_posix() for p in files]
+    write_json(tmp / MANIFEST, {"step": step, "files": {n: given.get(n) or _sha256(tmp / n) for n in names}})
     _fsync(tmp)
     if final.exists():  # a run restarted with resume=False overwrites its old checkpoints
         shutil.rmtree(final)
@@ -172,8 +201,9 @@ def reset_dir(path: Path) -> None:
     path.mkdir(parents=True)
 
 
-def verify_checkpoint(path: Path) -> dict[str, Any]:
-    """The manifest, after checking every listed file's sha256; ``CheckpointError`` names the bad file."""
+def verify_checkpoint(path: Path, rank: int = 0, world_size: int = 1) -> dict[str, Any]:
+    """The manifest, after checking the sha256 of every listed file that ``rank`` of ``world_size`` hashes
+    (``hashing_rank``: all of them in one process); ``CheckpointError`` names the bad file."""
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise CheckpointError(f"{manifest_path} is missing: the checkpoint was not completed")
@@ -186,6 +216,8 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
         file = path / name
         if not file.is_file():
             raise CheckpointError(f"{file} is missing")
+        if hashing_rank(name, world_size) not in (None, rank):  # another rank's shard: it checks that one
+            continue
         if _sha256(file) != digest:
             raise CheckpointError(f"{file} is corrupt: its sha256 does not match {MANIFEST}")
     return manifest
@@ -198,9 +230,27 @@ def _load(file: Path, reader: Callable[[Path], Any]) -> Any:
         raise CheckpointError(f"{file} is unreadable: {type(e).__name__}: {e}") from e
 
 
+def verify_shares(path: Path) -> None:
+    """``verify_checkpoint`` on every rank: of a sharded checkpoint each rank checks its share and all learn the
+    first problem any rank found (every rank on one host reads the same folder, so all call this together); of a
+    gathered one, which every rank reads whole, each checks all of it."""
+    if not (has_sharded_state(path) and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        verify_checkpoint(path)
+        return
+    problem = None
+    try:
+        verify_checkpoint(path, dist.get_rank(), dist.get_world_size())
+    except CheckpointError as e:
+        problem = str(e)
+    problems: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)  # every rank skips a checkpoint that any rank found bad
+    if found := next((p for p in problems if p), None):
+        raise CheckpointError(found)
+
+
 def load_checkpoint(path: Path, load_model: Callable[[Path], torch.nn.Module],
                     config_name: str = "grpo_config.json") -> LoadedCheckpoint:
-    verify_checkpoint(path)
+    verify_shares(path)
     sharded = has_sharded_state(path)  # the optimizer's shards are read once the optimizer exists
     return LoadedCheckpoint(
         path=path,

@@ -38,6 +38,7 @@ from grpo_core.generation.process import ProcessBackend
 from grpo_core.generation.prompts import all_dropped_error, encode_prompts
 from grpo_core.generation.server_client import connect_server
 from grpo_core.rewards.math import configure as configure_verifier
+from grpo_core.rewards.reward_model import share_moments
 from grpo_core.rewards.scoring import resolve_reward
 from grpo_core.trainer.async_rollouts import NextRollouts, ReferenceLogps, sampler_placement, split_cpus
 from grpo_core.trainer.distributed import DistContext
@@ -115,12 +116,20 @@ def check_inputs(config: GRPOConfig, ctx: DistContext, train_rows: list[dict[str
         raise ValueError("train_rows is empty: GRPO needs at least one prompt")
 
 
-def build_mixture(config: GRPOConfig, train_rows: list[dict[str, Any]], reward_funcs: RewardFuncs | None) -> Mixture:
-    """The run's sources with their reward functions (one source of every row without ``config.sources``)."""
+def build_mixture(config: GRPOConfig, train_rows: list[dict[str, Any]], reward_funcs: RewardFuncs | None,
+                  ctx: DistContext) -> Mixture:
+    """The run's sources with their reward functions (one source of every row without ``config.sources``). Under
+    several processes each rank scores its share of a step, so a reward model's running moments (``normalize``)
+    merge every rank's scores (``reward_model.share_moments``): N processes normalise as one does."""
     if config.sources:  # each source's functions, weighted by the source (not by the top-level reward_weights)
         unweighted = config.model_copy(update={"reward_weights": None})
-        return Mixture(config, train_rows, lambda entries: resolve_rewards(unweighted, entries)[:2])
-    return Mixture(config, train_rows, lambda _: resolve_rewards(config, reward_funcs)[:2])
+        mixture = Mixture(config, train_rows, lambda entries: resolve_rewards(unweighted, entries)[:2])
+    else:
+        mixture = Mixture(config, train_rows, lambda _: resolve_rewards(config, reward_funcs)[:2])
+    if ctx.world_size > 1:
+        for func in mixture.funcs:
+            share_moments(func)
+    return mixture
 
 
 def reference_on_sampler(config: GRPOConfig) -> bool:
@@ -232,7 +241,7 @@ def train_grpo(
     configure_verifier(timeout=config.reward_timeout, num_workers=config.reward_num_workers)  # math_accuracy's pool
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     train_rows, num_dropped = drop_long_prompts(tokenizer, train_rows, config)
-    mixture = build_mixture(config, train_rows, reward_funcs)
+    mixture = build_mixture(config, train_rows, reward_funcs, ctx)
 
     if heldout is not None:  # the reward-hacking monitor on the general sources' held-out rows
 

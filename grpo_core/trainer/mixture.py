@@ -184,14 +184,18 @@ def source_reward_metrics(rewards: torch.Tensor, labels: Sequence[str], num_gene
 
 
 def source_group_metrics(train_rows: Sequence[dict[str, Any]], names: Sequence[str | None],
-                         short: Sequence[int] | None) -> dict[str, float]:
+                         short: Sequence[int] | None, fell_back: bool = False) -> dict[str, float]:
     """``mixture/{source}/trained``: the groups of each source the step trained on (``train_rows``: one row per
     group), beside ``mixture/{source}/prompts`` (generated); with ``short`` (dynamic sampling, one per source of
-    ``names``) ``mixture/{source}/short``: the groups its quota lacked. ``names`` ``[None]``: one source, counted
-    by the rows' source column, no quota beside the step's own."""
-    out = {f"mixture/{name}/trained": 0.0 for name in names if name is not None}
+    ``names``) ``mixture/{source}/short``: the groups its quota lacked. ``fell_back`` (dynamic sampling found no
+    informative group, so the step trains on its flat first round: ``collect_step_groups``): those groups carry no
+    advantage and are counted apart, as ``mixture/{source}/flat_fallback``, with ``trained`` 0. ``names``
+    ``[None]``: one source, counted by the rows' source column, no quota beside the step's own."""
+    kinds = ("trained", "flat_fallback") if fell_back else ("trained",)
+    out = {f"mixture/{name}/{kind}": 0.0 for name in names if name is not None for kind in kinds}
     for label in source_labels(train_rows, 1):
-        out[f"mixture/{label}/trained"] = out.get(f"mixture/{label}/trained", 0.0) + 1
+        key = f"mixture/{label}/{kinds[-1]}"
+        out[key] = out.get(key, 0.0) + 1
     if short is not None and names != [None]:
         out.update({f"mixture/{name}/short": float(n) for name, n in zip(names, short)})
     return out

@@ -5,7 +5,10 @@ preference falls (Gao et al. 2022, "Scaling Laws for Reward Model Overoptimizati
 monitor takes the first ``eval_samples`` held-out rows of each monitored source (the evaluation's general sources
 this stage trains on), decodes them greedily with the policy, and scores each completion twice:
 
-- ``monitor/{source}/proxy``: the source's own training rewards combined with its weights (what the step optimises);
+- ``monitor/{source}/proxy``: the source's own training rewards combined with its weights (what the step optimises),
+  each reward model's score on a fixed scale (``reward_model.raw_scores``: its ``reward_stats.json`` or raw, never
+  the running moments of ``normalize``, which rise with the policy's scores and would make a rising proxy read flat;
+  not clipped);
 - ``monitor/{source}/heldout``: ``monitor_reward`` (a second reward model, a judge or a rule no source trains on), or
   the evaluation's ``rule_reward`` (the embedded default's generating rule: the preferred rate).
 
@@ -32,6 +35,7 @@ from grpo_core.evaluation.heldout import _generate
 from grpo_core.generation import GenerationBackend
 from grpo_core.generation.prompts import encode_prompts
 from grpo_core.rewards.base import RewardFunc
+from grpo_core.rewards.reward_model import raw_scores
 from grpo_core.rewards.scoring import load_reward_states, resolve_reward, reward_states, score_completions
 from grpo_core.trainer.during_rl import preserved_rng, reward_events_aside
 from grpo_core.trainer.loss import combine_rewards
@@ -131,8 +135,9 @@ class RewardMonitor:
             with reward_events_aside(), preserved_rng():
                 greedy = _generate(backend, encoded.ids, n=1, max_tokens=s.max_completion_length, greedy=True,
                                    batch=self.eval_config.sampling.batch_size)
-                per_func = score_completions(self.mixture.funcs, self.mixture.reward_names, rows, greedy, 1,
-                                             s.max_completion_length, routes=self.mixture.routes(rows))  # [N, R]
+                with raw_scores(self.mixture.funcs):  # rank 0 alone: no merge of running moments either
+                    per_func = score_completions(self.mixture.funcs, self.mixture.reward_names, rows, greedy, 1,
+                                                 s.max_completion_length, routes=self.mixture.routes(rows))  # [N, R]
                 proxy = combine_rewards(per_func, self.mixture.row_weights(rows, 1)).tolist()  # [N]
                 heldout = score_completions([self.signal], [self.signal_name], rows, greedy, 1,
                                             s.max_completion_length)[:, 0].tolist()  # [N]

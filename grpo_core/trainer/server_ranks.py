@@ -4,8 +4,10 @@ TRL's layout ("one GPU generates, the others train"): only rank 0 talks to the s
 rank 0 its share of the prompts (with their per-completion seeds), rank 0 sends them in one request (the server's
 engine batches them together) and gives each rank back its own completions; completions are seeded by position,
 so they are the ones a single process would get. A weight push is rank 0's too: every rank walks the policy's
-state (under FSDP gathering a full tensor is a collective each rank joins), rank 0 sends it. The weight-sync
-check's answers (probe log-probs, digests) come from rank 0's client to every rank, so all ranks check the same.
+state (under FSDP gathering a full tensor is a collective each rank joins), rank 0 sends it; after each tensor rank 0
+tells the others whether its push still stands, so a push that fails mid-way stops every rank at the same tensor.
+The weight-sync check's answers (probe log-probs, digests) come from rank 0's client to every rank, so all ranks
+check the same; under FSDP each rank hashes the full tensors (``weight_sync.policy_tensors`` gathers them).
 
 A failure on rank 0 (server gone, timeout, an error answer) reaches every rank as the same ``VLLMServerError``
 instead of leaving the others waiting in a collective.
@@ -27,7 +29,7 @@ import torch.distributed as dist
 
 from grpo_core.config import GRPOConfig, JudgeSpec, RewardModelSpec
 from grpo_core.generation.base import GenerationRequest, Rollout
-from grpo_core.generation.server_client import ServerBackend, VLLMServerError
+from grpo_core.generation.server_client import ServerBackend, VLLMServerError, WeightPush
 from grpo_core.generation.vllm_backend import full_state_items
 from grpo_core.trainer.distributed import DistContext
 
@@ -73,13 +75,35 @@ class RankZeroServer:
         return self._on_main(ask, f"generating {sum(len(s) for _, s in parts)} completions", scatter=True)
 
     def update_weights(self, model: torch.nn.Module) -> None:
-        """Rank 0 sends ``model``'s weights; the other ranks join the gathers a sharded model needs."""
-        if self.ctx.is_main:
-            self._on_main(lambda: self.client.update_weights(model), "pushing the policy's weights")
-            return
-        for _ in full_state_items(model):  # FSDP: full_tensor() is a collective; the tensors are dropped
-            pass
-        self._on_main(None, "pushing the policy's weights")
+        """Rank 0 sends ``model``'s weights; every rank walks the state together (under FSDP each tensor's gather is
+        a collective), and after each tensor all learn whether rank 0's push still stands, so a push that fails
+        mid-way stops every rank at the same tensor: none is left in a gather rank 0 never joins."""
+        doing = "pushing the policy's weights"
+        push: WeightPush | None = None
+        failure: Exception | None = None
+
+        def start() -> None:
+            nonlocal push
+            assert self.client is not None
+            push = self.client.start_push()
+
+        self._on_main(start, doing)
+        for name, tensor in full_state_items(model):  # FSDP: full_tensor() is a collective; other ranks drop it
+            if push is not None:
+                try:
+                    push.add(name, tensor)
+                except Exception as exc:  # every rank stops below, then all fail in _on_main
+                    failure = exc
+            if self._rank_zero_failed(failure is not None):
+                break
+
+        def finish() -> None:
+            if failure is not None:
+                raise failure
+            assert push is not None
+            push.finish()
+
+        self._on_main(finish, doing)
 
     def reset_prefix_cache(self) -> None:
         self._on_main(lambda: self.client.reset_prefix_cache(), "resetting the prefix cache")
@@ -93,6 +117,12 @@ class RankZeroServer:
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
+
+    def _rank_zero_failed(self, failed: bool) -> bool:
+        """Rank 0's ``failed`` on every rank (one small broadcast)."""
+        flag = torch.tensor([int(failed)], device=self.ctx.device)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
 
     def _on_main(self, call: Callable[[], Any] | None, doing: str, *, scatter: bool = False) -> Any:
         """``call()`` on rank 0, its result on every rank (``scatter``: element ``r`` of it on rank ``r``); an

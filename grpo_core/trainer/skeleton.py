@@ -39,6 +39,7 @@ from transformers import AutoModelForCausalLM
 from grpo_core.config import OptimConfig, TrackingInfo
 from grpo_core.trainer.checkpoint import (
     LoadedCheckpoint,
+    hash_own_shards,
     list_checkpoints,
     load_latest_checkpoint,
     remove_temp_checkpoints,
@@ -48,7 +49,7 @@ from grpo_core.trainer.checkpoint import (
     temp_checkpoint_dir,
     write_json,
 )
-from grpo_core.trainer.distributed import DistContext, all_reduce_gradients, barrier, init_distributed
+from grpo_core.trainer.distributed import DistContext, all_reduce_gradients, barrier, gather_objects, init_distributed
 from grpo_core.trainer.dtypes import SAVE_DTYPES, resolve_save_dtype  # noqa: F401 (re-exported)
 from grpo_core.trainer.fsdp import (
     gather_model_state,
@@ -330,8 +331,9 @@ class TrainingRun:
 
     def save_checkpoint(self, step: int) -> None:
         """Rank 0 writes ``checkpoint-{step}``; under FSDP every rank first writes its shards of weights and
-        optimizer state into it (on one host: ``sharded_state``), or joins the gathers (across hosts)."""
-        full_model, full_optim = None, None
+        optimizer state into it and hashes them for the manifest (on one host: ``sharded_state``), or joins the
+        gathers (across hosts)."""
+        full_model, full_optim, digests = None, None, None
         sharded = is_sharded(self.model) and all_ranks_on_one_host(self.ctx.world_size)
         if sharded:
             folder = temp_checkpoint_dir(self.output_dir, step)
@@ -339,6 +341,8 @@ class TrainingRun:
                 reset_dir(folder)
             barrier(self.ctx)
             save_sharded_state(self.model, self.optimizer, folder / STATE_DIR)
+            own = hash_own_shards(folder, self.ctx.rank, self.ctx.world_size)  # the shard this rank just wrote
+            digests = {name: d for part in gather_objects([own], self.ctx) for name, d in part.items()}
         elif is_sharded(self.model):  # every rank joins the gathers; rank 0 writes
             full_model, full_optim = gather_model_state(self.model), gather_optimizer_state(self.optimizer, self.ctx)
         if self.ctx.is_main:
@@ -347,7 +351,7 @@ class TrainingRun:
                 scheduler=self.scheduler, trainer_state=self.state, config=self.config_json,
                 save_total_limit=self.config.save_total_limit, model_state_dict=full_model,
                 optimizer_state_dict=full_optim, config_name=config_file(self.name), sharded_state=sharded,
-                keep_steps=protected_steps(self.state),
+                keep_steps=protected_steps(self.state), state_digests=digests,
             )
             call_callbacks(self.callbacks, "on_checkpoint", step, path)
         barrier(self.ctx)

@@ -24,7 +24,6 @@ from grpo_core.rewards.scoring import load_reward_states, reward_states
 from grpo_core.trainer.async_rollouts import NextRollouts
 from grpo_core.trainer.distributed import DistContext, gather_objects
 from grpo_core.trainer.during_rl import evaluate_during_rl
-from grpo_core.trainer.lora import is_peft_model
 from grpo_core.trainer.loss import combine_rewards, compute_group_advantages
 from grpo_core.trainer.metrics import (completion_metrics, completion_table, reward_metrics,
                                       source_completion_metrics)
@@ -88,8 +87,8 @@ class GRPOSteps:
         self.sampling_correction, self.num_dropped, self.heldout = sampling_correction, num_dropped, heldout
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.num_updates = (config.steps_per_generation or 1) * config.num_iterations  # optimiser steps per step
-        # LoRA (merged weights) and a generation server (weights over HTTP): every sync is checked
-        checked = is_peft_model(model) or config.sampling.vllm_mode == "server"
+        # LoRA (merged weights), a generation server (weights over HTTP), a sleeping engine (level 2 discards them)
+        checked = weight_sync.checks_every_sync(model, config.sampling.vllm_mode, backend)
         self.sync_check = weight_sync.SyncCheck(model) if checked else None
         if self.sync_check is not None:  # the sampler was built from the base / runs apart: give it the policy
             self.sync_weights("before the first step (the policy as loaded)")
@@ -99,7 +98,8 @@ class GRPOSteps:
 
     def _restore_reward_state(self) -> None:
         """A resumed run's reward functions get back their state (a reward model's running moments under
-        ``normalize``), each rank its own: the same score maps to the same reward as in the uninterrupted run."""
+        ``normalize``, merged over every rank: ``reward_model.share_moments``), each rank its saved copy: the same
+        score maps to the same reward as in the uninterrupted run."""
         saved = self.run.state.get("reward_state")
         if not saved:
             return
@@ -195,9 +195,9 @@ class GRPOSteps:
         return metrics
 
     def sync_weights(self, sync: str) -> None:
-        """Push the policy's weights to the sampler; under LoRA (merged weights) or a generation server (sent over
-        HTTP) check it holds them, failing the
-        step with a message naming ``sync`` when it does not (``trainer/weight_sync.py``)."""
+        """Push the policy's weights to the sampler; under LoRA (merged weights), a generation server (sent over
+        HTTP) or vLLM sleep mode (woken and reloaded) check it holds them, failing the step with a message naming
+        ``sync`` when it does not (``trainer/weight_sync.py``)."""
         weight_sync.push_weights(self.backend, self.model)
         if self.sync_check is not None:
             self.sync_check(self.backend, self.model, sync)
@@ -213,7 +213,9 @@ class GRPOSteps:
             **group_metrics,
             **reward_metrics(generated.rewards_per_func, self.mixture.reward_names),
             **source_reward_metrics(rewards.generated, labels, G),
-            **source_group_metrics(rollouts.groups.rows, self.mixture.names, rollouts.short if config.dynamic_sampling else None),
+            **source_group_metrics(rollouts.groups.rows, self.mixture.names,
+                                   rollouts.short if config.dynamic_sampling else None,
+                                   fell_back=config.dynamic_sampling and rollouts.informative == 0),
             **self._reward_events(),
             **completion_metrics(generated.rollouts, config.emergence.reflection_phrases,
                                  config.emergence.backtrack_phrases),

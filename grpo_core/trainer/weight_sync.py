@@ -2,9 +2,10 @@
 
 The most repeated complaint about LoRA in RL systems is adapters that never reach the generator (verl#7495: a
 run sampled from the initial policy for two months; ROLL#436; trl#2698): nothing fails, the rewards just do
-not move. So a LoRA run, and a run whose rollouts come from a generation server (``sampling.vllm_mode: server``:
-weights cross a network), checks every sync (``SyncCheck``) and fails the step naming the sync when the sampler's
-weights are not the trainer's (``WeightSyncError``):
+not move. So a LoRA run, a run whose rollouts come from a generation server (``sampling.vllm_mode: server``:
+weights cross a network) and a colocated vLLM engine under sleep mode (level 2 discards its weights after each
+generation: every wake reloads them) check every sync (``SyncCheck``, ``checks_every_sync``) and fail the step naming
+the sync when the sampler's weights are not the trainer's (``WeightSyncError``):
 
 - hash, where the sampler can read its tensors (the transformers replica; vLLM on GPU): the trainer hashes a
   few merged tensors (``probe_names``: the first and last adapted weight, ``o_proj`` / ``down_proj`` first, which
@@ -21,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from grpo_core.generation.base import tensor_digest
 from grpo_core.trainer.lora import MergedWeights, is_peft_model, merged_state_dict
@@ -46,11 +48,18 @@ def probe_names(model: torch.nn.Module) -> list[str]:
 
 
 def policy_tensors(model: torch.nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
-    """The tensors ``names`` as the sampler should hold them: merged under LoRA, else the model's own."""
+    """The tensors ``names`` as the sampler should hold them: merged under LoRA, else the model's own, whole: an
+    FSDP shard (a DTensor) is gathered, a collective every rank joins (each runs the check, in ``names`` order)."""
     if is_peft_model(model):
         return merged_state_dict(model, names)
     state = model.state_dict()
-    return {n: state[n] for n in names}
+    return {n: state[n].full_tensor() if isinstance(state[n], DTensor) else state[n] for n in names}
+
+
+def checks_every_sync(model: torch.nn.Module, vllm_mode: str, backend: Any) -> bool:
+    """Whether every sync is checked (module docstring): a LoRA policy, a generation server, or a sampler whose
+    sleep discards its weights (``VLLMBackend.sleep_mode``: GPU, ``vllm_enable_sleep_mode``)."""
+    return is_peft_model(model) or vllm_mode == "server" or bool(getattr(backend, "sleep_mode", False))
 
 
 def push_weights(backend: Any, model: torch.nn.Module) -> None:

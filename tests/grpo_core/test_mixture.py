@@ -241,7 +241,8 @@ def test_a_source_that_cannot_fill_its_quota_is_short_never_replaced():
 
 def test_flat_steps_report_no_kept_group_and_each_source_short(tmp_path, tiny_path, caplog):
     """Every reward constant: no group carries an advantage, so kept_groups is 0 (not prompts_per_step), every
-    source is short by its whole quota, and the first time a source is short a warning names it."""
+    source is short by its whole quota, the flat first round the step falls back to is logged apart from the trained
+    groups, and the first time a source is short a warning names it."""
     register_reward("mix_flat")(lambda completions, **kw: [1.0] * len(completions))
     try:
         sources = [SourceMix(name=s, weight=w, reward_funcs=["mix_flat"]) for s, w in zip(SOURCES, (2.0, 1.0, 1.0))]
@@ -255,7 +256,10 @@ def test_flat_steps_report_no_kept_group_and_each_source_short(tmp_path, tiny_pa
         assert m["dynamic_sampling/kept_groups"] == 0 and m["dynamic_sampling/rounds"] == 2
         assert m["frac_reward_zero_std"] == 1.0
         assert (m["mixture/alpha/short"], m["mixture/beta/short"], m["mixture/gamma/short"]) == (2, 1, 1)
-        assert (m["mixture/alpha/trained"], m["mixture/beta/trained"], m["mixture/gamma/trained"]) == (2, 1, 1)
+        # the step falls back to its flat first round: those groups are counted apart, none as trained
+        assert (m["mixture/alpha/trained"], m["mixture/beta/trained"], m["mixture/gamma/trained"]) == (0, 0, 0)
+        assert (m["mixture/alpha/flat_fallback"], m["mixture/beta/flat_fallback"],
+                m["mixture/gamma/flat_fallback"]) == (2, 1, 1)
     warned = [r.getMessage() for r in caplog.records if "other sources do not fill its share" in r.getMessage()]
     assert len(warned) == 3 and "source 'alpha' trained 0 of its 2 groups" in warned[0]
 

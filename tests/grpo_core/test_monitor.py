@@ -138,3 +138,67 @@ def test_a_gamed_proxy_alarms_and_select_checkpoint_heldout_returns_the_earlier_
     assert record["selected"]["step"] == best["step"] and record["selected"]["last_step"] == 8
     assert record["alarms"][0] == first and record["heldout_signal"] == "test_odd_share"
     assert json.loads((out / "selected" / "selection.json").read_text())["step"] == best["step"]
+
+
+class FixedPolicy:
+    """A sampler whose greedy completion of every prompt is ``text``."""
+
+    batches_itself = True
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def generate(self, prompt_ids, request):
+        from grpo_core.generation.base import Rollout
+
+        return [Rollout(list(p), [5], None, truncated=False, text=self.text)
+                for p in prompt_ids for _ in range(request.n)]
+
+
+def test_the_proxy_reads_a_normalised_reward_model_raw_so_a_rising_score_reads_rising(tmp_path):
+    """The training reward normalises by running moments that rise with the policy's scores; the monitor's proxy
+    reads the reward model's raw score, so a completion the model scores higher reads higher even after training
+    has moved the moments up to it, and the moments are left as training left them."""
+    from grpo_core.config import RewardModelSpec
+    from grpo_core.models.tiny import build_tiny_tokenizer
+    from grpo_core.rewards.reward_model import RewardModelReward
+    from grpo_core.trainer.distributed import DistContext
+    from grpo_core.trainer.loop import build_mixture
+    from grpo_core.trainer.monitor import RewardMonitor
+    from tests.grpo_core.rewards.test_reward_moments import tiny_reward_model
+
+    rm = str(tiny_reward_model(tmp_path))
+    config = GRPOConfig(use_vllm=False, generation_batch_size=4, num_generations=2, max_completion_length=8,
+                        max_prompt_length=16, eval_samples=2, monitor_window=2,
+                        reward_funcs=[{"reward_model": {"model": rm, "scope": "full", "normalize": True}}])
+    rows = TRAIN[:2]
+    one = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    mixture = build_mixture(config, rows, None, one)
+    trained, raw = mixture.funcs[0], RewardModelReward(RewardModelSpec(model=rm, scope="full"))
+    prompts = [r["prompt"] for r in rows]
+
+    def said(text: str) -> list:
+        return [[{"role": "assistant", "content": text}]] * len(rows)
+
+    def raw_mean(text: str) -> float:
+        scores = raw(prompts=prompts, completions=said(text))
+        return sum(scores) / len(scores)
+
+    candidates = ["ok", "hack hack hack", "w0 w1 w2 w3", "1+1=2", "zz yy", "think"]
+    low, high = sorted(candidates, key=raw_mean)[::len(candidates) - 1]
+    raw_low, raw_high = raw_mean(low), raw_mean(high)
+    assert raw_high > raw_low
+    monitor = RewardMonitor(config, EvalConfig(), rows, mixture, raw, "held")
+    policy, history = FixedPolicy(), []
+    for step, text in ((2, low), (4, high)):
+        for other in candidates:  # training's scores: the policy's completions, then the moments follow them up
+            trained(prompts=prompts, completions=said(other if step == 2 else text))
+        before = trained.moments.state_dict()
+        policy.text = text
+        metrics, _ = monitor.evaluate(policy, build_tiny_tokenizer(), step, history)
+        history.append({"step": step, **metrics})
+        assert trained.moments.state_dict() == before and not trained.raw
+    proxy = [r["monitor/unsafe/proxy"] for r in history]
+    assert proxy == pytest.approx([raw_low, raw_high], abs=1e-5)
+    # training itself still normalises: its reward for the high completion is now near the moments' mean, not raw
+    assert sum(trained(prompts=prompts, completions=said(high))) / len(rows) != pytest.approx(raw_high, abs=1e-3)

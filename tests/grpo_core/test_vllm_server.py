@@ -78,14 +78,14 @@ class FakeEngine:
 
 
 class Served:
-    """``build_app(engine)`` under uvicorn in a thread, on a free port; ``stop()`` closes the port."""
+    """``build_app(engine)`` (or ``app``) under uvicorn in a thread, on a free port; ``stop()`` closes the port."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, app=None) -> None:
         import uvicorn
 
         self.port = server_process.free_port("127.0.0.1")
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(build_app(engine), host="127.0.0.1", port=self.port,
+        self.server = uvicorn.Server(uvicorn.Config(app or build_app(engine), host="127.0.0.1", port=self.port,
                                                     log_level="error"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()

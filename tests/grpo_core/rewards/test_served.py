@@ -66,6 +66,24 @@ def test_reward_clip_range_clamps_the_served_score(server):
     assert pop_reward_stats() == {"rewards/rm_http/clipped": 2.0}
 
 
+def test_raw_scores_read_a_normalising_served_model_unnormalised_and_unclipped(server):
+    """The reward-hacking monitor's reading (``reward_model.raw_scores``): the server's score as it comes, the running
+    moments neither read nor moved; outside the block the training reward is normalised and clipped again."""
+    from grpo_core.rewards.reward_model import raw_scores
+
+    fn, _ = resolve_reward({"reward_model": {"model": "rm", "url": server.url, "scope": "full", "normalize": True,
+                                             "reward_clip_range": [-1.0, 1.0]}})
+    for score in (1.0, 3.0):
+        server.behaviour.score = score
+        fn(prompts=["Say hi."], completions=["Hi!"])  # training's calls: moments of 1.0 and 3.0
+    before = fn.moments.state_dict()
+    server.behaviour.score = 7.5
+    with raw_scores([fn]):
+        assert fn(prompts=["Say hi."] * 2, completions=["Hi!"] * 2) == [7.5, 7.5]
+    assert fn.moments.state_dict() == before
+    assert fn(prompts=["Say hi."], completions=["Hi!"]) == [1.0]  # (7.5 - mean) / std, clipped
+
+
 def test_requests_are_concurrent_and_bounded_by_batch_size(server):
     server.behaviour.delay_s = 0.3
     fn = ServedJudge(JudgeSpec(model="j", url=server.url, batch_size=3))
