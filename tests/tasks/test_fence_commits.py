@@ -179,7 +179,7 @@ def test_a_commit_given_up_on_cannot_land_after_a_takeover(proxied, tmp_path):
         time.sleep(2)
         assert not direct.exists(manifest) and direct.latest(RUN, "grpo_train") is None
         assert _lease(direct)["owner"] == "b"
-        assert gave_up_after < 3  # within the time the lease had left (~2.5 s), not R1_S3_READ_TIMEOUT (5 s)
+        assert gave_up_after < 4.5  # within the time the lease had left (<= 2.5 s), not R1_S3_READ_TIMEOUT (5 s)
 
 
 def _ref(store: Store, stage: str, version: str) -> StageRef:
