@@ -204,7 +204,8 @@ class RunLease:
                                if holder else f"its lease file {self.store.uri(self.path)} was removed or damaged")
                     return False
                 self.tag = tag  # still ours: a heartbeat of ours given up on landed since; swap on its tag
-        return False
+        log.warning("lease heartbeat for run %s: the lease file kept changing under it; trying again", self.run)
+        return True  # not refreshed: ``valid_until`` stands, and the watch ends the lease if this goes on
 
     def _lose_unrefreshed(self) -> None:
         last = self.valid_until - self.ttl_s * (1 - GUARD)

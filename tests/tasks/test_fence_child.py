@@ -4,6 +4,7 @@ takeover, and the new writer resumed from them)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -55,3 +56,26 @@ def test_the_training_child_of_a_writer_that_lost_its_lease_commits_no_checkpoin
     assert complete_steps(root) <= at_takeover["steps"]  # nothing committed after the takeover
     assert "LeaseLost" in str(err.value) and "host-b pid 4242" in str(err.value)  # the child's own refusal
     assert max(at_takeover["steps"]) < 60
+
+
+def test_the_owner_token_crosses_to_a_child_whose_check_wants_the_lease_ours_and_fresh(tmp_path):
+    from tasks.storage.fence import HOLDER, MODE_ENV, OWNER_ENV, fence_env, owner_from_env
+    from tasks.storage.lease import LeaseLost, owner_check
+
+    store = Store(tmp_path)
+    lease = acquire_lease(store, RUN, heartbeat_s=3600, settle_s=0)
+    env = fence_env(store.url, RUN)
+    assert env == {OWNER_ENV: lease.owner, MODE_ENV: HOLDER}
+    check = owner_check(store, RUN, *owner_from_env(env))
+    assert abs(check("a checkpoint") - lease.valid_until) < 1e-3  # the child's writes are bounded by it
+    record = json.loads(store.read_text(store.run_file(RUN, LEASE)))
+    store.write_json(store.run_file(RUN, LEASE), {**record, "heartbeat_at": time.time() - 100,
+                                                 "expires_at": time.time() - 40})  # the parent stopped refreshing
+    with pytest.raises(LeaseLost, match="not refreshed since"):
+        check("a checkpoint")
+    lease.release()
+    store.remove_run_file(RUN, LEASE)
+    with pytest.raises(LeaseLost, match="released or removed"):
+        check("a checkpoint")
+    with pytest.raises(ValueError, match="R1_LEASE_MODE='bogus'"):
+        owner_from_env({OWNER_ENV: "x", MODE_ENV: "bogus"})
