@@ -18,6 +18,7 @@ from prefect import Flow, flow
 from tasks.config.pipeline import PipelineConfig, check_run_name, load_config
 from tasks.config.stages import Stage, evaluation, get_stage, stage_names
 from tasks.runner.common import StageFailed, cached, configure_stage_logging, stage_task_options
+from tasks.runner.launch import stop_children
 from tasks.storage import lineage
 from tasks.storage.lease import fenced_as
 from tasks.storage.manifest import StageRef
@@ -80,9 +81,9 @@ def run_stage(stage: str, run: str, config: PipelineConfig | None = None, config
               lease_owner: str | None = None) -> dict[str, Any]:
     """The body of every stage flow: inputs from the caller or the store, the task, then evaluation.
     ``lease_owner``: the lease token of the pipeline that dispatched this stage to a worker; its commits are then
-    refused once another writer holds the run (``tasks.storage.lease.fenced_as``)."""
-    if lease_owner:
-        with fenced_as(Store(store), run, lease_owner):
+    refused once another writer holds the run, and its training child stopped (``tasks.storage.lease.fenced_as``)."""
+    if lease_owner:  # watched: a takeover stops the training child within a heartbeat, not at the next commit
+        with fenced_as(Store(store), run, lease_owner, on_lost=stop_children):
             return run_stage(stage, run, config, config_path, store, inputs, force)
     configure_stage_logging()  # a deployment run's process: no transformers bars in the log
     entry = get_stage(stage)

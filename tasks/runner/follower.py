@@ -7,8 +7,9 @@ Node 0 runs the stage task (one Prefect flow run). Before it starts ``torchrun -
 training spec (a ``tasks.config.training_spec.TrainingSpec``) in the store under ``R1_RDZV_ID``
 (``Store.node_spec_path``); a follower waits for that spec, fetches the same inputs and resume checkpoint from
 the store (checked against their manifests), and joins the same c10d rendezvous with its own ``R1_NODE_RANK``.
-It commits nothing: global rank 0, on node 0, writes the model and node 0's task commits it. The multi-node
-Kubernetes pool starts this in pods 1..N-1.
+It commits no output: global rank 0, on node 0, writes the model and node 0's task commits it; a checkpoint its
+ranks upload is fenced on node 0's lease (the owner's token comes with the spec). The multi-node Kubernetes pool
+starts this in pods 1..N-1.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any
 from tasks.config.training_spec import TrainingSpec
 from tasks.runner.launch import resolve_nodes
 from tasks.runner.worker import fetch_checkpoint, launch_training
+from tasks.storage.fence import owner_from_env
+from tasks.storage.lease import fenced_as
 from tasks.storage.manifest import StageRef
 from tasks.storage.store import Store
 
@@ -67,7 +70,12 @@ def follow(env: dict[str, str] | None = None) -> int:
         local[key] = str(store.get_output(ref, source["name"], work / "inputs" / ref.stage / source["name"]))
     spec = TrainingSpec.model_validate(found["spec"]).model_copy(update=local)
     fetch_checkpoint(spec, lambda event: None)
-    launch_training(spec, lambda event: None, nodes=nodes)
+    fence = owner_from_env(found.get("fence") or {})  # node 0's lease: its ranks here commit for it
+    if fence is None:
+        launch_training(spec, lambda event: None, nodes=nodes)
+    else:
+        with fenced_as(Store(spec.store, check=False), spec.run, fence[0], mode=fence[1]):
+            launch_training(spec, lambda event: None, nodes=nodes)
     log.info("node %d: training finished", nodes.node_rank)
     return 0
 

@@ -17,6 +17,10 @@ job), set by the work pool's job template. With more than one node every node ru
 starts ``torchrun --nnodes N --node-rank R --rdzv-backend c10d``; the c10d rendezvous numbers the nodes
 itself (torchrun ignores ``--node-rank`` there), so the node whose launcher ran global rank 0 is the one
 holding the trained model, and it commits (``tasks.runner.training``).
+
+``stop_children(reason)`` ends every child this process runs now (their process groups) and makes their ``launch``
+raise ``ChildStopped(reason)``, not retried: how a stage dispatched to a worker stops its training when the
+pipeline it runs for lost the run's lease (``tasks.storage.lease.fenced_as``'s ``on_lost``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -43,6 +48,25 @@ ERROR_DIR_ENV = "R1_CHILD_ERROR_DIR"
 _TAIL_LINES = 60
 _log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+_RUNNING: dict[int, subprocess.Popen[str]] = {}  # pid -> a child ``launch`` waits for now
+_STOPPED: dict[int, str] = {}  # pid -> why ``stop_children`` stopped it
+_LOCK = threading.Lock()
+
+
+class ChildStopped(RuntimeError):
+    """``stop_children`` ended the child (the run's lease was lost): not retried."""
+
+
+def stop_children(reason: str) -> None:
+    """End every child this process's ``launch`` calls run now; each of those calls raises ``ChildStopped(reason)``."""
+    with _LOCK:
+        procs = list(_RUNNING.values())
+        _STOPPED.update({proc.pid: reason for proc in procs})
+    for proc in procs:
+        _log.error("stopping %s (pid %d): %s", " ".join(map(str, proc.args[1:4])), proc.pid, reason)
+        _terminate_group(proc)
 
 
 class StageProcessFailed(RuntimeError):
@@ -178,6 +202,8 @@ def launch(
         tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 env=child_env, cwd=cwd, start_new_session=True, preexec_fn=die_with_parent)
+        with _LOCK:
+            _RUNNING[proc.pid] = proc
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -188,6 +214,12 @@ def launch(
         except BaseException:  # cancelled, timed out or interrupted: take the whole process group down
             _terminate_group(proc)
             raise
+        finally:
+            with _LOCK:
+                _RUNNING.pop(proc.pid, None)
+                stopped = _STOPPED.pop(proc.pid, None)
+        if stopped is not None:
+            raise ChildStopped(f"{module} stopped: {stopped}")
         if returncode != 0:
             raise _failure(module, returncode, error_dir, list(tail), logger)
 

@@ -10,7 +10,9 @@ resume, so that file holds every optimiser step exactly once even across a crash
 starts the child (``torchrun`` when the work pool asks for several processes; then only rank 0 uploads
 and reports). Progress events go through a small file the parent tails, since the child's stdout is the
 log (the trainers' progress lines appear there). The child's one input is a ``TrainingSpec``
-(tasks/config/training_spec.py), validated once when the child reads it.
+(tasks/config/training_spec.py), validated once when the child reads it. The child commits its checkpoints under
+its parent's fence: the lease owner's token crosses in ``R1_LEASE_OWNER`` / ``R1_LEASE_MODE``
+(``tasks.storage.fence.fence_env``), so a child whose writer lost the run commits no checkpoint.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from tasks.config.plan import check_stage_memory
 from tasks.config.training_spec import TRAINERS, TrainingSpec
 from tasks.runner.common import StageFailed, WorkerCrashed, configure_stage_logging, logger
 from tasks.runner.launch import Nodes, StageProcessFailed, launch, record_failure, resolve_nodes, resolve_nproc_per_node
+from tasks.storage.fence import fence_env, owner_from_env
+from tasks.storage.lease import fenced_as
 from tasks.storage.store import Store, TransientStoreError
 
 Emit = Callable[[dict[str, Any]], None]
@@ -138,7 +142,8 @@ def run_training(spec: TrainingSpec, *, isolation: str, on_event: Emit,
             raise StageFailed(f"{spec.stage}: the training child exited cleanly but wrote no result")
         return result
     store = Store(spec.store, check=False)
-    handover = {"spec": spec.model_dump(mode="json"), "inputs": inputs or {}}  # the set fields, as the child reads them
+    handover = {"spec": spec.model_dump(mode="json"), "inputs": inputs or {},  # the set fields, as the child reads them
+                "fence": fence_env(store.url, spec.run)}  # the followers' ranks commit under this writer's lease
     store.write_json(store.node_spec_path(nodes.rdzv_id), handover)
     try:
         result = launch_training(spec, on_event, nodes=nodes)
@@ -165,7 +170,8 @@ def launch_training(spec: TrainingSpec, on_event: Emit, *, nodes: Any = None) ->
     spec_path = work / "worker-spec.json"
     spec_path.write_text(spec.model_dump_json())
     root = str(Path(__file__).resolve().parents[2])  # the checkout this code runs from
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
+           **fence_env(Store(spec.store, check=False).url, spec.run)}  # the child's commits: under our fence
     follower = _EventFollower(events, on_event)
     follower.start()
     if nodes.nnodes > 1:
@@ -228,7 +234,12 @@ def _child_main(spec_path: str) -> None:
                 with lock, open(str(spec.events_path), "a") as f:
                     f.write(json.dumps(event, default=str) + "\n")
 
-        result = execute(spec, emit)
+        fence = owner_from_env()  # the lease owner this process commits for (set by launch_training)
+        if fence is None:
+            result = execute(spec, emit)
+        else:
+            with fenced_as(Store(spec.store, check=False), spec.run, fence[0], mode=fence[1]):
+                result = execute(spec, emit)
         if rank0:
             Path(str(spec.result_path)).write_text(json.dumps(result, default=str))
 

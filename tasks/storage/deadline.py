@@ -7,8 +7,10 @@ a daemon thread and the caller waits at most ``limit_s`` for it; a transfer (``P
 per stretch without a finished block instead, so a big upload takes as long as bytes keep moving.
 
 A call given up on is not cancelled (a thread cannot be): it ends when its own timeouts fire, in the
-background, and its result is dropped. A write given up on may still land later; the lease fence
-(``tasks/storage/lease.py``) and manifest-last commits keep that from making a stale output visible to a new writer.
+background, and its result is dropped. A write given up on may still land later, so a caller that must not leave
+one behind passes ``on_abandoned``: it runs in that thread once the call ends (result or error), only when the caller
+gave up, and undoes the write (``tasks/storage/store.py``'s fenced commits delete what they wrote; the lease's
+heartbeat needs none: it is a compare-and-swap that cannot land over another writer's lease).
 """
 
 from __future__ import annotations
@@ -36,12 +38,15 @@ class Progress:
         self.at = time.monotonic()
 
 
-def call_within(limit_s: float, fn: Callable[[], T], progress: Progress | None = None) -> T:
+def call_within(limit_s: float, fn: Callable[[], T], progress: Progress | None = None,
+                on_abandoned: Callable[[], None] | None = None) -> T:
     """``fn()``'s result or exception; ``Stalled`` once ``limit_s`` passes with no result (with ``progress``:
-    once ``limit_s`` passes since its last tick)."""
+    once ``limit_s`` passes since its last tick). ``on_abandoned``: run in ``fn``'s thread when ``fn`` ends after
+    the caller gave up (whatever it returned or raised: a request that timed out may still have landed)."""
     done = threading.Event()
     out: dict[str, Any] = {}
     ctx = contextvars.copy_context()
+    lock = threading.Lock()  # orders "fn ended" against "the caller gave up": exactly one of them wins
 
     def run() -> None:
         try:
@@ -49,7 +54,14 @@ def call_within(limit_s: float, fn: Callable[[], T], progress: Progress | None =
         except BaseException as e:  # noqa: BLE001 - handed to the caller
             out["error"] = e
         finally:
-            done.set()
+            with lock:
+                done.set()
+                abandoned = out.get("abandoned", False)
+        if abandoned and on_abandoned is not None:
+            try:
+                ctx.run(on_abandoned)
+            except BaseException:  # noqa: BLE001 - nobody is waiting; the undo logs its own failure
+                pass
 
     start = time.monotonic()
     threading.Thread(target=run, name="r1-store-op", daemon=True).start()
@@ -57,7 +69,11 @@ def call_within(limit_s: float, fn: Callable[[], T], progress: Progress | None =
         last = max(start, progress.at) if progress is not None else start
         remaining = last + limit_s - time.monotonic()
         if remaining <= 0:
-            raise Stalled(f"no result within {limit_s:g} s")
+            with lock:
+                if not done.is_set():
+                    out["abandoned"] = True
+                    raise Stalled(f"no result within {limit_s:g} s")
+            break
         if done.wait(remaining):
             break
     if "error" in out:

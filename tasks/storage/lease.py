@@ -12,17 +12,22 @@ on this host and is gone (``tasks/storage/owner.py``: pid, pid namespace, start 
 (``--force-unlock``) takes any lease. Expiry compares the clocks of two machines: keep them NTP-synced, or
 the TTL well above their skew.
 
-Fencing: while this process holds the lease, every commit to the run (a stage's manifest, a checkpoint's
-``_COMPLETE``; ``tasks/storage/store.py``'s fence) first reads the lease back and is refused with ``LeaseLost``,
-naming the run and the other holder, when it is no longer ours. The heartbeat gives the lease up by itself
-(``on_lost``: the ``r1`` commands stop at once) when it sees another owner, or when no heartbeat has reached
-the store for ``ttl - GUARD`` (from then on another writer may take the run over).
+Fencing (``tasks/storage/fence.py``, ``tasks/storage/commit.py``): every commit to the run (a stage's manifest, a
+checkpoint's ``_COMPLETE``, a run file such as ``lineage.json``) reads the lease before and after its write and is
+refused (``LeaseLost``, naming the run and the other holder), its write undone, when the lease is no longer ours.
+That holds in every process that writes for the holder: the training child and follower nodes get the owner's
+token (``fence.fence_env``) and check the lease as the holder does (``fenced_as``, mode ``holder``); a stage
+dispatched to a worker gets it as a flow parameter (mode ``dispatched``) and also watches the lease, stopping its
+child (``on_lost``) within a heartbeat of a takeover. The check compares owner tokens, never ETags, so the holder's
+own heartbeat never fails it. The heartbeat gives the lease up by itself (``on_lost``: the ``r1`` commands stop at
+once) when it sees another owner, or when no heartbeat has reached the store for ``ttl - GUARD`` (from then on
+another writer may take the run over); a commit's write is bounded by that same time.
 
-No atomic create-if-absent on S3, so taking a lease is: read; if free, write ours; wait ``settle_s``; read
-back and proceed only if the owner is still us (the last write wins, the loser sees it and fails). The race
-left: writer B reads "free" before A writes, then stalls longer than ``settle_s`` before its own write lands
-after A's read-back; both proceed. A heartbeat that finds another owner in the file logs an error and stops
-refreshing (it never overwrites a lease it lost) and stops its writer.
+Every write of the lease is a compare-and-swap on the tag last read or written (``Store.write_if``: S3
+``If-None-Match: *`` to take a free lease, ``If-Match`` on its ETag otherwise; locally under a lock): of two writers
+taking a lease at once one wins, and a heartbeat (or one given up on that lands minutes later) can never overwrite
+another writer's lease. ``settle_s`` and the read-back after taking a lease are kept for stores whose conditional
+writes are not honoured.
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from tasks.storage.owner import process_gone, this_process
-from tasks.storage.fence import clear_fence, set_fence
-from tasks.storage.store import Store, StoreError
+from tasks.storage.fence import DISPATCHED, HOLDER, Check, clear_fence, set_fence
+from tasks.storage.store import Store, StoreError, WriteConflict
 
 LEASE = "lease.json"
 TTL_S = 60.0  # a lease not refreshed for this long is stale
@@ -71,6 +76,24 @@ def _expires_at(holder: dict[str, Any]) -> float:
         return 0.0  # a damaged expiry: stale
 
 
+def _valid_until(holder: dict[str, Any]) -> float:
+    """Until when the lease's writer may commit: its last heartbeat plus ``ttl - GUARD``."""
+    try:
+        beat = float(holder.get("heartbeat_at", 0))
+    except (TypeError, ValueError):
+        return 0.0
+    return beat + (_expires_at(holder) - beat) * (1 - GUARD)
+
+
+def _parse(data: bytes) -> dict[str, Any]:
+    """A lease file's record; ``{}`` when it is unreadable (damaged)."""
+    try:
+        holder = json.loads(data)
+        return holder if isinstance(holder, dict) and "owner" in holder else {}
+    except ValueError:
+        return {}
+
+
 def describe(holder: dict[str, Any]) -> str:
     """Who holds a lease, for people: host, pid, since when, last heartbeat."""
     return (f"{holder.get('host', '?')} pid {holder.get('pid', '?')} (since {holder.get('since', '?')}, "
@@ -90,6 +113,7 @@ class RunLease:
         self.lost_reason = ""
         self.on_lost = on_lost  # called once, from the heartbeat thread, when the lease is lost
         self.valid_until = 0.0  # our last successful write + TTL - guard: after it, assume another writer took over
+        self.tag: str | None = None  # the lease file's tag as we last read or wrote it (compare-and-swap)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -99,43 +123,49 @@ class RunLease:
         return {"owner": self.owner, **this_process(), "since": self.since, "heartbeat": _iso(now),
                 "heartbeat_at": now, "expires_at": now + self.ttl_s, "run": self.run}
 
-    def _write(self) -> None:
+    def _write(self, tag: str | None) -> None:
+        """Write a fresh record if the lease file's tag is still ``tag`` (None: no file); ``WriteConflict`` if not."""
         record = self.record()
-        self.store.write_json(self.path, record)
+        data = json.dumps(record, indent=2, sort_keys=True).encode()
+        self.tag = self.store.write_if(self.path, data, tag)
         self.valid_until = record["heartbeat_at"] + self.ttl_s * (1 - GUARD)
+
+    def read_tagged(self) -> tuple[dict[str, Any] | None, str | None]:
+        """(the lease in the store, its tag): (None, None) when there is none; ``{}`` when it is damaged."""
+        try:
+            data, tag = self.store.read_tagged(self.path)
+        except FileNotFoundError:
+            return None, None
+        return _parse(data), tag
 
     def read(self) -> dict[str, Any] | None:
         """The lease in the store: None when there is none; ``{}`` when it is unreadable (damaged)."""
-        try:
-            text = self.store.read_text(self.path)
-        except FileNotFoundError:
-            return None
-        try:
-            holder = json.loads(text)
-            return holder if isinstance(holder, dict) and "owner" in holder else {}
-        except ValueError:
-            return {}
+        return self.read_tagged()[0]
 
     def acquire(self, *, force: bool = False, settle_s: float = SETTLE_S) -> "RunLease":
         """Take the lease, or raise ``LeaseHeld`` naming the live holder."""
-        self.refuse_if_held(force=force, quiet=False)
-        self._write()
+        holder, tag = self.refuse_if_held(force=force, quiet=False)
+        try:
+            self._write(tag)
+        except WriteConflict:  # another writer's lease landed between our read and our write
+            raise LeaseHeld(self._held_message(self.read() or {})) from None
         time.sleep(settle_s)
-        now_held = self.read()
-        if not now_held or now_held.get("owner") != self.owner:  # another writer's lease landed after ours
+        now_held, self.tag = self.read_tagged()
+        if not now_held or now_held.get("owner") != self.owner:  # a store that does not honour conditional writes
             raise LeaseHeld(self._held_message(now_held or {}))
-        set_fence(self.store.url, self.run, self.ensure_held)
+        set_fence(self.store.url, self.run, self.ensure_held, self.owner, HOLDER)
         _HELD[(self.store.url, self.run)] = self.owner
         return self
 
-    def refuse_if_held(self, *, force: bool = False, quiet: bool = True) -> None:
+    def refuse_if_held(self, *, force: bool = False,
+                       quiet: bool = True) -> tuple[dict[str, Any] | None, str | None]:
         """Raise ``LeaseHeld`` naming the holder when another live writer holds the lease (what ``acquire`` checks
         first; called alone, it lets a command refuse in a second, before it starts anything slow). A lease that
         ``acquire`` would take over (expired, its process gone, ``force``) passes; ``quiet``: without the
-        warnings ``acquire`` logs when it takes one over."""
-        holder = self.read()
+        warnings ``acquire`` logs when it takes one over. Returns the lease read and its tag."""
+        holder, tag = self.read_tagged()
         if holder is None or holder.get("owner") == self.owner:
-            return
+            return holder, tag
         if force:
             taking = f"--force-unlock: taking the lease on run {self.run} from {describe(holder)}"
         elif _expires_at(holder) < time.time():
@@ -148,6 +178,7 @@ class RunLease:
             raise LeaseHeld(self._held_message(holder))
         if not quiet:
             log.warning("%s", taking)
+        return holder, tag
 
     def _held_message(self, holder: dict[str, Any]) -> str:
         return (f"run {self.run!r} in {self.store.url} is being written by {describe(holder)}; wait for it to "
@@ -162,12 +193,19 @@ class RunLease:
         if time.time() > self.valid_until:
             self._lose_unrefreshed()
             return False
-        holder = self.read()
-        if holder and holder.get("owner") != self.owner:
-            self._lose(f"another writer took it: {describe(holder)} (--force-unlock or a stale take-over)")
-            return False
-        self._write()
-        return True
+        for _ in range(2):
+            try:
+                self._write(self.tag)  # compare-and-swap: never over another writer's lease
+                return True
+            except WriteConflict:
+                holder, tag = self.read_tagged()
+                if not holder or holder.get("owner") != self.owner:
+                    self._lose(f"another writer took it: {describe(holder)} (--force-unlock or a stale take-over)"
+                               if holder else f"its lease file {self.store.uri(self.path)} was removed or damaged")
+                    return False
+                self.tag = tag  # still ours: a heartbeat of ours given up on landed since; swap on its tag
+        log.warning("lease heartbeat for run %s: the lease file kept changing under it; trying again", self.run)
+        return True  # not refreshed: ``valid_until`` stands, and the watch ends the lease if this goes on
 
     def _lose_unrefreshed(self) -> None:
         last = self.valid_until - self.ttl_s * (1 - GUARD)
@@ -184,9 +222,10 @@ class RunLease:
         if self.on_lost is not None:
             self.on_lost(self.lost_reason)
 
-    def ensure_held(self, what: str = "a commit") -> None:
+    def ensure_held(self, what: str = "a commit") -> float:
         """The fence before ``what`` (a commit to the run): raise ``LeaseLost``, naming the run and the lease's
-        holder now, unless the lease in the store is still ours and was refreshed in time."""
+        holder now, unless the lease in the store is still ours (its owner token: our own heartbeat rewriting the
+        file never fails this) and was refreshed in time. Returns until when it is surely ours."""
         try:
             held = self.read()
         except StoreError as e:
@@ -205,6 +244,7 @@ class RunLease:
             other = f"; {now} holds it now" if now and now not in self.lost_reason else ""
             raise LeaseLost(f"{what} refused: {self.lost_reason}{other}; this writer stops (`r1 status "
                             f"{self.run}` shows what the other writer committed)")
+        return self.valid_until
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
@@ -236,12 +276,11 @@ class RunLease:
             if thread is not threading.current_thread():
                 thread.join(timeout=10)
         try:
-            holder = self.read()
+            holder, tag = self.read_tagged()
+            if holder and holder.get("owner") == self.owner and tag is not None and self.store.remove_if(self.path, tag):
+                self.store.remove_run_file(self.run, LEASE)  # gone already; removes the folders it leaves empty
         except StoreError as e:
             log.warning("could not release the lease on run %s: %s", self.run, e)
-            return
-        if holder and holder.get("owner") == self.owner:
-            self.store.remove_run_file(self.run, LEASE)
 
     def __enter__(self) -> "RunLease":
         self._threads = [threading.Thread(target=fn, name=f"lease-{self.run}-{fn.__name__}", daemon=True)
@@ -269,24 +308,66 @@ def held_owner(store: Store, run: str) -> str | None:
     return _HELD.get((store.url, run))
 
 
+def owner_check(store: Store, run: str, owner: str, mode: str) -> Check:
+    """The fence of a process that commits to ``run`` for the writer whose lease token is ``owner`` without
+    holding the lease itself. ``holder`` (a training child, a follower node): the lease must be in the store,
+    ``owner``'s and refreshed in time. ``dispatched`` (a stage a pipeline sent to a worker): refused while another
+    live writer holds the run; a free or expired lease lets the commit through (no other writer is at work: a
+    ``prefect flow-run retry`` after the pipeline ended)."""
+
+    def check(what: str) -> float | None:
+        try:
+            holder = RunLease(store, run).read()
+        except StoreError as e:
+            raise LeaseLost(f"{what} to run {run!r} refused: cannot read the run's lease to check the writer this "
+                            f"process writes for still holds it ({e})") from None
+        ours = bool(holder) and holder.get("owner") == owner  # type: ignore[union-attr]
+        if mode == HOLDER and not ours:
+            now = f"the run is now written by {describe(holder)}" if holder else "its lease was released or removed"
+            raise LeaseLost(f"{what} to run {run!r} refused: {now}, not by the writer that started this process; "
+                            "this process stops and commits nothing")
+        if mode == HOLDER and time.time() > _valid_until(holder):  # type: ignore[arg-type]
+            raise LeaseLost(f"{what} to run {run!r} refused: the lease of the writer that started this process was "
+                            f"not refreshed since {holder.get('heartbeat', '?')}, so another writer may be taking "  # type: ignore[union-attr]
+                            "the run over; this process stops and commits nothing")
+        if holder and not ours and _expires_at(holder) >= time.time():
+            raise LeaseLost(f"{what} to run {run!r} refused: the run is now written by {describe(holder)}, not by "
+                            "the pipeline that dispatched this stage; this stage stops and commits nothing")
+        return _valid_until(holder) if ours else None  # type: ignore[arg-type]
+
+    return check
+
+
 @contextmanager
-def fenced_as(store: Store, run: str, owner: str) -> Iterator[None]:
-    """Fence this process's commits to ``run`` on behalf of the writer whose lease token is ``owner``: a stage that
-    a pipeline dispatched to a worker (``--dispatch deployments``) holds no lease itself, so before each commit it
-    reads the run's lease and refuses (``LeaseLost``) when another live writer holds it. A free or expired lease
-    lets the commit through: no other writer is at work (a ``prefect flow-run retry`` after the pipeline ended)."""
+def fenced_as(store: Store, run: str, owner: str, *, mode: str = DISPATCHED,
+              on_lost: Callable[[str], None] | None = None, watch_s: float = HEARTBEAT_S) -> Iterator[None]:
+    """Fence this process's commits to ``run`` on behalf of the writer whose lease token is ``owner``
+    (``owner_check``). ``on_lost``: also read the lease every ``watch_s`` and call ``on_lost(reason)`` once when a
+    commit would be refused (a dispatched stage stops its training child with it)."""
     if held_owner(store, run):  # this process holds the lease itself: its own fence (``ensure_held``) is stricter
         yield
         return
-
-    def check(what: str) -> None:
-        holder = RunLease(store, run).read()
-        if holder and holder.get("owner") != owner and _expires_at(holder) >= time.time():
-            raise LeaseLost(f"{what} to run {run!r} refused: the run is now written by {describe(holder)}, not by "
-                            "the pipeline that dispatched this stage; this stage stops and commits nothing")
-
-    set_fence(store.url, run, check)
+    check = owner_check(store, run, owner, mode)
+    set_fence(store.url, run, check, owner, mode)
+    stop = threading.Event()
+    if on_lost is not None:
+        threading.Thread(target=_watch_lease, args=(check, run, on_lost, stop, watch_s), daemon=True,
+                         name=f"lease-watch-{run}").start()
     try:
         yield
     finally:
+        stop.set()
         clear_fence(store.url, run, check)
+
+
+def _watch_lease(check: Check, run: str, on_lost: Callable[[str], None], stop: threading.Event,
+                 every_s: float) -> None:
+    while not stop.wait(every_s):
+        try:
+            check("the stage's next commit")
+        except LeaseLost as e:
+            log.error("%s", e)
+            on_lost(str(e))
+            return
+        except StoreError as e:  # a missed look is not fatal: the commits check again themselves
+            log.warning("could not read the lease of run %s: %s", run, e)

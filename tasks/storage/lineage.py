@@ -23,7 +23,8 @@ LINEAGE = "lineage.json"
 
 def record(store: Store, ref: StageRef) -> None:
     """Make ``ref`` its stage's current output in its run (read, update one entry, write back: one writer per
-    run holds the lease, so there is no lost update to guard against)."""
+    run holds the lease, so there is no lost update to guard against). The write is a commit to the run, under its
+    fence (``Store.write_run_file``): a writer that lost the run cannot move what the run stands on."""
     saved = store.read_run_file(ref.run, LINEAGE) or {}
     stages = dict(saved.get("stages") or {})
     stages[ref.stage] = {"path": ref.path, "version": ref.version}

@@ -1,5 +1,5 @@
-"""How the store talks to S3: the endpoint's name for messages, and the time and retry bounds of every request,
-read from the ``R1_S3_*`` variables (s3fs options built from them).
+"""How the store talks to S3: the endpoint's name for messages, the time and retry bounds of every request (read
+from the ``R1_S3_*`` variables; s3fs options built from them), and its errors as one line each (``explain``).
 """
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tasks.storage.manifest import StoreError
+from tasks.storage.manifest import StoreError, TransientStoreError
 
 
 def endpoint_name() -> str:
@@ -55,3 +55,44 @@ def s3_options(t: dict[str, float], attempts: int | None = None) -> dict[str, An
 def timed_out(e: BaseException) -> bool:
     """A connect or read timeout from botocore, aiohttp or asyncio (s3fs passes each through)."""
     return isinstance(e, TimeoutError) or "Timeout" in type(e).__name__ or "timeout on endpoint" in str(e).lower()
+
+
+class StoreStalled(StoreError):
+    """An S3 operation got no answer within R1_S3_READ_TIMEOUT. Not retried by the stage task: the operation
+    has waited its whole limit already, so the stage fails within it."""
+
+
+def stalled(action: str, url: str, timeouts: dict[str, float]) -> StoreStalled:
+    return StoreStalled(f"cannot reach S3 endpoint {endpoint_name()} for {url} while {action}: no answer "
+                        f"within {timeouts['read']:g} s (R1_S3_READ_TIMEOUT, the limit on one store "
+                        "operation); check AWS_ENDPOINT_URL_S3 and the network")
+
+
+def explain(e: BaseException, action: str, url: str, timeouts: dict[str, float]) -> StoreError:
+    """One line that says what failed and where (the store at ``url``; ``timeouts``: ``s3_timeouts()`` for an S3
+    store, {} for a local one), never credentials."""
+    if isinstance(e, StoreError):  # already explained (a stall, an integrity error)
+        return e
+    msg = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    if not timeouts:
+        return TransientStoreError(f"store {url}: error while {action} ({msg})")
+    where = f"S3 endpoint {endpoint_name()} for {url}"
+    text = str(e)
+    if timed_out(e):
+        if any(w in f"{type(e).__name__} {text}".lower() for w in ("connecttimeout", "connectiontimeout",
+                                                                    "connect timeout")):
+            return StoreError(f"cannot reach {where} while {action}: no connection within "
+                              f"{timeouts['connect']:g} s (R1_S3_CONNECT_TIMEOUT); check "
+                              "AWS_ENDPOINT_URL_S3 and the network")
+        return stalled(action, url, timeouts)
+    if isinstance(e, PermissionError) or any(s in text for s in ("AccessDenied", "InvalidAccessKeyId",
+                                                                 "SignatureDoesNotMatch", "Forbidden")):
+        return StoreError(f"access denied by {where} while {action} ({msg}); check AWS_ACCESS_KEY_ID / "
+                          "AWS_SECRET_ACCESS_KEY and the bucket policy")
+    if "NoSuchBucket" in text or isinstance(e, FileNotFoundError):
+        return StoreError(f"bucket not found at {where} while {action} ({msg}); create it first")
+    if any(s in text for s in ("Could not connect", "Connect timeout", "ConnectTimeout",
+                               "Connection refused", "EndpointConnectionError", "Name or service")):
+        return StoreError(f"cannot reach {where} while {action} ({msg}); check AWS_ENDPOINT_URL_S3 "
+                          "and the network")
+    return TransientStoreError(f"{where}: error while {action} ({msg})")

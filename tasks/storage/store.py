@@ -14,8 +14,10 @@ Layout::
 
 What a manifest holds, its checks and ``StageRef`` are in ``tasks/storage/manifest.py`` (no I/O).
 
-A process that holds the run's lease checks it before each commit (the manifest, a checkpoint's
-``_COMPLETE``): ``tasks/storage/fence.py``, installed by ``tasks/storage/lease.py``; a writer that lost the run commits nothing.
+Every commit to a run (a manifest, a checkpoint's ``_COMPLETE``, a run file such as ``lineage.json``) goes through
+the run's fence (``tasks/storage/fence.py``, installed by ``tasks/storage/lease.py`` in every process that writes for
+the lease's owner), checked before and after the write, which is undone when the run was lost meanwhile
+(``tasks/storage/commit.py``); the lease itself is written by compare-and-swap (``write_if``).
 Every S3 operation as a whole is bounded by R1_S3_READ_TIMEOUT (``_bounded``; see ``tasks/storage/s3_settings.py``).
 
 Readers only see committed versions; an output whose writer died before its manifest is ignored (and the
@@ -50,16 +52,18 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import fsspec
+import fsspec.asyn
 
 # StoreError, TransientStoreError and IntegrityError are defined beside StageRef (which raises them too);
 # callers import them from here, with the Store that raises them.
 from tasks.storage.deadline import Progress, Stalled, call_within
+from tasks.storage.commit import (MANIFEST, FileLock, StageWriter, WriteConflict, commit_json,
+                                  precondition_failed, replace_file)
 from tasks.storage.fence import check_fence
-from tasks.storage.manifest import (IntegrityError, StageRef, StoreError, TransientStoreError, check_manifest, new_manifest,
-                            ref_from_manifest, rerun_hint, sha256_file, utc_now)
-from tasks.storage.s3_settings import S3_TRIES, endpoint_name, s3_options, s3_timeouts, timed_out
+from tasks.storage.manifest import (IntegrityError, StageRef, StoreError, TransientStoreError,  # noqa: F401 - re-exported
+                                    check_manifest, ref_from_manifest, rerun_hint, sha256_file, utc_now)
+from tasks.storage.s3_settings import S3_TRIES, StoreStalled, explain, s3_options, s3_timeouts, stalled
 
-MANIFEST = "manifest.json"
 CHECKPOINTS = "_checkpoints"
 COMPLETE = "_COMPLETE"
 DEFAULT_ROOT = "./r1-runs"
@@ -69,11 +73,6 @@ log = logging.getLogger("r1.store")
 # (uri, sha256) -> the store's identity of the file when its bytes were last hashed and matched; a file
 # fetched again with the same identity is copied without hashing it again.
 _VERIFIED: dict[tuple[str, str], tuple[Any, ...]] = {}
-
-
-class StoreStalled(StoreError):
-    """An S3 operation got no answer within R1_S3_READ_TIMEOUT. Not retried by the stage task: the operation
-    has waited its whole limit already, so the stage fails within it."""
 
 
 def new_version() -> str:
@@ -108,46 +107,26 @@ class Store:
 
     # ---- errors -------------------------------------------------------------------------------------
     def _explain(self, e: BaseException, action: str) -> StoreError:
-        """One line that says what failed and where, never credentials."""
-        if isinstance(e, StoreError):  # already explained (a stall, an integrity error)
-            return e
-        msg = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-        if self.protocol.startswith("s3"):
-            where = f"S3 endpoint {endpoint_name()} for {self.url}"
-            text = str(e)
-            if timed_out(e):
-                if any(w in f"{type(e).__name__} {text}".lower() for w in ("connecttimeout", "connectiontimeout",
-                                                                            "connect timeout")):
-                    return StoreError(f"cannot reach {where} while {action}: no connection within "
-                                      f"{self.timeouts['connect']:g} s (R1_S3_CONNECT_TIMEOUT); check "
-                                      "AWS_ENDPOINT_URL_S3 and the network")
-                return self._stalled(action)
-            if isinstance(e, PermissionError) or any(s in text for s in ("AccessDenied", "InvalidAccessKeyId",
-                                                                         "SignatureDoesNotMatch", "Forbidden")):
-                return StoreError(f"access denied by {where} while {action} ({msg}); check AWS_ACCESS_KEY_ID / "
-                                  "AWS_SECRET_ACCESS_KEY and the bucket policy")
-            if "NoSuchBucket" in text or isinstance(e, FileNotFoundError):
-                return StoreError(f"bucket not found at {where} while {action} ({msg}); create it first")
-            if any(s in text for s in ("Could not connect", "Connect timeout", "ConnectTimeout",
-                                       "Connection refused", "EndpointConnectionError", "Name or service")):
-                return StoreError(f"cannot reach {where} while {action} ({msg}); check AWS_ENDPOINT_URL_S3 "
-                                  "and the network")
-            return TransientStoreError(f"{where}: error while {action} ({msg})")
-        return TransientStoreError(f"store {self.url}: error while {action} ({msg})")
+        """One line that says what failed and where, never credentials (``s3_settings.explain``)."""
+        return explain(e, action, self.url, self.timeouts)
 
-    def _stalled(self, action: str) -> StoreStalled:
-        return StoreStalled(f"cannot reach S3 endpoint {endpoint_name()} for {self.url} while {action}: no answer "
-                            f"within {self.timeouts['read']:g} s (R1_S3_READ_TIMEOUT, the limit on one store "
-                            "operation); check AWS_ENDPOINT_URL_S3 and the network")
+    def _stalled(self, action: str) -> StoreError:
+        return stalled(action, self.url, self.timeouts)
 
-    def _bounded(self, action: str, fn: Callable[[], Any], progress: Progress | None = None) -> Any:
-        """``fn()`` within R1_S3_READ_TIMEOUT as a whole (per stretch without ``progress`` for a transfer), or
-        ``StoreStalled`` naming the endpoint, the store, ``action`` and the variable. Local stores: unbounded."""
+    def _bounded(self, action: str, fn: Callable[[], Any], progress: Progress | None = None, *,
+                 limit_s: float | None = None, on_abandoned: Callable[[], None] | None = None) -> Any:
+        """``fn()`` within R1_S3_READ_TIMEOUT as a whole (per stretch without ``progress`` for a transfer; within
+        ``limit_s`` when that is shorter), or ``StoreStalled`` naming the endpoint, the store, ``action`` and the
+        variable; ``on_abandoned``: see ``call_within``. Local stores: unbounded."""
         if not self.timeouts:
             return fn()
+        limit = self.timeouts["read"] if limit_s is None else min(limit_s, self.timeouts["read"])
         try:
-            return call_within(self.timeouts["read"], fn, progress)
+            return call_within(limit, fn, progress, on_abandoned)
         except Stalled:
+            if limit < self.timeouts["read"]:
+                raise StoreStalled(f"{action} in {self.url} did not finish within {limit:.3g} s, the time this "
+                                   "writer's lease on the run had left; it is undone when it ends") from None
             raise self._stalled(action) from None
 
     def check(self) -> None:
@@ -319,12 +298,15 @@ class Store:
                     blocks.append(block)
                 return b"".join(blocks)
 
-        try:
-            return parse(io.BytesIO(self._bounded(f"reading {path}", read, progress)))
-        except FileNotFoundError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise self._explain(e, f"reading {path}") from None
+        for attempt in range(3):
+            try:
+                return parse(io.BytesIO(self._bounded(f"reading {path}", read, progress)))
+            except FileNotFoundError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                if type(e).__name__ == "FileExpired" and attempt < 2:  # s3fs: rewritten while read (a heartbeat)
+                    continue
+                raise self._explain(e, f"reading {path}") from None
 
     def read_json(self, path: str) -> dict[str, Any]:
         return self._read(path, json.load)
@@ -342,10 +324,7 @@ class Store:
         path = self._strip(path)
         try:
             if self.protocol in ("file", "local"):
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-                tmp = Path(f"{path}.tmp-{secrets.token_hex(3)}")
-                tmp.write_text(data)
-                os.replace(tmp, path)
+                replace_file(Path(path), data.encode())
             else:
                 self._bounded(f"writing {path}", lambda: self.fs.pipe_file(path, data.encode()))
         except Exception as e:  # noqa: BLE001
@@ -377,6 +356,74 @@ class Store:
             self._bounded(f"removing {path}", rm)
         except Exception:  # noqa: BLE001 - best effort cleanup of uncommitted output
             pass
+
+    # ---- conditional writes: the lease's compare-and-swap, commits (tasks/storage/commit.py) ----------------
+    def tag_of(self, data: bytes) -> str:
+        """The tag ``read_tagged`` gives a file holding ``data``: its S3 ETag (a single PUT's MD5), locally sha256."""
+        return f'"{hashlib.md5(data).hexdigest()}"' if self.timeouts else hashlib.sha256(data).hexdigest()
+
+    def read_tagged(self, path: str) -> tuple[bytes, str]:
+        """A file's bytes and tag in one request (no HEAD first: s3fs's open fails with FileExpired when the file
+        is rewritten between its HEAD and its GET); FileNotFoundError when it does not exist."""
+        path = self._strip(path)
+        if not self.timeouts:
+            data = Path(path).read_bytes()
+            return data, self.tag_of(data)
+        bucket, key, _ = self.fs.split_path(path)
+
+        async def get() -> tuple[bytes, str]:
+            resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
+            async with resp["Body"] as body:
+                return await body.read(), resp["ETag"]
+
+        try:
+            return self._bounded(f"reading {path}", lambda: fsspec.asyn.sync(self.fs.loop, get))
+        except FileNotFoundError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise self._explain(e, f"reading {path}") from None
+
+    def write_if(self, path: str, data: bytes, tag: str | None, *, limit_s: float | None = None,
+                 on_abandoned: Callable[[], None] | None = None) -> str:
+        """Write ``data`` only if the file's tag is still ``tag`` (None: only if there is no file); its new tag, or
+        ``WriteConflict``. S3: ``If-Match`` / ``If-None-Match``; locally under a lock on ``{root}/.r1-lock``.
+        ``limit_s``: a bound shorter than R1_S3_READ_TIMEOUT; ``on_abandoned``: see ``deadline.call_within``."""
+        path = self._strip(path)
+        if not self.timeouts:
+            with FileLock(Path(self.root) / ".r1-lock"):
+                if _local_tag(path) != tag:
+                    raise WriteConflict(f"{path} changed since it was read")
+                replace_file(Path(path), data)
+            return self.tag_of(data)
+        cond = {"IfMatch": tag} if tag is not None else {"mode": "create"}
+        try:
+            out = self._bounded(f"writing {path}", lambda: self.fs.pipe_file(path, data, **cond), limit_s=limit_s,
+                                on_abandoned=on_abandoned)
+        except Exception as e:  # noqa: BLE001
+            if precondition_failed(e):
+                raise WriteConflict(f"{self.uri(path)} changed since it was read") from None
+            raise self._explain(e, f"writing {path}") from None
+        return str((out or {}).get("ETag") or self.tag_of(data))
+
+    def remove_if(self, path: str, tag: str) -> bool:
+        """Delete the file only if its tag is still ``tag``; False when it is not (or it is gone)."""
+        path = self._strip(path)
+        if not self.timeouts:
+            with FileLock(Path(self.root) / ".r1-lock"):
+                if _local_tag(path) != tag:
+                    return False
+                Path(path).unlink()
+                return True
+        bucket, key, _ = self.fs.split_path(path)
+        try:
+            self._bounded(f"removing {path}", lambda: self.fs.call_s3("delete_object", Bucket=bucket, Key=key,
+                                                                       IfMatch=tag))
+        except Exception as e:  # noqa: BLE001
+            if isinstance(e, FileNotFoundError) or precondition_failed(e):
+                return False
+            raise self._explain(e, f"removing {path}") from None
+        self.fs.invalidate_cache(path)
+        return True
 
     # ---- stage outputs ------------------------------------------------------------------------------
     def begin(self, run: str, stage: str, version: str | None = None) -> "StageWriter":
@@ -439,9 +486,10 @@ class Store:
 
     # ---- the run's own files ----------------------------------------------------------------------------
     def write_run_file(self, run: str, name: str, obj: dict[str, Any]) -> str:
-        """A run-level JSON file (e.g. the resolved pipeline config a run was started with)."""
+        """A run-level JSON file (e.g. the resolved pipeline config a run was started with, ``lineage.json``): a
+        commit to the run, under its fence."""
         path = self.path(run, "_run", name)
-        self.write_json(path, obj)
+        commit_json(self, run, path, obj, f"run file {name}")
         return self.uri(path)
 
     def read_run_file(self, run: str, name: str) -> dict[str, Any] | None:
@@ -480,9 +528,10 @@ class Store:
 
     def put_checkpoint(self, run: str, stage: str, key: str, step: int, local_dir: Path) -> str:
         dest = self.path(run, stage, CHECKPOINTS, key, f"checkpoint-{step}")
+        check_fence(self.url, run, f"{stage} checkpoint {step}")  # a writer that lost the run uploads nothing
         files = self.put_dir(local_dir, dest)
-        check_fence(self.url, run, f"{stage} checkpoint {step}")
-        self.write_json(f"{dest}/{COMPLETE}", {"step": step, "files": files, "created": utc_now()})
+        commit_json(self, run, f"{dest}/{COMPLETE}", {"step": step, "files": files, "created": utc_now()},
+                    f"{stage} checkpoint {step}")
         return self.uri(dest)
 
     def latest_checkpoint(self, run: str, stage: str, key: str) -> tuple[int, str] | None:
@@ -540,49 +589,11 @@ class _Ticks(fsspec.callbacks.Callback):
         self.progress.tick()
 
 
+def _local_tag(path: str) -> str | None:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if os.path.exists(path) else None
+
+
 def _timed_sha256(path: Path) -> tuple[float, str]:
     t = time.perf_counter()
     digest = sha256_file(path)
     return time.perf_counter() - t, digest
-
-
-class StageWriter:
-    """One uncommitted stage output: upload files into it, then ``commit`` (manifest last) or ``abort``."""
-
-    def __init__(self, store: Store, run: str, stage: str, version: str) -> None:
-        self.store, self.run, self.stage, self.version = store, run, stage, version
-        self.rel = f"{run}/{stage}/{version}"
-        self.path = store.path(self.rel)
-        self.uri = store.uri(self.path)
-        self.files: dict[str, dict[str, Any]] = {}
-
-    def put_dir(self, local_dir: Path, name: str = "") -> str:
-        dest = f"{self.path}/{name}" if name else self.path
-        for rel, info in self.store.put_dir(local_dir, dest).items():
-            self.files[f"{name}/{rel}" if name else rel] = info
-        return self.store.uri(dest)
-
-    def put_file(self, local: Path, name: str) -> str:
-        self.store.put_file(local, f"{self.path}/{name}")
-        self.files[name] = {"sha256": sha256_file(Path(local)), "size": Path(local).stat().st_size}
-        return self.store.uri(f"{self.path}/{name}")
-
-    def commit(self, *, fingerprint: str, config: dict[str, Any], parents: dict[str, StageRef],
-               metrics: dict[str, float], extra: dict[str, Any] | None = None) -> StageRef:
-        manifest = new_manifest(run=self.run, stage=self.stage, version=self.version, fingerprint=fingerprint,
-                                config=config, parents=parents, metrics=metrics, files=self.files, extra=extra)
-        check_fence(self.store.url, self.run, f"{self.stage} output {self.version}")  # a writer that lost the run stops here
-        self.store.write_json(f"{self.path}/{MANIFEST}", manifest)
-        return ref_from_manifest(manifest, self.store.url)
-
-    def abort(self) -> None:
-        self.store.remove(self.path)
-
-    def __enter__(self) -> "StageWriter":
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        """Leaving the block by an exception (any, KeyboardInterrupt included) aborts; the exception goes on.
-        A normal exit does nothing: the block commits explicitly."""
-        if exc_type is not None:
-            self.abort()

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tasks.storage.lease import LEASE, LeaseHeld, acquire_lease
-from tasks.storage.store import Store
+from tasks.storage.lease import LEASE, LeaseHeld, RunLease, acquire_lease
+from tasks.storage.store import Store, WriteConflict
 
 RUN = "same"
 
@@ -63,17 +63,37 @@ def test_force_takes_a_live_lease_and_the_loser_stops_refreshing(tmp_path, caplo
 
 
 def test_a_write_that_lands_after_ours_wins(tmp_path, monkeypatch):
-    """S3 has no create-if-absent: the writer reads its lease back and yields to a later write."""
+    """On a store that does not honour conditional writes, the writer reads its lease back and yields to a later
+    write."""
     store = Store(tmp_path)
-    write_json = store.write_json
+    write_if = store.write_if
 
-    def racing_write(path, obj):  # another writer's lease lands right after ours
-        write_json(path, obj)
-        write_json(path, {**obj, "owner": "other", "host": "racer", "pid": 7})
+    def racing_write(path, data, tag, **kw):  # another writer's lease lands right after ours, unconditionally
+        out = write_if(path, data, tag, **kw)
+        store.write_json(path, {**json.loads(data), "owner": "other", "host": "racer", "pid": 7})
+        return out
 
-    monkeypatch.setattr(store, "write_json", racing_write)
+    monkeypatch.setattr(store, "write_if", racing_write)
     with pytest.raises(LeaseHeld, match="racer pid 7"):
         acquire_lease(store, RUN, settle_s=0)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_of_two_writers_that_both_read_a_free_lease_one_takes_it(where, tmp_path, request, monkeypatch):
+    """Taking a lease is a compare-and-swap (create-if-absent): writer B read "free" before A wrote, and its own
+    write is refused however long it took, instead of both proceeding."""
+    store = Store(request.getfixturevalue("s3_env") if where == "s3" else tmp_path)
+    b = RunLease(store, RUN)
+    holder, tag = b.refuse_if_held()  # B: free
+    assert holder is None and tag is None
+    a = acquire_lease(store, RUN, settle_s=0)  # A takes it meanwhile
+    with pytest.raises(WriteConflict):
+        b._write(tag)
+    assert lease_file(store)["owner"] == a.owner
+    monkeypatch.setattr(RunLease, "refuse_if_held", lambda self, **kw: (None, None))  # B decides on its stale read
+    with pytest.raises(LeaseHeld, match=f"pid {os.getpid()}"):
+        b.acquire(settle_s=0)
+    assert lease_file(store)["owner"] == a.owner
 
 
 def test_heartbeat_refreshes_and_release_removes_the_run_folder(tmp_path):
