@@ -20,16 +20,16 @@ The program is the last fenced ```python block of the completion (after ``</thin
 last untagged ``` block. After the first timeout of a program its cases not yet started are skipped
 (failed), so a hanging program costs one timeout, not one per case.
 
-Sandbox (``sandbox="bwrap"``, default): bubblewrap with new pid/net/ipc/uts namespaces (no network, only
-a loopback), an empty root with read-only binds of ``/usr``, ``/lib*``, ``/bin`` and the interpreter's
-prefixes only (so ``/work``, ``/root``, ``/home`` do not exist inside), a private size-capped tmpfs ``/tmp`` as
-the working dir (the prefixes are bound after it, so a venv under /tmp stays visible), and ``prlimit`` limits (address space, CPU seconds, processes, file size, open files, no
-core). ``RLIMIT_NPROC`` does not bind uid 0, so as root the program runs under a real unprivileged uid
-(``setpriv``, one uid per concurrent run); as a normal user bwrap maps it into a user namespace, where the
-count is per namespace. A wall-clock timeout kills bwrap's process group; ``--die-with-parent`` and the
-pid namespace take every process of the program with it. At most ``max_output_bytes`` of stdout are read;
-more kills the program. ``sandbox="rlimit"`` (or env ``R1_CODE_SANDBOX=rlimit``) runs with the limits but
-without namespaces: no filesystem or network isolation, and as root without a process bound unless the
+Sandbox (``sandbox="bwrap"``, default): bubblewrap with new pid/net/ipc/uts namespaces (no network, only a
+loopback), an empty root with read-only binds of ``/usr``, ``/lib*``, ``/bin`` and the interpreter's prefixes only
+(so ``/work``, ``/root``, ``/home`` do not exist inside), a private size-capped tmpfs ``/tmp`` as the working dir
+(the prefixes are bound after it, so a venv under /tmp stays visible), and ``prlimit`` limits (address space, CPU
+seconds, processes, file size, open files, no core). ``RLIMIT_NPROC`` does not bind uid 0, so as root the program
+runs under a real unprivileged uid (``setpriv``, one uid per concurrent run); as a normal user bwrap maps it into a
+user namespace, where the count is per namespace. A wall-clock timeout kills bwrap's process group;
+``--die-with-parent`` and the pid namespace take every process of the program with it. At most ``max_output_bytes``
+of stdout are read; more kills the program. ``sandbox="rlimit"`` (or env ``R1_CODE_SANDBOX=rlimit``) runs with the
+limits but without namespaces: no filesystem or network isolation, and as root without a process bound unless the
 interpreter is reachable by an unprivileged uid. Without bwrap the default mode raises with the fix.
 
 The interpreter runs with ``-I -S -B``: isolated, stdlib only (site-packages off: faster start, and code
@@ -394,6 +394,11 @@ def check_sandbox(sandbox: str | None = None, python: str | None = None) -> None
         _CHECKED.add(key)
 
 
+# What bwrap says when it may not create namespaces or mount (no user namespaces, a container without privileges).
+_PRIVILEGE_ERRORS = ("namespace", "uid map", "gid map", "Operation not permitted", "Permission denied",
+                     "No permissions")
+
+
 def _diagnose(mode: str, python: str, res: RunResult) -> str:
     """Why the check program did not print 42: bwrap could not build the sandbox, the command inside could not
     start, or the interpreter started and failed. Each has its own fix."""
@@ -401,10 +406,12 @@ def _diagnose(mode: str, python: str, res: RunResult) -> str:
     lines = err.splitlines()
     bwrap_err = next((line for line in lines if line.startswith("bwrap:")), None)
     or_rlimit = f", or set {SANDBOX_ENV}=rlimit to run without isolation" if mode == "bwrap" else ""
-    if bwrap_err is not None and "execvp" not in bwrap_err:
+    if bwrap_err is not None and any(word in bwrap_err for word in _PRIVILEGE_ERRORS):
         return (f"bwrap cannot create its sandbox here ({bwrap_err}): it needs user namespaces, or root with "
                 "CAP_SYS_ADMIN (in Docker: --privileged or a seccomp profile allowing unshare): enable them"
                 f"{or_rlimit}.")
+    if bwrap_err is not None and "execvp" not in bwrap_err:
+        return f"bwrap could not build the sandbox ({bwrap_err}){or_rlimit}."
     start_err = bwrap_err or next((line for line in lines if "failed to execute" in line), None)
     if start_err is None:
         return (f"the interpreter {python} started in the {mode} sandbox but did not run `print(6 * 7)` "
