@@ -61,8 +61,10 @@ def check_heldout_accuracy(ctx: StageContext, metrics: dict[str, Any]) -> None:
         logger().warning(f"{ctx.stage}: no held-out pairs, so {key}.min_heldout_accuracy checked nothing")
         return
     scores = {"all pairs": metrics["eval/pair_accuracy"]}
-    scores.update({name[len("eval/"):-len("/pair_accuracy")] + " pairs": value for name, value in metrics.items()
-                   if name.startswith("eval/") and name.endswith("/pair_accuracy")})
+    for name, value in metrics.items():  # eval/{source}/pair_accuracy
+        parts = name.split("/")
+        if len(parts) == 3 and parts[0] == "eval" and parts[2] == "pair_accuracy":
+            scores[f"{parts[1]} pairs"] = value
     low = {name: value for name, value in scores.items() if value < minimum}
     if low:
         length = (f"{key}.max_steps, now {section.max_steps}" if section.max_steps is not None
