@@ -57,6 +57,7 @@ from grpo_core.plan.memory import GiB, Hardware
 from tasks.config.plan import plan_pipeline
 from tasks.config.stages import all_stages
 from tasks.runner.common import configure_stage_logging
+from tasks.runner.launch import CHILD_ENV_DEFAULTS
 from tasks.runner.monitor import status_lines
 
 SEED_HELP = ("set every seed of the pipeline (tiny model init, data, sampling, training order) to N in the config "
@@ -230,6 +231,8 @@ app = build_app()
 def main() -> None:
     """The ``r1`` console script. After a Ctrl-C has been handled (exit 130) it skips the interpreter's teardown
     of torch, transformers and Prefect, which alone can take seconds on a busy machine."""
+    for name, value in CHILD_ENV_DEFAULTS.items():  # before torch loads OpenMP: this process, its server, its stages
+        os.environ.setdefault(name, value)
     try:
         app()
     except SystemExit as e:

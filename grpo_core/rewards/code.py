@@ -20,16 +20,16 @@ The program is the last fenced ```python block of the completion (after ``</thin
 last untagged ``` block. After the first timeout of a program its cases not yet started are skipped
 (failed), so a hanging program costs one timeout, not one per case.
 
-Sandbox (``sandbox="bwrap"``, default): bubblewrap with new pid/net/ipc/uts namespaces (no network, only
-a loopback), an empty root with read-only binds of ``/usr``, ``/lib*``, ``/bin`` and the interpreter's
-prefix only (so ``/work``, ``/root``, ``/home`` do not exist inside), a private size-capped tmpfs ``/tmp`` as
-the working dir, and ``prlimit`` limits (address space, CPU seconds, processes, file size, open files, no
-core). ``RLIMIT_NPROC`` does not bind uid 0, so as root the program runs under a real unprivileged uid
-(``setpriv``, one uid per concurrent run); as a normal user bwrap maps it into a user namespace, where the
-count is per namespace. A wall-clock timeout kills bwrap's process group; ``--die-with-parent`` and the
-pid namespace take every process of the program with it. At most ``max_output_bytes`` of stdout are read;
-more kills the program. ``sandbox="rlimit"`` (or env ``R1_CODE_SANDBOX=rlimit``) runs with the limits but
-without namespaces: no filesystem or network isolation, and as root without a process bound unless the
+Sandbox (``sandbox="bwrap"``, default): bubblewrap with new pid/net/ipc/uts namespaces (no network, only a
+loopback), an empty root with read-only binds of ``/usr``, ``/lib*``, ``/bin`` and the interpreter's prefixes only
+(so ``/work``, ``/root``, ``/home`` do not exist inside), a private size-capped tmpfs ``/tmp`` as the working dir
+(the prefixes are bound after it, so a venv under /tmp stays visible), and ``prlimit`` limits (address space, CPU
+seconds, processes, file size, open files, no core). ``RLIMIT_NPROC`` does not bind uid 0, so as root the program
+runs under a real unprivileged uid (``setpriv``, one uid per concurrent run); as a normal user bwrap maps it into a
+user namespace, where the count is per namespace. A wall-clock timeout kills bwrap's process group;
+``--die-with-parent`` and the pid namespace take every process of the program with it. At most ``max_output_bytes``
+of stdout are read; more kills the program. ``sandbox="rlimit"`` (or env ``R1_CODE_SANDBOX=rlimit``) runs with the
+limits but without namespaces: no filesystem or network isolation, and as root without a process bound unless the
 interpreter is reachable by an unprivileged uid. Without bwrap the default mode raises with the fix.
 
 The interpreter runs with ``-I -S -B``: isolated, stdlib only (site-packages off: faster start, and code
@@ -200,10 +200,16 @@ def _python_argv(python: str, allow_site_packages: bool, script: str) -> list[st
 
 
 def _ro_prefixes(python: str) -> list[str]:
-    """Folders the interpreter needs besides /usr: its install prefix and a venv's (read-only)."""
-    real = Path(os.path.realpath(python))
-    found = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), str(real.parent.parent)}
-    return sorted(p for p in found if p != "/" and not p.startswith("/usr/") and os.path.isdir(p))
+    """Folders the interpreter needs besides /usr, as paths inside the sandbox (each bound read-only from its
+    real path): this process's prefix and base prefix, the install prefix of ``python``'s real executable, and
+    the venv ``python`` sits in (the folder holding ``pyvenv.cfg``), wherever they live -- /tmp included."""
+    candidates = [sys.prefix, sys.base_prefix, str(Path(os.path.realpath(python)).parent.parent)]
+    venv = Path(os.path.abspath(python)).parent.parent
+    if (venv / "pyvenv.cfg").is_file():  # run by its own path (so it finds pyvenv.cfg), not its real one
+        candidates.append(str(venv))
+    found = {q for c in candidates for q in (os.path.abspath(c), os.path.realpath(c))}
+    found = {p for p in found if p not in ("/", "/tmp", "/usr") and not p.startswith("/usr/") and os.path.isdir(p)}
+    return sorted(p for p in found if not any(p.startswith(q + "/") for q in found))  # nested: bound with q
 
 
 def _bwrap_argv(bwrap: str, python: str, prog_fd: int, limits: SandboxLimits, uid: int,
@@ -225,17 +231,16 @@ def _bwrap_argv(bwrap: str, python: str, prog_fd: int, limits: SandboxLimits, ui
     for f in ("/etc/ld.so.cache", "/etc/localtime"):
         if os.path.exists(f):
             argv += ["--ro-bind", f, f]
-    made: set[str] = set()
-    for prefix in _ro_prefixes(python):
+    argv += ["--proc", "/proc", "--dev", "/dev",
+             "--perms", "1777", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp"]
+    made: set[str] = {"/tmp"}
+    for prefix in _ro_prefixes(python):  # after the tmpfs, so a venv under /tmp stays visible
         for parent in reversed(Path(prefix).parents[:-1]):  # bwrap would create these 0700
             if str(parent) not in made:
                 made.add(str(parent))
                 argv += ["--perms", "0755", "--dir", str(parent)]
-        argv += ["--ro-bind", prefix, prefix]
-    argv += ["--proc", "/proc", "--dev", "/dev",
-             "--perms", "1777", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp",
-             "--perms", "0444", "--ro-bind-data", str(prog_fd), "/prog.py",
-             "--chdir", "/tmp", "--"]
+        argv += ["--ro-bind", os.path.realpath(prefix), prefix]
+    argv += ["--perms", "0444", "--ro-bind-data", str(prog_fd), "/prog.py", "--chdir", "/tmp", "--"]
     if as_root:
         argv += [_tool("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                  "--inh-caps=-all", "--bounding-set=-all", "--"]
@@ -376,20 +381,51 @@ def resolve_mode(sandbox: str | None = None) -> str:
 
 
 def check_sandbox(sandbox: str | None = None, python: str | None = None) -> None:
-    """Run ``print(6*7)`` once per mode and interpreter; raise with bwrap's error if it does not work."""
+    """Run ``print(6*7)`` once per mode and interpreter; raise naming what failed if it does not work."""
     mode = resolve_mode(sandbox)
-    key = (mode, python or sys.executable, os.environ.get("PATH"))
+    python = python or sys.executable
+    key = (mode, python, os.environ.get("PATH"))
     with _CHECK_LOCK:
         if key in _CHECKED:
             return
         res = run_in_sandbox("print(6 * 7)", limits=SandboxLimits(timeout=30.0), sandbox=mode, python=python)
         if res.stdout.strip() != "42":
-            raise SandboxUnavailable(
-                f"the {mode} sandbox cannot run Python here (exit {res.returncode}): {res.stderr.strip()[-2000:]}"
-                " -- bwrap needs user namespaces or root with CAP_SYS_ADMIN (in Docker: --privileged or "
-                f"a seccomp profile allowing unshare), or set {SANDBOX_ENV}=rlimit to run without it."
-            )
+            raise SandboxUnavailable(_diagnose(mode, python, res))
         _CHECKED.add(key)
+
+
+# What bwrap says when it may not create namespaces or mount (no user namespaces, a container without privileges).
+_PRIVILEGE_ERRORS = ("namespace", "uid map", "gid map", "Operation not permitted", "Permission denied",
+                     "No permissions")
+
+
+def _diagnose(mode: str, python: str, res: RunResult) -> str:
+    """Why the check program did not print 42: bwrap could not build the sandbox, the command inside could not
+    start, or the interpreter started and failed. Each has its own fix."""
+    err = res.stderr.strip()
+    lines = err.splitlines()
+    bwrap_err = next((line for line in lines if line.startswith("bwrap:")), None)
+    or_rlimit = f", or set {SANDBOX_ENV}=rlimit to run without isolation" if mode == "bwrap" else ""
+    if bwrap_err is not None and any(word in bwrap_err for word in _PRIVILEGE_ERRORS):
+        return (f"bwrap cannot create its sandbox here ({bwrap_err}): it needs user namespaces, or root with "
+                "CAP_SYS_ADMIN (in Docker: --privileged or a seccomp profile allowing unshare): enable them"
+                f"{or_rlimit}.")
+    if bwrap_err is not None and "execvp" not in bwrap_err:
+        return f"bwrap could not build the sandbox ({bwrap_err}){or_rlimit}."
+    start_err = bwrap_err or next((line for line in lines if "failed to execute" in line), None)
+    if start_err is None:
+        return (f"the interpreter {python} started in the {mode} sandbox but did not run `print(6 * 7)` "
+                f"(exit {res.returncode}, timed out: {res.timed_out}): {err[-2000:] or 'no output'} -- it runs "
+                f"with `-I -S -B` under SandboxLimits: fix the interpreter{or_rlimit}.")
+    where = ""
+    if mode == "bwrap":
+        bound = ", ".join(["/usr", "/lib*", "/bin", *_ro_prefixes(python)])
+        where = f"; inside the sandbox only {bound} are bound, read-only"
+        if "Permission denied" in start_err:  # the bound folders keep their modes; root runs it as another uid
+            where += ", and they must be readable by other users (`chmod o+rx` the interpreter's folders)"
+    return (f"the {mode} sandbox started but the command inside failed to start ({start_err}): the interpreter "
+            f"{python} cannot be executed there{where}. Point `python` at an interpreter whose files lie in those "
+            f"folders (a venv's own bin/python, not a copy or a wrapper script){or_rlimit}.")
 
 
 # ---------------------------------------------------------------- the reward

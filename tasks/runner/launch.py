@@ -45,6 +45,10 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 NPROC_ENV = "R1_NPROC_PER_NODE"
 NNODES_ENV, NODE_RANK_ENV, RDZV_ENDPOINT_ENV, RDZV_ID_ENV = "R1_NNODES", "R1_NODE_RANK", "R1_RDZV_ENDPOINT", "R1_RDZV_ID"
 ERROR_DIR_ENV = "R1_CHILD_ERROR_DIR"
+# Given to every stage child unless the environment sets them (a user's value wins). OpenMP's default wait policy
+# spins idle threads at 100%: a run beside another CPU job (or its own Prefect server) slowed 10x or more. CI
+# runs with the same (.ci/run).
+CHILD_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 _TAIL_LINES = 60
 _log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -197,7 +201,8 @@ def launch(
         error_dir = Path(tmp) / "errors"
         error_dir.mkdir()
         cmd = build_command(module, args, nproc_per_node, log_dir=Path(tmp) / "torchrun-logs", nodes=nodes)
-        child_env = {**os.environ, **(env or {}), ERROR_DIR_ENV: str(error_dir), "PYTHONUNBUFFERED": "1"}
+        child_env = {**CHILD_ENV_DEFAULTS, **os.environ, **(env or {}), ERROR_DIR_ENV: str(error_dir),
+                     "PYTHONUNBUFFERED": "1"}
         logger.info("launching %s", " ".join(cmd[1:] if cmd[2] == "torch.distributed.run" else cmd))
         tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,

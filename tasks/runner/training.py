@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from grpo_core.config import EvalConfig, OptimConfig, TrackingInfo
 from tasks.config.training_spec import TRAINERS, TrainerKind, TrainingSpec, trainer_config
@@ -27,9 +27,12 @@ from tasks.storage.store import new_version
 
 def train_and_commit(ctx: StageContext, *, model_path: str, rows_path: Path, parents: dict[str, StageRef], fp: str,
                      extra_metrics: dict[str, Any] | None = None, eval_rows_path: Path | None = None,
-                     eval_config: EvalConfig | None = None, extra_files: dict[str, Path] | None = None) -> StageRef:
+                     eval_config: EvalConfig | None = None, extra_files: dict[str, Path] | None = None,
+                     accept: Callable[[dict[str, Any]], None] | None = None) -> StageRef:
     """Train the stage's entry's kind on its section (resuming from the store's newest checkpoint for ``fp``),
     upload the final model (and ``extra_files``, output name -> local file, e.g. the training rows), commit.
+    ``accept`` sees the trainer's metrics before anything is committed and raises ``StageFailed`` to refuse the
+    model (its checkpoints stay, so a rerun with the same config resumes at the last step).
 
     The kind is grpo, sft or reward (``eval_rows_path``: the reward model's held-out pairs, or GRPO's held-out
     prompts for ``eval_steps`` scored as ``eval_config`` says)."""
@@ -63,6 +66,8 @@ def train_and_commit(ctx: StageContext, *, model_path: str, rows_path: Path, par
     inputs = {key: {"ref": ctx.fetched[path][0].to_dict(), "name": ctx.fetched[path][1]}  # what other nodes fetch
               for key in ("model_path", "rows_path") if (path := getattr(spec, key)) in ctx.fetched}
     result = run_training(spec, isolation=ctx.config.run.isolation, on_event=on_event, inputs=inputs)
+    if accept is not None:
+        accept(result["metrics"])
     final = Path(result["metrics"].get("final_path") or out / "final")
     history = out / "metrics.jsonl"  # the trainer's step history, complete across resumes
     with ctx.begin(version) as writer:

@@ -131,3 +131,22 @@ def test_several_nodes_use_the_c10d_rendezvous(tmp_path: Path) -> None:
     assert cmd[3:9] == ["--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.5:29400",
                         "--rdzv-id=run-7", "--nproc-per-node=1"]
     assert cmd[-3:] == ["-m", "m", "a"]
+
+
+def test_children_get_a_passive_openmp_wait_policy_unless_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "r1_env_probe.py").write_text("import os\nprint('policy', os.environ.get('OMP_WAIT_POLICY'))\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{ROOT}")
+    logger = logging.getLogger("test-stage")
+
+    def child_policy() -> str:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="test-stage"):
+            launch("r1_env_probe", logger=logger, cwd=ROOT)
+        return next(m.split()[1] for m in caplog.messages if m.startswith("policy "))
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert child_policy() == "PASSIVE"  # idle OpenMP threads do not spin beside other work
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert child_policy() == "ACTIVE"  # the user's own value wins
+

@@ -6,6 +6,7 @@ bad input fails fast with one message and commits nothing."""
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -44,12 +45,12 @@ def config(**sections) -> PipelineConfig:
     })
 
 
-def commit_prepare_data(store: Store, run: str, tmp: Path, with_preferences: bool = True):
+def commit_prepare_data(store: Store, run: str, tmp: Path, with_preferences: bool = True, rows: list | None = None):
     """A prepare_data output as the stage writes it: the tiny base model and (optionally) the preference pairs."""
     out = tmp / f"prep-{with_preferences}"
     build_tiny_model(out / "base_model", hidden_size=32, num_layers=1, num_heads=2)
     if with_preferences:
-        write_parquet(preference_rows(120), out / "preferences.parquet")
+        write_parquet(rows or preference_rows(120), out / "preferences.parquet")
     with store.begin(run, "prepare_data") as writer:
         writer.put_dir(out)
         return writer.commit(fingerprint=f"test-{with_preferences}", config={}, parents={}, metrics={})
@@ -73,6 +74,27 @@ def test_stage_trains_and_commits_model_and_pair_accuracy(trained):
     files = store.manifest(ref)["files"]
     assert {"model/config.json", "model/model.safetensors", "model/reward_stats.json", "metrics.jsonl"} <= set(files)
     assert store.manifest(ref)["config"]["reward_model"]["max_steps"] == 16
+    assert store.manifest(ref)["config"]["reward_model"]["min_heldout_accuracy"] == 0.9  # the default gate passed
+
+
+def test_low_heldout_accuracy_fails_the_stage_naming_the_source_and_commits_nothing(tmp_path):
+    # the unsafe pairs' two responses are the same text: no model ranks them, so their held-out accuracy is 0
+    rows = [{**r, "rejected": r["chosen"]} if r["source"] == "unsafe" else r for r in preference_rows(120)]
+    store = Store(tmp_path / "store")
+    data = commit_prepare_data(store, "weak", tmp_path, rows=rows)
+    task = get_stage("reward_model").task.fn
+    with pytest.raises(StageFailed) as err:
+        task(config(), "weak", str(tmp_path / "store"), {"prepare_data": data})
+    msg = str(err.value)
+    # the pairs that fail, each once: all pairs (half of them unrankable) and the unsafe source's, not the helpful
+    assert re.search(r"below reward_model.min_heldout_accuracy \(0.9\): all pairs 0\.\d\d, unsafe pairs 0\.00 \(", msg)
+    assert "reward_model.max_steps, now 16" in msg and "Nothing was committed" in msg
+    assert store.latest("weak", "reward_model") is None  # final RL has no reward model to start from
+    # the user's way out, as the message says: a lower bar (here: none) commits the same model
+    lenient = config()
+    lenient.reward_model.min_heldout_accuracy = None
+    ref = task(lenient, "weak", str(tmp_path / "store"), {"prepare_data": data})
+    assert ref.metrics["eval/unsafe/pair_accuracy"] == 0.0 and ref.metrics["eval/helpful/pair_accuracy"] == 1.0
 
 
 def test_final_rl_names_the_stage_output_as_a_reward(trained):
@@ -218,3 +240,13 @@ def test_rejection_sample_names_the_stage_output_in_a_source_rule(trained, tmp_p
     path.write_text("rejection_sample:\n  sources:\n    - {name: chain, reward_func: chain_acuracy}\n")
     with pytest.raises(ConfigError, match=r"c.yaml:3: rejection_sample.sources.0.reward_func: unknown reward function"):
         load_config(path)
+
+
+def test_r1_check_runs_the_gate_at_zero():
+    # `r1 check` trains the reward model 2 steps on stand-ins: its accuracy is chance, so the gate cannot apply
+    from tasks.check import miniature_pipeline
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml")
+    assert cfg.reward_model.min_heldout_accuracy == 0.9
+    mini = miniature_pipeline(cfg, build_model=lambda name: name, steps=2)
+    assert mini.reward_model.max_steps == 2 and mini.reward_model.min_heldout_accuracy == 0.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -18,6 +19,7 @@ from grpo_core.rewards.code import (
     _ro_prefixes,
     SandboxLimits,
     SandboxUnavailable,
+    check_sandbox,
     code_execution,
     extract_program,
     make_code_execution,
@@ -118,6 +120,56 @@ def test_json_column_and_assert_style() -> None:
     os_exit = fenced("import os\nos._exit(0)")
     assert code_execution([prog, exits_early, os_exit], tests=[tests] * 3) == [0.5, 0.0, 0.0]
     assert code_execution([ADD], input_output=[{"inputs": ["1 2"], "outputs": ["3"]}]) == [1.0]
+
+
+@pytest.fixture(scope="module")
+def tmp_venv() -> Path:
+    """A venv under /tmp (as the README's install into a fresh venv makes), sharing this interpreter's packages."""
+    root = Path(tempfile.mkdtemp(prefix="r1-venv-", dir="/tmp"))  # 0700: inside, only the venv is bound
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(root / "venv")],
+                       check=True, capture_output=True, timeout=120)
+        yield root / "venv" / "bin" / "python3"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@needs_bwrap
+def test_interpreter_in_a_venv_under_tmp_runs(tmp_venv: Path) -> None:
+    # the sandbox mounts its own tmpfs on /tmp: the venv must be bound after it, or the interpreter vanishes
+    fn = make_code_execution(limits=LIMITS, python=str(tmp_venv))
+    assert fn([ADD], tests=[ADD_TESTS]) == [1.0]
+    # and the same from a process run by that interpreter (sys.prefix is the venv)
+    repo = Path(__file__).resolve().parents[3]
+    code = ("from grpo_core.rewards.code import code_execution, run_in_sandbox\n"
+            f"print(code_execution([{ADD!r}], tests=[{ADD_TESTS!r}]))\n"
+            "print(run_in_sandbox('import os; print(sorted(os.listdir(\"/tmp\")))').stdout)\n")
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    out = subprocess.run([str(tmp_venv), "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "[1.0]"
+    assert lines[1] == repr([tmp_venv.parents[2].name]), lines  # the sandbox /tmp: the venv's mount point only
+
+
+@needs_bwrap
+def test_sandbox_errors_name_the_real_cause(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    missing = tmp_path / "gone" / "bin" / "python3"  # the command inside cannot start: not a namespace problem
+    with pytest.raises(SandboxUnavailable, match="command inside failed to start") as err:
+        check_sandbox("bwrap", str(missing))
+    assert str(missing) in str(err.value) and "namespaces" not in str(err.value)
+
+    bin_dir = tmp_path / "bin"  # a bwrap that cannot create its namespaces (a locked-down container)
+    bin_dir.mkdir()
+    for tool in ("prlimit", "setpriv"):
+        os.symlink(shutil.which(tool), bin_dir / tool)  # type: ignore[arg-type]
+    fake = bin_dir / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: Operation not permitted' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(SandboxUnavailable, match="bwrap cannot create its sandbox.*user namespaces") as err:
+        check_sandbox("bwrap")
+    assert "Operation not permitted" in str(err.value) and "failed to start" not in str(err.value)
 
 
 # ---------------------------------------------------------------- attacks
