@@ -52,14 +52,14 @@ class FirstLineOnly(logging.Formatter):
 
 
 def quiet_tracebacks() -> None:
-    """Wrap the formatter of each console handler on the root logger (Prefect's) in ``FirstLineOnly``, once;
-    nothing with ``R1_TRACEBACK=1``."""
+    """Wrap the formatter of Prefect's console handlers on the root logger in ``FirstLineOnly``, once; nothing
+    with ``R1_TRACEBACK=1``. Other handlers (a log file, a test's capture) keep the tracebacks."""
+    from prefect.logging.handlers import PrefectConsoleHandler  # heavy import: called once flows are imported
+
     if tracebacks_shown():
         return
     for handler in logging.getLogger().handlers:
-        stream = getattr(handler, "stream", None)
-        if stream is not None and not isinstance(handler.formatter, FirstLineOnly) and \
-                not isinstance(handler, logging.FileHandler):
+        if isinstance(handler, PrefectConsoleHandler) and not isinstance(handler.formatter, FirstLineOnly):
             handler.setFormatter(FirstLineOnly(handler.formatter or logging.Formatter()))
 
 

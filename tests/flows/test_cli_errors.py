@@ -181,21 +181,28 @@ def test_a_data_error_is_a_few_lines_without_tracebacks(tmp_path):
     assert shown.returncode == 1 and "Traceback (most recent call last)" in shown.stderr
 
 
-def test_a_full_disk_says_free_space_then_rerun(tmp_path, monkeypatch):
-    """ENOSPC while a stage writes its output: the line says a disk is full, where, and to free space and rerun."""
-    from tasks.storage.store import StageWriter
-
-    def full(self, local, name=""):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "store" / "x.parquet"))
-
-    monkeypatch.setattr(StageWriter, "put_dir", full)
-    result = CliRunner().invoke(app, ["stage", "prepare_data", "--run", "full", "-c", str(ROOT / "configs" /
-                                "ci-tiny.yaml"), "--store", str(tmp_path / "store")])
-    assert result.exit_code == 1, result.output
-    last = result.output.strip().splitlines()[-1]
-    assert last == (f"error: a disk is full ([Errno 28] No space left on device: '{tmp_path / 'store' / 'x.parquet'}'"
-                    "): free space there (or point R1_WORKDIR / --store at a bigger disk), then rerun the same command "
-                    "to resume (finished stages are reused, training resumes from its last checkpoint)"), last
+def test_a_full_disk_says_free_space_then_rerun(tmp_path):
+    """ENOSPC while a stage writes its output (``r1 stage`` in its own process, the store's upload made to fail as a
+    full disk does): the line says a disk is full, where, and to free space and rerun."""
+    full = tmp_path / "store" / "x.parquet"
+    script = textwrap.dedent(f"""
+        import errno, os, sys
+        from tasks.storage.store import StageWriter
+        def put_dir(self, local, name=""):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), {str(full)!r})
+        StageWriter.put_dir = put_dir
+        from flows.cli import main
+        sys.argv = ["r1", "stage", "prepare_data", "--run", "full", "-c", {str(ROOT / "configs" / "ci-tiny.yaml")!r},
+                    "--store", {str(tmp_path / "store")!r}]
+        main()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=_subprocess_env(tmp_path),
+                         capture_output=True, text=True, timeout=600)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stdout + out.stderr
+    assert lines[-1] == (f"error: a disk is full ([Errno 28] No space left on device: '{full}'): free space there (or "
+                         "point R1_WORKDIR / --store at a bigger disk), then rerun the same command to resume (finished "
+                         "stages are reused, training resumes from its last checkpoint)"), lines[-1]
 
 
 def test_a_full_disk_in_a_training_child_is_recognised_from_its_message():
