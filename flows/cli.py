@@ -16,7 +16,8 @@ with it, they first check that the server answers (``flows/prefect_api.py``, ``R
 Ctrl-C stops a run in seconds: the training process group is taken down, the call's flow runs are marked
 Cancelled and the command exits 130; rerunning it resumes from the last stored checkpoint.
 Problems with the config, the store, the Prefect server or the data end the command with one ``error:`` line
-and exit code 1; no call waits without bound (S3 timeouts: ``tasks/storage/store.py``).
+and exit code 1 (tracebacks only with ``R1_TRACEBACK=1``: ``flows/cli_errors.py``); no call waits without bound
+(S3 timeouts: ``tasks/storage/store.py``).
 
 One writer per run: ``r1 run`` and ``r1 stage`` hold the run's lease (``tasks/storage/lease.py``) while they run; a
 second writer on the same run fails at once, naming the holder.

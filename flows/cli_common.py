@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, NoReturn, Optional
 
 import typer
+from flows.cli_errors import RESUME, failure_line, quiet_tracebacks, store_silent
 from flows.prefect_api import PrefectAPIUnreachable, cancel_flow_runs, prefect_api
 from tasks.config.pipeline import ConfigError, PipelineConfig, check_run_name, check_store_url, load_config
 from tasks.config.stages import UnknownStage, get_stage
@@ -102,8 +104,7 @@ def _existing_run(st: Any, name: str) -> None:
 
 
 _STOPPED: list[tuple[str, str]] = []  # (cause, why) this command stopped itself, for ``_interruptible``'s one line
-LEASE_LOST, SERVER_GONE, SIGTERM = "lease", "server", "sigterm"
-RESUME = "rerun the same command to resume (finished stages are reused, training resumes from its last checkpoint)"
+LEASE_LOST, STORE_SILENT, SERVER_GONE, SIGTERM = "lease", "store", "server", "sigterm"
 
 
 def _stop_run(cause: str, reason: str) -> None:
@@ -141,12 +142,21 @@ def _refuse_held_lease(st: Any, run_name: str, force: bool) -> None:
 
 def _lease(st: Any, run_name: str, force: bool) -> Any:
     """The run's lease (one writer per run), taken before any stage starts; enter it to keep it alive. Losing
-    it stops the command (``_stop_writer``)."""
+    it stops the command (``_stop_writer``); lost because no heartbeat reached the store in time (its ``valid_until``
+    passed), it is the store that went silent, and the line says so (``store_silent``): fix it and rerun."""
+    taken: list[Any] = []
+
+    def on_lost(reason: str) -> None:
+        if taken and time.time() > getattr(taken[0], "valid_until", float("inf")):
+            _stop_run(STORE_SILENT, store_silent(st, reason))
+        else:
+            _stop_writer(reason)
 
     try:
-        return acquire_lease(st, run_name, force=force, on_lost=_stop_writer)
+        taken.append(acquire_lease(st, run_name, force=force, on_lost=on_lost))
     except StoreError as e:  # LeaseHeld names the holder and how to proceed
         _fail(str(e))
+    return taken[0]
 
 
 INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
@@ -183,6 +193,8 @@ def _interruptible() -> Iterator[None]:
         cause, reason = _STOPPED[0] if _STOPPED else ("", "")
         if cause == LEASE_LOST:
             _fail(f"{reason}; this writer stopped and commits nothing more to the run")
+        if cause == STORE_SILENT:
+            _fail(reason)
         if cause == SERVER_GONE:
             _fail(f"{reason}; the run stopped (nothing more could be recorded): {RESUME}")
         if _STOPPED:
@@ -207,7 +219,8 @@ FORCE_UNLOCK = "take the run's lease even if another writer holds it (only when 
 
 
 def _run_flow(fn: Any, **params: Any) -> Any:
-    """Call a flow; a failure becomes one error line (Prefect's log above it has the traceback).
+    """Call a flow; a failure becomes one error line (``failure_line``; Prefect's console shows each failure's
+    first line, its traceback only with ``R1_TRACEBACK=1``: ``flows/cli_errors.py``).
 
     Ctrl-C: the task in progress takes its training process group down (``tasks/runner/launch.py``), Prefect records the
     runs as Crashed, and we mark this call's flow runs Cancelled (found by a tag given to them here) and exit 130.
@@ -215,6 +228,7 @@ def _run_flow(fn: Any, **params: Any) -> Any:
     import prefect
 
     tag = f"r1-call-{uuid.uuid4().hex[:12]}"
+    quiet_tracebacks()  # Prefect's console: a failure's first line, not its traceback at every level
     try:
         with prefect.tags(tag):
             state = fn(**params, return_state=True)
@@ -233,7 +247,7 @@ def _run_flow(fn: Any, **params: Any) -> Any:
     if state.is_completed():
         return state.result()
     exc = state.result(raise_on_failure=False)
-    _fail(f"{type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else str(state.message))
+    _fail(failure_line(exc) if isinstance(exc, BaseException) else str(state.message))
 
 
 def _short(v: Any) -> str:

@@ -2,8 +2,9 @@
 
     r1 status NAME [--json]        (``stage_status``; the report's "Stages" section reads the same)
 
-A stage is completed (a committed output), stale (its current output was built on an upstream output that is no
-longer current: the upstream stage was rerun since; ``stale_upstream`` names it), incomplete (an uncommitted version folder or checkpoint),
+A stage is completed (a committed output), stale (its current output was built, directly or through its parents'
+outputs, on an upstream output that is no longer current: the upstream stage was rerun since; ``stale_upstream``
+names it), incomplete (an uncommitted version folder or checkpoint),
 pending (nothing yet) or skipped (an optional stage the run's saved config does not enable). A model
 stage's evaluation is the newest committed ``evaluate/{stage}`` output whose parent is that exact model.
 """
@@ -52,7 +53,7 @@ def latest_evaluations(store: Store, refs: dict[str, StageRef | None]) -> dict[s
 def stage_status(store: Store, run: str, refs: dict[str, StageRef | None] | None = None,
                  evaluations: dict[str, StageRef | None] | None = None) -> dict[str, Any]:
     """``{"run", "stages": {stage: {"state", "uri", "path", "metrics"}}}`` (state: completed | stale (with
-    ``stale_upstream``: the parent stages rerun since) | incomplete | pending | skipped (an optional stage the run's config does not enable); ``path`` store-relative, ``uri`` resolved in ``store``); a model stage's metrics include its
+    ``stale_upstream``: the upstream stages, anywhere in its ancestry, rerun since) | incomplete | pending | skipped (an optional stage the run's config does not enable); ``path`` store-relative, ``uri`` resolved in ``store``); a model stage's metrics include its
     evaluation's (``eval/...``), with ``eval_uri`` and ``eval_path``.
 
     ``refs``/``evaluations``: what the caller has already read (``latest_refs``, ``latest_evaluations``)."""

@@ -7,8 +7,9 @@ which are older than B's. So every stage flow records the output it ran or reuse
 upstream inputs) reads it back (``current``); a stage the file does not name (a run from before the file
 existed, or never run) falls back to its newest committed output.
 
-A current output is *stale* when one of its parents in the same run is not that parent stage's current output:
-an upstream stage was rerun since it was built (``stale_parents``).
+A current output is *stale* when an output in its ancestry (its parents, their parents, ...) in the same run is not
+that stage's current output: an upstream stage was rerun since it, or what it was built on, was built
+(``stale_parents``).
 """
 
 from __future__ import annotations
@@ -56,18 +57,38 @@ def current_refs(store: Store, run: str, stages: list[str]) -> dict[str, StageRe
 
 
 def stale_parents(store: Store, refs: dict[str, StageRef | None]) -> dict[str, list[str]]:
-    """For each output in ``refs``, the parent stages of the same run it was built from that are no longer
-    their stage's current output (``refs`` maps every stage to its current output)."""
+    """For each output in ``refs``, the stages of the same run in its ancestry (parents, their parents, ...: the
+    exact outputs it was built from) that are no longer their stage's current output (``refs`` maps every stage to
+    its current output). Transitive: after an upstream stage reruns, ``final_rl`` built on the SFT model built on the
+    old upstream output is stale although its direct parents are still current."""
+    manifests: dict[str, dict[str, Any]] = {}  # path -> manifest, each ancestor read once
+
+    def parents(run: str, path: str) -> list[tuple[str, str, str]]:
+        """``(run, stage, version)`` of each parent of the output at ``path``; none when it is gone."""
+        if path not in manifests:
+            r, s, v = (path.split("/") + ["", "", ""])[:3]
+            try:
+                manifests[path] = store.manifest(StageRef(run=r, stage=s, version=v, path=path, fingerprint="",
+                                                          created="", store_url=store.url))
+            except IntegrityError:  # deleted or damaged since: its own ancestry cannot be followed
+                manifests[path] = {}
+        return [tuple((str(p.get("path", "")).split("/") + ["", "", ""])[:3])  # type: ignore[misc]
+                for p in (manifests[path].get("parents") or {}).values()]
+
     stale: dict[str, list[str]] = {}
     for stage, ref in refs.items():
         if ref is None:
             continue
-        moved = []
-        for p in (store.manifest(ref).get("parents") or {}).values():
-            run, stage_of_parent, version = (str(p.get("path", "")).split("/") + ["", "", ""])[:3]
+        moved, seen, todo = set(), set(), parents(ref.run, ref.path)
+        while todo:
+            run, stage_of_parent, version = todo.pop()
+            if run != ref.run or (stage_of_parent, version) in seen:
+                continue
+            seen.add((stage_of_parent, version))
             now = refs.get(stage_of_parent)
-            if run == ref.run and now is not None and version != now.version:
-                moved.append(stage_of_parent)
+            if now is not None and version != now.version:
+                moved.add(stage_of_parent)
+            todo.extend(parents(run, f"{run}/{stage_of_parent}/{version}"))
         if moved:
             stale[stage] = sorted(moved)
     return stale

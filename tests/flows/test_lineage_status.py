@@ -85,3 +85,45 @@ def test_status_follows_the_current_lineage_and_flags_stale_stages(configs, tmp_
     assert status["cold_start_sft"]["state"] == "completed"
     rebuilt = latest_refs(st, RUN)["cold_start_sft"]
     assert st.manifest(rebuilt)["parents"]["prepare_data"]["version"] == data_b.version
+
+
+CHAIN = {"prepare_data": (), "cold_start_sft": ("prepare_data",), "grpo_train": ("prepare_data", "cold_start_sft"),
+         "rejection_sample": ("prepare_data", "grpo_train"), "sft_consolidate": ("rejection_sample",),
+         "final_rl": ("prepare_data", "sft_consolidate")}  # each stage's parents, as the stage table has them
+
+
+def _commit(st: Store, stage: str, parents: dict, tag: str):
+    """A committed output of ``stage`` built on ``parents`` (no files: status reads manifests only), made current."""
+    from tasks.storage import lineage
+
+    with st.begin(RUN, stage) as writer:
+        ref = writer.commit(fingerprint=f"{stage}-{tag}", config={}, parents=parents, metrics={})
+    lineage.record(st, ref)
+    return ref
+
+
+def test_a_rerun_grandparent_marks_every_stage_built_on_it_stale(tmp_path):
+    """grpo_train reruns; rejection_sample (its child), sft_consolidate and final_rl (built on rejection_sample's
+    and then sft_consolidate's output, both still current) are all stale: their ancestry holds the old GRPO model."""
+    st, store = Store(tmp_path / "store"), str(tmp_path / "store")
+    refs: dict = {}
+    for stage, parents in CHAIN.items():
+        refs[stage] = _commit(st, stage, {p: refs[p] for p in parents}, "a")
+    assert {stage_status(st, RUN)["stages"][s]["state"] for s in CHAIN} == {"completed"}
+
+    _commit(st, "grpo_train", {p: refs[p] for p in CHAIN["grpo_train"]}, "b")  # `r1 stage grpo_train` rebuilt it
+    status = stage_status(st, RUN)["stages"]
+    assert [s for s in CHAIN if status[s]["state"] == "stale"] == ["rejection_sample", "sft_consolidate", "final_rl"]
+    assert status["final_rl"]["stale_upstream"] == status["sft_consolidate"]["stale_upstream"] == ["grpo_train"]
+    shown = CliRunner().invoke(app, ["status", RUN, "--store", store])
+    assert shown.exit_code == 0, shown.output
+    assert "stale: final_rl was built on an earlier grpo_train output" in shown.output
+
+    grpo = st.latest(RUN, "grpo_train")
+    rs = _commit(st, "rejection_sample", {"prepare_data": refs["prepare_data"], "grpo_train": grpo}, "b")
+    status = stage_status(st, RUN)["stages"]  # rejection_sample rebuilt: the two below it still stand on the old one
+    assert [s for s in CHAIN if status[s]["state"] == "stale"] == ["sft_consolidate", "final_rl"]
+    assert status["final_rl"]["stale_upstream"] == ["grpo_train", "rejection_sample"]
+    sft = _commit(st, "sft_consolidate", {"rejection_sample": rs}, "b")
+    _commit(st, "final_rl", {"prepare_data": refs["prepare_data"], "sft_consolidate": sft}, "b")
+    assert {stage_status(st, RUN)["stages"][s]["state"] for s in CHAIN} == {"completed"}

@@ -54,3 +54,33 @@ def test_server_killed_mid_grpo_stops_in_seconds_and_resumes(tmp_path):
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     manifest = json.loads(sorted((store / RUN / "grpo_train").glob("*/manifest.json"))[-1].read_text())
     assert 2 <= manifest["training"]["resumed_from_step"] < GRPO_STEPS
+
+
+@pytest.mark.slow
+def test_server_stopped_mid_grpo_stops_the_run_within_30_s(tmp_path):
+    """SIGSTOP: the server process lives, accepts connections and never answers. It took 140 s to stop the run
+    (each Prefect call waiting its 60 s request timeout), silent meanwhile; the watch now kills a stopped server."""
+    config, store, env, log = _config(tmp_path), tmp_path / "store", _env(tmp_path), tmp_path / "run.log"
+    proc = _run_until_grpo_checkpoint("server-stopped", config, store, env, log)
+    family = {" ".join(p.cmdline()): p for p in psutil.Process(proc.pid).children(recursive=True)}
+    server = next(p for cmd, p in family.items() if "uvicorn" in cmd)
+    port = server.cmdline()[server.cmdline().index("--port") + 1]
+    before = len(log.read_text().splitlines())
+
+    server.suspend()  # SIGSTOP
+    try:
+        returncode, took = _wait_exit(proc, log, time.monotonic(), "its Prefect server was stopped")
+    finally:
+        if server.is_running():
+            server.kill()
+    print(f"r1 run exited {took:.1f} s after its server was stopped")
+    after = log.read_text().splitlines()[before:]
+    errors = [line for line in after if line.startswith("error:")]
+    assert returncode == 1 and took < 30, (took, "\n".join(after[-40:]))
+    assert len(errors) == 1 and len(after) < 20, "\n".join(after[-40:])
+    assert errors[0].startswith(f"error: the temporary Prefect server at http://127.0.0.1:{port}/api stopped: its "
+                                f"process (pid {server.pid}) is stopped (state T: SIGSTOP or a debugger)"), errors[0]
+    assert "so it was killed" in errors[0] and "rerun the same command to resume" in errors[0]
+    assert "Traceback" not in "\n".join(after)
+    time.sleep(0.5)
+    assert _alive(list(family.values())) == []
