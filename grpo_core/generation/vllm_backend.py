@@ -383,9 +383,12 @@ def _prepare_vllm_env(model_path: str) -> None:
 
 @contextlib.contextmanager
 def _preserve_process_state() -> Iterator[None]:
-    """Undo what building a vLLM engine does to the process: reseeded RNGs, a disabled set_num_threads."""
+    """Undo what building a vLLM engine does to the process: reseeded RNGs, a disabled set_num_threads, torchrun's
+    ``LOCAL_WORLD_SIZE`` overwritten with the engine's tensor-parallel size (vLLM's CPU platform does: the trainer
+    reads it for its ranks on this host, ``sharded_state.all_ranks_on_one_host``, and processes it starts inherit it)."""
     set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
     py_state, np_state = random.getstate(), np.random.get_state()
+    local_world_size = os.environ.get("LOCAL_WORLD_SIZE")
     try:
         with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
             yield
@@ -394,6 +397,10 @@ def _preserve_process_state() -> Iterator[None]:
         torch.set_num_threads(num_threads)
         random.setstate(py_state)
         np.random.set_state(np_state)
+        if local_world_size is None:
+            os.environ.pop("LOCAL_WORLD_SIZE", None)
+        else:
+            os.environ["LOCAL_WORLD_SIZE"] = local_world_size
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import random
 
 import pytest
@@ -42,12 +43,14 @@ def backend(tiny):
 
     path, _, tokenizer = tiny
     threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    local_world_size = os.environ.get("LOCAL_WORLD_SIZE")  # torchrun's; vLLM's CPU platform overwrites it
     torch.manual_seed(7)
     expected_draw = torch.rand(3)
     torch.manual_seed(7)
     engine = VLLMBackend(path, tokenizer, max_model_len=256, enable_sleep_mode=True)  # GPU only: ignored here
     # Building the engine leaves the trainer's threads, thread setter and RNG stream alone.
     assert torch.get_num_threads() == threads and torch.set_num_threads is set_threads
+    assert os.environ.get("LOCAL_WORLD_SIZE") == local_world_size  # FSDP ranks started after it see one host
     assert torch.equal(torch.rand(3), expected_draw)
     yield engine
     engine.close()
