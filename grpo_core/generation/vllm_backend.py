@@ -381,14 +381,19 @@ def _prepare_vllm_env(model_path: str) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local model: skip hub look-ups (~18 s stall offline)
 
 
+_KEPT_ENV = ("LOCAL_WORLD_SIZE", "LD_PRELOAD")
+
+
 @contextlib.contextmanager
 def _preserve_process_state() -> Iterator[None]:
-    """Undo what building a vLLM engine does to the process: reseeded RNGs, a disabled set_num_threads, torchrun's
-    ``LOCAL_WORLD_SIZE`` overwritten with the engine's tensor-parallel size (vLLM's CPU platform does: the trainer
-    reads it for its ranks on this host, ``sharded_state.all_ranks_on_one_host``, and processes it starts inherit it)."""
+    """Undo what building a vLLM engine does to the process: reseeded RNGs, a disabled set_num_threads, and the
+    variables vLLM's CPU platform writes for worker processes this in-process engine never starts (``_KEPT_ENV``):
+    torchrun's ``LOCAL_WORLD_SIZE`` set to the tensor-parallel size (the trainer reads it for its ranks on this host,
+    ``sharded_state.all_ranks_on_one_host``) and ``LD_PRELOAD`` (libgomp, tcmalloc), which every process started
+    later would inherit."""
     set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
     py_state, np_state = random.getstate(), np.random.get_state()
-    local_world_size = os.environ.get("LOCAL_WORLD_SIZE")
+    kept_env = {name: os.environ.get(name) for name in _KEPT_ENV}
     try:
         with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
             yield
@@ -397,10 +402,11 @@ def _preserve_process_state() -> Iterator[None]:
         torch.set_num_threads(num_threads)
         random.setstate(py_state)
         np.random.set_state(np_state)
-        if local_world_size is None:
-            os.environ.pop("LOCAL_WORLD_SIZE", None)
-        else:
-            os.environ["LOCAL_WORLD_SIZE"] = local_world_size
+        for name, value in kept_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextlib.contextmanager

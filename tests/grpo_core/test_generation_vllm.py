@@ -43,14 +43,15 @@ def backend(tiny):
 
     path, _, tokenizer = tiny
     threads, set_threads = torch.get_num_threads(), torch.set_num_threads
-    local_world_size = os.environ.get("LOCAL_WORLD_SIZE")  # torchrun's; vLLM's CPU platform overwrites it
+    env = {name: os.environ.get(name) for name in ("LOCAL_WORLD_SIZE", "LD_PRELOAD")}  # vLLM's CPU platform sets both
     torch.manual_seed(7)
     expected_draw = torch.rand(3)
     torch.manual_seed(7)
     engine = VLLMBackend(path, tokenizer, max_model_len=256, enable_sleep_mode=True)  # GPU only: ignored here
     # Building the engine leaves the trainer's threads, thread setter and RNG stream alone.
     assert torch.get_num_threads() == threads and torch.set_num_threads is set_threads
-    assert os.environ.get("LOCAL_WORLD_SIZE") == local_world_size  # FSDP ranks started after it see one host
+    # FSDP ranks started after it see one host; later children get no preloaded libgomp
+    assert {name: os.environ.get(name) for name in env} == env
     assert torch.equal(torch.rand(3), expected_draw)
     yield engine
     engine.close()
