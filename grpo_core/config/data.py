@@ -128,10 +128,15 @@ class CountdownData(_Strict):
     tiny base's corpus (``model.tiny.pretrain``) holds ``pretrain_size`` tries of which ``pretrain_check_fraction``
     check and retry, as a large base model has seen verification."""
 
-    num_train: int = Field(1200, gt=0, description="training prompts, distinct (three numbers in 1..9 make ~1,700 "
-                           "problems in all)")
-    num_eval: int = Field(200, gt=0, description="held-out prompts, none among the training, cold-start or "
-                          "pretraining prompts")
+    num_train: int = Field(1200, gt=0, description="training prompts, distinct (three numbers in 1..12 make 792 "
+                           "problems up to the order of the numbers, 2,808 prompts in all)")
+    num_eval: int = Field(200, gt=0, description="held-out problems, distinct, none among the training, cold-start "
+                          "or pretraining problems in any order of their numbers (grpo_core.data.countdown.problem_key)")
+    max_number: int = Field(12, ge=3, le=99, description="numbers are drawn from 1..max_number")
+    operators: str = Field("+", pattern=r"^[-+*]+$", description="the operators a try may use (each row carries "
+                           "them; countdown_accuracy accepts these only)")
+    transfer_num_eval: int = Field(200, ge=0, description="held-out problems of a harder shape, four numbers "
+                                   "(source countdown_transfer, evaluated only); 0: none")
     cold_start_size: int = Field(4000, ge=0, description="cold-start traces (prompts may repeat)")
     check_fraction: float = Field(0.08, ge=0, le=1, description="share of cold-start traces that check each try "
                                   "and retry until one reaches the target; the rest commit to their first try")

@@ -1,7 +1,7 @@
 """A built-in verifiable task where checking and retrying pays: Countdown in miniature.
 
-A few numbers in 1..9 and a target that exactly one try reaches; a try is one operator of ``operators`` on two
-of the numbers (default: three numbers, ``+``: which two add up to the target)::
+A few numbers in 1..``max_number`` and a target that exactly one try reaches; a try is one operator of ``operators``
+on two of the numbers (default: three numbers in 1..12, ``+``: which two add up to the target)::
 
     prompt      3,8,5->13:
     first try   <think>3+8=11</think><answer>3+8</answer>                                (wrong: 11, not 13)
@@ -15,21 +15,31 @@ The cold-start set is in the style of a teacher that mostly commits to its first
 and only in a ``check_fraction`` of traces checks each try and retries until one reaches the target, so
 RL has a rare behaviour to amplify (``wait`` is one of ``emergence.REFLECTION_PHRASES``), not one to copy.
 
-The reward ``countdown_accuracy`` verifies from the prompt alone: exactly ``<think>...</think><answer>x op y
-</answer>`` with x and y two of the prompt's numbers (a number used at most as often as given) and ``x op y``
-equal to the target. Rows follow the normalised schema ``{id, prompt, answer (the target), task, source}``.
+The reward ``countdown_accuracy`` verifies from the prompt and the row's ``operators``: exactly ``<think>...</think>
+<answer>x op y</answer>`` with x and y two of the prompt's numbers (a number used at most as often as given), ``op``
+one of the task's operators and ``x op y`` equal to the target. Rows follow the normalised schema ``{id, prompt,
+answer (the target), task, source, operators}``.
+
+Held out by problem, not by spelling: a problem is the multiset of its numbers, its target and its operators
+(``problem_key``: ``3,8,5->13:`` and ``5,3,8->13:`` are one problem), so a held-out problem is in no training prompt,
+cold-start trace or pretraining try in any order of its numbers (``make_countdown_splits``; ``recipe.prepare``
+checks every source). Three numbers in 1..12 with ``+`` make 792 problems; the transfer set (``SOURCE_TRANSFER``)
+has four numbers, a shape no training source has.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from typing import Any
+from typing import Any, Hashable
 
 from grpo_core.data.synthetic import apply_op, sample_rows, split_rows
 from grpo_core.rewards.base import completion_text, prompt_text
 
 TASK = SOURCE = "countdown"
+SOURCE_TRANSFER = "countdown_transfer"  # held-out problems of a harder shape (four numbers): eval only
+DEFAULT_OPERATORS = "+"
+DEFAULT_MAX_NUMBER = 12
 PROMPT = re.compile(r"^(\d+(?:,\d+)+)->(\d+):$")
 ANSWER = re.compile(r"^<think>([^<]*)</think><answer>(\d+)([-+*])(\d+)</answer>$")
 
@@ -57,6 +67,16 @@ def parse_prompt(text: str) -> tuple[list[int], int] | None:
     return ([int(x) for x in m.group(1).split(",")], int(m.group(2))) if m else None
 
 
+def problem_key(text: str, operators: str = DEFAULT_OPERATORS) -> tuple | None:
+    """A countdown prompt's canonical problem: its numbers as a multiset, its target and its operators (any order
+    of the numbers is the same problem: the same tries reach the target); None for a prompt that is not countdown."""
+    problem = parse_prompt(text)
+    if problem is None:
+        return None
+    numbers, target = problem
+    return (TASK, tuple(sorted(numbers)), target, "".join(sorted(operators)))
+
+
 def evaluate_expression(expr: str) -> int:
     m = re.fullmatch(r"(\d+)([-+*])(\d+)", expr)
     if not m:
@@ -64,28 +84,32 @@ def evaluate_expression(expr: str) -> int:
     return apply_op(int(m.group(1)), m.group(2), int(m.group(3)))
 
 
-def make_countdown_rows(num_rows: int, *, seed: int = 0, num_numbers: int = 3, operators: str = "+",
-                        max_number: int = 9, exclude: set[str] | None = None, unique: bool = True
+def make_countdown_rows(num_rows: int, *, seed: int = 0, num_numbers: int = 3, operators: str = DEFAULT_OPERATORS,
+                        max_number: int = DEFAULT_MAX_NUMBER, exclude: set[Hashable] | None = None,
+                        unique: bool = True, distinct_problems: bool = False, source: str = SOURCE
                         ) -> list[dict[str, Any]]:
     """``num_rows`` prompt rows (``synthetic.sample_rows``): ``num_numbers`` numbers in 1..max_number and the
-    value of one try (chosen uniformly) that no other try reaches, so exactly one try is right."""
+    value of one try (chosen uniformly) that no other try reaches, so exactly one try is right; each row carries
+    its ``operators`` (the reward accepts those only). ``exclude`` holds canonical problems (``problem_key``)."""
     def draw(rng: random.Random) -> tuple[str, str] | None:
         numbers = [rng.randint(1, max_number) for _ in range(num_numbers)]
         values = [evaluate_expression(e) for e in candidates(numbers, operators)]
         target = rng.choice(values)
         return (format_prompt(numbers, target), str(target)) if values.count(target) == 1 else None
 
-    return sample_rows(num_rows, draw, seed=seed, task=TASK, source=SOURCE, exclude=exclude, unique=unique,
-                       hint="allow more numbers or set unique=False")
+    rows = sample_rows(num_rows, draw, seed=seed, task=TASK, source=source, exclude=exclude, unique=unique,
+                       distinct_problems=distinct_problems, key=lambda text: problem_key(text, operators),
+                       hint="allow more or larger numbers (max_number), or set unique=False")
+    return [{**r, "operators": operators} for r in rows]
 
 
 def make_countdown_splits(num_train: int, num_eval: int, *, seed: int = 0, unique_train: bool = False,
-                          **kwargs: Any) -> tuple[list[dict], list[dict]]:
-    """Train and held-out rows with no prompt in common (``synthetic.split_rows``: eval drawn first, distinct).
-    Three numbers in 1..9 make ~1,700 distinct problems, so train may repeat a prompt (never a held-out one)
-    unless ``unique_train``."""
+                          operators: str = DEFAULT_OPERATORS, **kwargs: Any) -> tuple[list[dict], list[dict]]:
+    """Train and held-out rows with no canonical problem in common (``synthetic.split_rows``: eval drawn first,
+    ``num_eval`` distinct problems; train never holds one of them in any order of its numbers). Train may repeat a
+    prompt unless ``unique_train``."""
     return split_rows(make_countdown_rows, num_train, num_eval, seed=seed, train_options={"unique": unique_train},
-                      **kwargs)
+                      key=lambda text: problem_key(text, operators), operators=operators, **kwargs)
 
 
 RETRY_ORDERS = ("random", "systematic")
@@ -135,21 +159,24 @@ def make_countdown_cold_start(rows: list[dict[str, Any]], *, check_fraction: flo
     return out
 
 
-def countdown_accuracy(completions: list[Any], prompts: list[Any] | None = None, **kwargs: Any
-                       ) -> list[float | None]:
+def countdown_accuracy(completions: list[Any], prompts: list[Any] | None = None,
+                       operators: list[str | None] | None = None, **kwargs: Any) -> list[float | None]:
     """1.0 when the completion is exactly ``<think>...</think><answer>x op y</answer>``, ``{x, y}`` are the
-    prompt's two numbers and ``x op y`` is its target; 0.0 otherwise; None for a prompt that is not countdown."""
+    prompt's two numbers, ``op`` one of the row's ``operators`` (column; ``DEFAULT_OPERATORS`` where a row has
+    none) and ``x op y`` is its target; 0.0 otherwise; None for a prompt that is not countdown."""
     if prompts is None:
         return [None] * len(completions)
+    allowed = operators if operators is not None else [None] * len(completions)
     scores: list[float | None] = []
-    for completion, prompt in zip(completions, prompts):
+    for completion, prompt, ops in zip(completions, prompts, allowed):
         problem = parse_prompt(prompt_text(prompt))
         if problem is None:
             scores.append(None)
             continue
         numbers, target = problem
         m = ANSWER.match(completion_text(completion).strip())
-        ok = m is not None and reaches(numbers, target, int(m.group(2)), m.group(3), int(m.group(4)))
+        ok = (m is not None and m.group(3) in (ops or DEFAULT_OPERATORS)
+              and reaches(numbers, target, int(m.group(2)), m.group(3), int(m.group(4))))
         scores.append(1.0 if ok else 0.0)
     return scores
 
@@ -192,3 +219,26 @@ def attempt_stats(completions: list[Any], prompts: list[Any]) -> dict[str, float
             "first_try_hit_rate": sum(h[0] for h in with_tries) / len(with_tries) if with_tries else nan,
             "retry_hit_rate": sum(retries) / len(retries) if retries else nan,
             "retries": float(len(retries))}
+
+
+def try_steps(completion: Any, prompt: Any) -> list[tuple[bool, str]] | None:
+    """The tries of a completion's reasoning in order, each as ``(hit, after)``: ``hit`` is ``try_hits``'s (computed,
+    not read off the response), ``after`` what the reasoning says after the try up to the next try (the rest of its
+    own ``;``-piece after ``x op y=``, then the pieces that are not tries, joined by ``;``): ``3+8=11?13;wait;8+5=13?13``
+    is ``[(False, "11?13;wait"), (True, "13?13")]``. Text before the first try is in no ``after``. None for a prompt
+    that is not countdown. ``evaluation.checking`` reads it (does a check follow a miss, does the response stop
+    after a hit)."""
+    hits = try_hits(completion, prompt)
+    if hits is None:
+        return None
+    text = completion_text(completion)
+    think = text[text.find("<think>") + len("<think>"):text.find("</think>")] if "</think>" in text else text
+    afters: list[list[str]] = []
+    for piece in think.split(";"):
+        if m := TRY.match(piece.strip()):
+            afters.append([piece.strip()[m.end():]])
+        elif afters:
+            afters[-1].append(piece)
+    if len(afters) != len(hits):  # one piece rule for both: a change to try_hits belongs here too
+        raise ValueError(f"try_steps found {len(afters)} tries where try_hits found {len(hits)}: {text!r}")
+    return [(hit, ";".join(after)) for hit, after in zip(hits, afters)]

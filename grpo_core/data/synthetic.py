@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 from grpo_core.rewards.base import completion_text
 
@@ -96,12 +96,19 @@ def _expression(operands: list[int], ops: list[str]) -> str:
 
 
 def sample_rows(num_rows: int, draw: Callable[[random.Random], tuple[str, str] | None], *, seed: int, task: str,
-                source: str, exclude: set[str] | None = None, unique: bool = True, hint: str = "") -> list[dict[str, Any]]:
+                source: str, exclude: set[Hashable] | None = None, unique: bool = True, distinct_problems: bool = False,
+                key: Callable[[str], Hashable] | None = None, hint: str = "") -> list[dict[str, Any]]:
     """``num_rows`` rows of a built-in task in the normalised schema, each from ``draw(rng) -> (prompt text,
-    answer)`` (None: draw again); ``exclude`` holds prompt texts to avoid (pass the eval prompts to keep train
-    disjoint), ``unique`` avoids repeats within the set. Too few distinct prompts is a ValueError ending in ``hint``."""
+    answer)`` (None: draw again). ``key`` maps a prompt text to its canonical problem (the task's ``problem_key``:
+    the prompt up to the task's symmetries; default the text itself); ``exclude`` holds canonical problems to avoid
+    (pass the held-out ones to keep a training source disjoint from them). ``unique`` avoids repeated prompt texts,
+    ``distinct_problems`` repeated problems (a held-out set counts problems, not spellings). Too few distinct prompts
+    is a ValueError ending in ``hint``."""
+    key = key or (lambda text: text)
     rng = random.Random(seed)
-    seen = set(exclude or ())
+    excluded = set(exclude or ())
+    texts: set[str] = set()
+    problems: set[Hashable] = set()
     rows: list[dict[str, Any]] = []
     attempts = 0
     while len(rows) < num_rows:
@@ -109,42 +116,60 @@ def sample_rows(num_rows: int, draw: Callable[[random.Random], tuple[str, str] |
         if attempts > 100 * num_rows + 1000:
             raise ValueError(f"could only make {len(rows)} distinct {task} problems of {num_rows} asked for; {hint}")
         drawn = draw(rng)
-        if drawn is None or drawn[0] in seen:
+        if drawn is None:
             continue
         text, answer = drawn
-        if unique:
-            seen.add(text)
+        problem = key(text)
+        if problem in excluded or (unique and text in texts) or (distinct_problems and problem in problems):
+            continue
+        texts.add(text)
+        problems.add(problem)
         rows.append({"id": f"{task}-{seed}-{len(rows):06d}", "prompt": [{"role": "user", "content": text}],
                      "answer": answer, "task": task, "source": source})
     return rows
 
 
 def split_rows(make_rows: Callable[..., list[dict[str, Any]]], num_train: int, num_eval: int, *, seed: int,
-               train_options: dict[str, Any] | None = None, **kwargs: Any) -> tuple[list[dict], list[dict]]:
-    """Train and held-out eval rows of ``make_rows`` with no prompt in common (eval drawn first, from its own
-    stream; its ids marked ``{task}-eval-``); ``train_options`` go to the train rows only."""
-    eval_rows = make_rows(num_eval, seed=seed * 2 + 1, **kwargs)
-    exclude = {r["prompt"][0]["content"] for r in eval_rows}
+               key: Callable[[str], Hashable] | None = None, train_options: dict[str, Any] | None = None,
+               **kwargs: Any) -> tuple[list[dict], list[dict]]:
+    """Train and held-out eval rows of ``make_rows`` with no canonical problem in common (``key``, see
+    ``sample_rows``): eval drawn first, from its own stream, ``num_eval`` distinct problems (its ids marked
+    ``{task}-eval-``); train drawn with those problems excluded. ``train_options`` go to the train rows only."""
+    key = key or (lambda text: text)
+    eval_rows = make_rows(num_eval, seed=seed * 2 + 1, distinct_problems=True, **kwargs)
+    exclude = {key(r["prompt"][0]["content"]) for r in eval_rows}
     train_rows = make_rows(num_train, seed=seed * 2, exclude=exclude, **{**kwargs, **(train_options or {})})
     for r in eval_rows:
         r["id"] = r["id"].replace(f"{r['task']}-", f"{r['task']}-eval-", 1)
     return train_rows, eval_rows
 
 
+def problem_key(text: str) -> tuple:
+    """A chain prompt's canonical problem: the same worked steps up to the order of the first pair when its
+    operator commutes (``3+5*2=`` and ``5+3*2=`` are one problem; ``5-3*2=`` is not ``3-5*2=``)."""
+    tokens = re.findall(r"\d+|[-+*]", text.rstrip("="))
+    operands, ops = [int(t) for t in tokens[0::2]], tokens[1::2]
+    if ops and ops[0] in "+*":
+        operands[:2] = sorted(operands[:2])
+    return (TASK, tuple(operands), tuple(ops))
+
+
 def make_chain_rows(num_rows: int, *, seed: int = 0, min_operands: int = 3, max_operands: int = 4,
-                    exclude: set[str] | None = None, unique: bool = True) -> list[dict[str, Any]]:
-    """``num_rows`` chain prompt rows (``sample_rows``)."""
+                    exclude: set[Hashable] | None = None, unique: bool = True, distinct_problems: bool = False
+                    ) -> list[dict[str, Any]]:
+    """``num_rows`` chain prompt rows (``sample_rows``); ``exclude`` holds canonical problems (``problem_key``)."""
     def draw(rng: random.Random) -> tuple[str, str]:
         text = _expression(*sample_chain_problem(rng, min_operands, max_operands)) + "="
         return text, str(evaluate_chain(text))
 
     return sample_rows(num_rows, draw, seed=seed, task=TASK, source=SOURCE, exclude=exclude, unique=unique,
+                       distinct_problems=distinct_problems, key=problem_key,
                        hint="allow more operands or set unique=False")
 
 
 def make_chain_splits(num_train: int, num_eval: int, *, seed: int = 0, **kwargs: Any) -> tuple[list[dict], list[dict]]:
-    """Train and held-out eval rows with no prompt in common (``split_rows``)."""
-    return split_rows(make_chain_rows, num_train, num_eval, seed=seed, **kwargs)
+    """Train and held-out eval rows with no canonical problem in common (``split_rows``, ``problem_key``)."""
+    return split_rows(make_chain_rows, num_train, num_eval, seed=seed, key=problem_key, **kwargs)
 
 
 def make_cold_start_rows(rows: list[dict[str, Any]], *, direct_fraction: float = 0.5, coarse_fraction: float = 0.0,

@@ -134,20 +134,69 @@ def split_rows(rows: list[dict[str, Any]], *, eval_fraction: float = 0.05, eval_
 def countdown_rows(config: CountdownData, seed: int, *, pretrain: bool) -> tuple[list[dict], list[dict], list[dict],
                                                                                list[dict]]:
     """The countdown task's (train, eval, cold start, pretraining) rows (``grpo_core.data.countdown``): distinct
-    training prompts, none held out; cold-start and pretraining prompts drawn apart from the held-out ones, repeats
-    allowed (there are ~1,700 problems); pretraining rows only with ``pretrain`` (a tiny base is pretrained)."""
-    c_train, c_eval = countdown.make_countdown_splits(config.num_train, config.num_eval, seed=seed, unique_train=True)
-    held_out = {r["prompt"][0]["content"] for r in c_eval}
-    style = {"retry_order": config.retry_order, "check_style": config.check_style}
+    training prompts; held-out problems (and the four-number transfer set, source ``countdown_transfer``) in no
+    training, cold-start or pretraining row in any order of their numbers (``countdown.problem_key``); cold-start and
+    pretraining prompts may repeat; pretraining rows only with ``pretrain`` (a tiny base is pretrained)."""
+    shape = {"max_number": config.max_number, "operators": config.operators}
+    c_train, c_eval = countdown.make_countdown_splits(config.num_train, config.num_eval, seed=seed, unique_train=True,
+                                                      **shape)
+    if config.transfer_num_eval:
+        transfer = countdown.make_countdown_rows(config.transfer_num_eval, seed=50_000 + seed, num_numbers=4,
+                                                 distinct_problems=True, source=countdown.SOURCE_TRANSFER, **shape)
+        c_eval += [{**r, "id": r["id"].replace("countdown-", "countdown-transfer-", 1)} for r in transfer]
+    held_out = {countdown.problem_key(r["prompt"][0]["content"], config.operators) for r in c_eval}
+    style = {"retry_order": config.retry_order, "check_style": config.check_style, "operators": config.operators}
     cold = countdown.make_countdown_cold_start(countdown.make_countdown_rows(
-        config.cold_start_size, seed=10_000 + seed, exclude=held_out, unique=False),
+        config.cold_start_size, seed=10_000 + seed, exclude=held_out, unique=False, **shape),
         check_fraction=config.check_fraction, seed=seed, **style) if config.cold_start_size else []
     pre: list[dict] = []
     if pretrain and config.pretrain_size:
         pre = [{k: r[k] for k in ("prompt", "completion")} for r in countdown.make_countdown_cold_start(
-            countdown.make_countdown_rows(config.pretrain_size, seed=30_000 + seed, exclude=held_out, unique=False),
+            countdown.make_countdown_rows(config.pretrain_size, seed=30_000 + seed, exclude=held_out, unique=False,
+                                          **shape),
             check_fraction=config.pretrain_check_fraction, seed=seed, **style)]
     return c_train, c_eval, cold, pre
+
+
+# ---------------------------------------------------------------- held out by problem, not by spelling
+
+_CHAIN_PROMPT = re.compile(r"^\d+(?:[-+*]\d+)+=$")
+
+
+def canonical_problem(text: str) -> tuple | None:
+    """A built-in verifiable task's prompt as its canonical problem (the task's ``problem_key``: countdown's numbers
+    as a multiset with the target, chain's steps up to a commuting first pair); None for any other prompt."""
+    text = text.strip()
+    if (key := countdown.problem_key(text)) is not None:
+        return key
+    return synthetic.problem_key(text) if _CHAIN_PROMPT.match(text) else None
+
+
+def held_out_overlap(eval_rows: list[dict[str, Any]], sources: dict[str, list[dict[str, Any]]]
+                     ) -> list[tuple[str, str, str, str]]:
+    """``(source, training prompt, eval id, eval prompt)`` for every training row (of ``sources``: train prompts,
+    cold-start traces, the base's pretraining corpus) whose canonical problem is a held-out one."""
+    held: dict[tuple, dict[str, Any]] = {}
+    for row in eval_rows:
+        if (key := canonical_problem(prompt_text(row["prompt"]))) is not None:
+            held.setdefault(key, row)
+    found = []
+    for name, rows in sources.items():
+        for row in rows:
+            text = prompt_text(row["prompt"])
+            if (hit := held.get(canonical_problem(text))) is not None:  # type: ignore[arg-type]
+                found.append((name, text, str(hit.get("id")), prompt_text(hit["prompt"])))
+    return found
+
+
+def check_held_out(eval_rows: list[dict[str, Any]], sources: dict[str, list[dict[str, Any]]]) -> None:
+    """A ``DataError`` naming the rows when a held-out problem of a built-in task is in a training source in any
+    spelling (``held_out_overlap``): its accuracy would measure recall, not the task."""
+    if found := held_out_overlap(eval_rows, sources):
+        shown = "; ".join(f"{name} row {text!r} is eval row {eid} ({etext!r})" for name, text, eid, etext in found[:5])
+        raise DataError(f"{len(found)} training rows hold a held-out problem up to the task's symmetries (the order "
+                        f"of countdown's numbers, a commuting first pair of a chain): {shown}. Draw the training "
+                        "sources with the held-out problems excluded (grpo_core.data.*.problem_key)")
 
 
 @dataclass
@@ -172,7 +221,7 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
         b_train, b_eval = synthetic.make_chain_splits(config.num_train, config.num_eval, seed=config.seed, **kw)
         train += b_train
         eval_rows += b_eval
-        held_out = {r["prompt"][0]["content"] for r in b_eval}
+        held_out = {synthetic.problem_key(r["prompt"][0]["content"]) for r in b_eval}
         if config.cold_start_size:
             cs_prompts = synthetic.make_chain_rows(config.cold_start_size, seed=10_000 + config.seed,
                                                    exclude=held_out, **kw)
@@ -239,6 +288,7 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
             train, cold = (kept, cold) if what == "train" else (train, kept)
     if not train:
         raise DataError("no training rows left after loading, dedupe and decontamination")
+    check_held_out(eval_rows, {"train": train, "cold-start": cold, "pretraining": pretrain})
     for row in (*train, *eval_rows, *cold):
         row.pop(RAW_PROMPT, None)
     stats.update({"num_train": len(train), "num_eval": len(eval_rows), "num_cold_start": len(cold),

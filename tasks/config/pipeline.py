@@ -132,6 +132,19 @@ class PipelineSections(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _check_countdown_eval(self) -> "PipelineConfig":
+        """The countdown sources are scored by their own reward in evaluation: under the default reward (a chain's
+        answer check) every completion would score 0 and the tables would read as a model that learnt nothing."""
+        countdown = self.data.countdown
+        wanted = ["countdown"] + (["countdown_transfer"] if countdown and countdown.transfer_num_eval else [])
+        missing = [s for s in wanted if s not in self.evaluate.source_rewards] if countdown is not None else []
+        if missing:
+            raise ValueError(f"data.countdown builds held-out rows of source(s) {missing} that evaluate.source_rewards "
+                             f"does not score: add {', '.join(f'{s}: countdown_accuracy' for s in missing)} under "
+                             "evaluate.source_rewards")
+        return self
+
+    @model_validator(mode="after")
     def _check_rewards(self) -> "PipelineConfig":
         # Names resolve here, not in the stage that first scores (after two stages have committed).
         # grpo_core's own configs do not check: there a notebook may pass the functions themselves.

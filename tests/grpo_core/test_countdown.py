@@ -33,7 +33,13 @@ def test_reward_verifies_numbers_and_target():
     assert _score("<think></think><answer>8+5</answer>", "3,8,8->16:") == 0.0
     assert _score("<think></think><answer>8+8</answer>", "3,8,8->16:") == 1.0  # a number given twice, used twice
     assert _score("<think></think><answer>8+8</answer>", "3,8,5->16:") == 0.0  # given once, used twice
-    assert _score("<think></think><answer>8*2</answer>", "3,8,2->16:") == 1.0  # any operator the answer names
+    # only the row's operators (issue 42): `2,2,5->4:` answered `2*2` reaches 4 with an operator the task lacks
+    assert _score("<think></think><answer>8*2</answer>", "3,8,2->16:") == 0.0
+    assert _score("<think></think><answer>2*2</answer>", "2,2,5->4:") == 0.0
+    assert _score("<think></think><answer>2+2</answer>", "2,2,5->4:") == 1.0
+    prompts = [[{"role": "user", "content": "3,8,2->16:"}]] * 3
+    assert countdown_accuracy(["<think></think><answer>8*2</answer>"] * 3, prompts=prompts,
+                              operators=["+*", "+", None]) == [1.0, 0.0, 0.0]  # None: the default "+"
     assert _score("8+5") == 0.0 and _score("<think>8+5=13</think><answer>8+5</answer>.") == 0.0  # format
     assert _score("<think></think><answer>8+5</answer>", "7+8*3=") is None  # not a countdown prompt
     assert get_reward_funcs(["countdown_accuracy"])[0] is countdown_accuracy
@@ -44,9 +50,10 @@ def test_rows_have_exactly_one_right_try_and_are_deterministic():
     assert rows == make_countdown_rows(300, seed=4) and rows != make_countdown_rows(300, seed=5)
     assert len({r["prompt"][0]["content"] for r in rows}) == 300
     for r in rows:
-        assert set(r) == {"id", "prompt", "answer", "task", "source"} and r["source"] == "countdown"
+        assert set(r) == {"id", "prompt", "answer", "task", "source", "operators"} and r["source"] == "countdown"
         numbers, target = parse_prompt(r["prompt"][0]["content"])
-        assert len(numbers) == 3 and all(1 <= n <= 9 for n in numbers) and r["answer"] == str(target)
+        assert len(numbers) == 3 and all(1 <= n <= 12 for n in numbers) and r["answer"] == str(target)
+        assert r["operators"] == "+"
         right = [e for e in candidates(numbers, "+") if evaluate_expression(e) == target]
         assert len(right) == 1
 
