@@ -44,9 +44,13 @@ BACKTRACK_MIN_RATE = 0.05
 PHASES = ("direct answers with little reasoning", "simple calculation steps",
           "step-by-step with self-checking", "structured reasoning with backtracking and verification")
 
-# find_aha_step's defaults: rolling-mean window (steps) and rise above the running minimum (absolute share).
-AHA_WINDOW = 5
-AHA_DELTA = 0.1
+# find_aha_step's defaults (the rule is in its docstring). Steps are logged steps; a rate is a share of completions.
+AHA_BASELINE = 10  # the first steps: the starting level p0; the last as many: where the curve ends
+AHA_WINDOW = 5  # the rolling window compared with p0
+AHA_Z = 3.0  # one-sided z on the binomial standard error of (window rate - p0)
+AHA_MIN_RISE = 0.05  # and at least this much above p0 (absolute), however many completions
+AHA_PERSIST = 10  # windows after the detecting one that must all stay above the start too
+AHA_DEFAULT_COUNT = 32  # completions a rate is taken to be over when no count is logged (few: a wide threshold)
 
 _DIRECT = re.compile(r"^\s*<think>\s*</think>")  # evaluation.is_direct is this function
 _ANSWER = re.compile(r"<answer>.*?</answer>", re.S)
@@ -150,26 +154,112 @@ def phase_label(direct_rate: float, mean_steps: float, reflection_rate: float, b
     return PHASES[3]
 
 
-def find_aha_step(steps: Sequence[int], values: Sequence[float], window: int = AHA_WINDOW,
-                  delta: float = AHA_DELTA) -> int | None:
-    """The candidate "aha" step of a reflection-rate curve, or None.
+@dataclass(frozen=True)
+class AhaVerdict:
+    """``find_aha_step``'s answer with what it compared: the start level ``p0`` over the ``baseline`` steps
+    (first, last), the rise span (the marked step to the last step of the last window checked for persistence;
+    None without an aha) and, when an accuracy curve was given, its change over the rise span (mean over the rise
+    span minus mean over the baseline steps, unweighted means of the logged values; None without an aha)."""
 
-    Rule: ``m(t)`` is the mean of the ``window`` values ending at step t (full windows only, NaN values
-    skipped as if not logged). Detection is at the first t where ``m(t)`` exceeds the minimum of all earlier
-    ``m`` by more than ``delta``; the step marked is the first step of that window whose own value exceeds
-    that minimum by more than ``delta`` (where the rise began, not where the average noticed it). A single
-    spike lifts ``m`` by at most 1/window of its height, so it takes a rise that lasts to be marked."""
-    if window < 1:
-        raise ValueError(f"find_aha_step: window must be >= 1 (got {window})")
-    points = sorted((s, float(v)) for s, v in zip(steps, values) if v is not None and not math.isnan(float(v)))
-    lowest = math.inf
-    for end in range(window - 1, len(points)):
-        span = points[end - window + 1: end + 1]
-        rolling = sum(v for _, v in span) / window
-        if rolling - lowest > delta:
-            return next(s for s, v in span if v - lowest > delta)
-        lowest = min(lowest, rolling)
-    return None
+    step: int | None
+    p0: float = math.nan
+    baseline: tuple[int, int] | None = None
+    rise: tuple[int, int] | None = None
+    accuracy_change: float | None = None
+
+
+def rise_threshold(p0: float, n0: float, rate: float, n: float, z: float = AHA_Z,
+                   min_rise: float = AHA_MIN_RISE) -> float:
+    """How far above ``p0`` (over ``n0`` completions) a rate over ``n`` completions must be to count as above it:
+    ``max(z * se, min_rise)``, ``se = sqrt(q (1 - q) (1/n0 + 1/n))`` with ``q`` the pooled rate of both (the
+    one-sided two-proportion z-test)."""
+    pooled = (p0 * n0 + rate * n) / (n0 + n)
+    return max(z * math.sqrt(pooled * (1 - pooled) * (1 / n0 + 1 / n)), min_rise)
+
+
+def aha_verdict(steps: Sequence[int], values: Sequence[float], counts: Sequence[float | None] | None = None,
+                accuracy: Sequence[float | None] | None = None, *, window: int = AHA_WINDOW,
+                baseline: int = AHA_BASELINE, z: float = AHA_Z, min_rise: float = AHA_MIN_RISE,
+                persist: int = AHA_PERSIST, default_count: float = AHA_DEFAULT_COUNT) -> AhaVerdict:
+    """``find_aha_step``'s rule (see there), with the numbers it compared and, given ``accuracy`` (a value per
+    step of ``steps``, NaN/None where not logged), the accuracy change over the rise (``AhaVerdict``)."""
+    if window < 1 or baseline < 1 or persist < 0:
+        raise ValueError(f"find_aha_step: window and baseline must be >= 1, persist >= 0 "
+                         f"(got window={window}, baseline={baseline}, persist={persist})")
+    counts = counts if counts is not None else [None] * len(steps)
+    points = sorted((s, float(v), _count(n, default_count)) for s, v, n in zip(steps, values, counts)
+                    if v is not None and not math.isnan(float(v)))
+    if len(points) < baseline + window + persist:
+        return AhaVerdict(None)
+    hits = [0.0]  # prefix sums of completions with the feature, and of completions
+    total = [0.0]
+    for _, v, n in points:
+        hits.append(hits[-1] + v * n)
+        total.append(total[-1] + n)
+
+    def above(i: int, j: int) -> tuple[bool, float]:  # points[i:j] above the start, and its threshold
+        rate, n = (hits[j] - hits[i]) / (total[j] - total[i]), total[j] - total[i]
+        threshold = rise_threshold(p0, total[baseline], rate, n, z, min_rise)
+        return rate - p0 > threshold, threshold
+
+    p0 = hits[baseline] / total[baseline]
+    span = (points[0][0], points[baseline - 1][0])
+    if not above(max(baseline, len(points) - baseline), len(points))[0]:
+        return AhaVerdict(None, p0, span)  # does not end above the start: a dip-and-recover, a fall, noise
+    ups = [above(end - window + 1, end + 1) for end in range(baseline + window - 1, len(points))]
+    first = next((k for k in range(len(ups) - persist) if all(ok for ok, _ in ups[k:k + persist + 1])), None)
+    if first is None:
+        return AhaVerdict(None, p0, span)
+    end = baseline + window - 1 + first
+    threshold = ups[first][1]
+    span_points = points[end - window + 1:end + 1]
+    step = next((s for s, v, _ in span_points if v - p0 > threshold), span_points[0][0])  # one exists, bar rounding
+    rise = (step, points[end + persist][0])
+    return AhaVerdict(step, p0, span, rise, None if accuracy is None else _change(steps, accuracy, span, rise))
+
+
+def find_aha_step(steps: Sequence[int], values: Sequence[float], counts: Sequence[float | None] | None = None, *,
+                  window: int = AHA_WINDOW, baseline: int = AHA_BASELINE, z: float = AHA_Z,
+                  min_rise: float = AHA_MIN_RISE, persist: int = AHA_PERSIST,
+                  default_count: float = AHA_DEFAULT_COUNT) -> int | None:
+    """The candidate "aha" step of a rate curve (reflection rate, checking rate), or None.
+
+    ``values[i]`` is the share of ``counts[i]`` completions at ``steps[i]`` (a missing count, or no ``counts``:
+    ``AHA_DEFAULT_COUNT``); NaN/None values are steps not logged, and steps are taken in order whatever the
+    order given. The rule, over the logged steps (the defaults named are the module constants; each keyword
+    argument overrides the one of its name):
+
+    1. The start: the first ``AHA_BASELINE`` (10) steps; ``p0`` is their pooled rate (completions with the
+       feature / completions), over ``N0`` completions.
+    2. A span of steps is *above the start* when its pooled rate ``r`` (over ``N`` completions) exceeds
+       ``p0`` by more than ``max(AHA_Z * se, AHA_MIN_RISE)`` (the larger of 3 standard errors and 5 points),
+       ``se = sqrt(q (1 - q) (1/N0 + 1/N))``, ``q`` the pooled rate of the start and the span together.
+    3. The curve must end above the start: its last ``AHA_BASELINE`` steps are; else no aha (a dip that
+       recovers to the start, a fall, a spike, flat noise).
+    4. Detection: the first window of ``AHA_WINDOW`` (5) steps after the start that is above the start and
+       whose next ``AHA_PERSIST`` (10) windows (each ending one step later) are above it too.
+    5. The step marked is the first step of the detecting window whose own value exceeds ``p0`` by more than
+       that window's threshold (where the rise began, not where the average noticed it).
+
+    Fewer than ``AHA_BASELINE + AHA_WINDOW + AHA_PERSIST`` logged steps: None. The threshold widens with
+    binomial noise (few completions, rates near 0.5), so a flat noisy curve is not an aha; a real curve whose
+    completions are more alike than independent draws (8 per prompt) is noisier than binomial, which the
+    minimum rise and the persistence absorb. ``aha_verdict`` gives the numbers compared and the accuracy change."""
+    return aha_verdict(steps, values, counts, window=window, baseline=baseline, z=z, min_rise=min_rise,
+                       persist=persist, default_count=default_count).step
+
+
+def _count(n: float | None, default: float) -> float:
+    return default if n is None or math.isnan(float(n)) or n <= 0 else float(n)
+
+
+def _change(steps: Sequence[int], accuracy: Sequence[float | None], base: tuple[int, int],
+            rise: tuple[int, int]) -> float | None:
+    """Mean accuracy over the ``rise`` steps minus over the ``base`` steps (both inclusive), None if either is empty."""
+    logged = [(s, float(a)) for s, a in zip(steps, accuracy) if a is not None and not math.isnan(float(a))]
+    before = [a for s, a in logged if base[0] <= s <= base[1]]
+    after = [a for s, a in logged if rise[0] <= s <= rise[1]]
+    return _mean(after) - _mean(before) if before and after else None
 
 
 def _mean(values: Sequence[float | bool]) -> float:

@@ -39,7 +39,11 @@ side by side; accuracy +42 points, but the cold start already reflected 17% (the
 issue's 3x) and the length rose only in the first fifth. F1/G: fewer checks in the cold start gave a lower start but
 sloppier checks (G seed 0: accuracy with reflection 31.6% against 39.9% without). I: the base saw checking in its
 corpus (30% of its countdown tries, as a large base model has seen verification), the cold start shows it rarely
-(8% of traces check, ~5% retry), so the skill is there and the habit is rare: GRPO raised it gradually."""
+(8% of traces check, ~5% retry), so the skill is there and the habit is rare: GRPO raised it gradually.
+
+The aha column was measured under the rule of its time (a 5-step mean 0.1 above the lowest earlier one); the
+script now prints ``find_aha_step``'s rule (a rise significant against the first 10 steps' binomial noise that
+persists and ends above the start), which names none before step 11."""
 
 from __future__ import annotations
 
@@ -177,7 +181,8 @@ def main() -> None:
            "train_reflection_fifths": fifths(history, "completions/reflection_rate"),
            "train_length_fifths": fifths(history, "completions/mean_length"),
            "train_reward_fifths": fifths(history, "reward"),
-           "aha_step": find_aha_step([s for s, _ in refl], [v for _, v in refl]),
+           "aha_step": find_aha_step([s for s, _ in refl], [v for _, v in refl],
+                                     [h.get("completions/count", cfg.generation_batch_size) for h in history]),
            "wall_s": {"base": round(t_base), "sft": round(t_sft), "grpo": round(t_grpo), "total": round(time.time() - t0)}}
     print(json.dumps(out), flush=True)
     if args.work is None:

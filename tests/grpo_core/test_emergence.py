@@ -6,11 +6,16 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from grpo_core.config import BACKTRACK_PHRASES, REFLECTION_PHRASES, EmergenceConfig, EvalConfig, GRPOConfig
 from grpo_core.evaluation.emergence import (
+    AHA_DEFAULT_COUNT,
+    AHA_MIN_RISE,
+    AHA_WINDOW,
     PHASES,
+    aha_verdict,
     count_steps,
     emergence_metrics,
     find_aha_step,
@@ -18,6 +23,7 @@ from grpo_core.evaluation.emergence import (
     phase_label,
     reasoning_text,
     response_features,
+    rise_threshold,
 )
 from grpo_core.generation import Rollout
 from grpo_core.trainer.metrics import completion_metrics
@@ -128,21 +134,88 @@ def test_aha_rule_marks_the_step_a_lasting_rise_begins():
     jump = [0.02 if s < 30 else 0.6 for s in steps]
     assert find_aha_step(steps, jump) == 30
     assert find_aha_step(steps[::-1], jump[::-1]) == 30  # order of the history does not matter
+    assert find_aha_step(steps, jump, [64] * 60) == 30  # counts given: the same clear jump
     assert find_aha_step(steps, [0.3] * 60) is None  # flat
     noisy_flat = [0.3 + (0.04 if s % 2 else -0.04) for s in steps]
     assert find_aha_step(steps, noisy_flat) is None
     spike = [0.0] * 60
-    spike[20] = 0.4  # one step: lifts the rolling mean by 0.08 < delta
+    spike[20:23] = [0.4] * 3  # three steps: windows above the start, but neither persisting nor at the end
     assert find_aha_step(steps, spike) is None
     assert find_aha_step(steps, [0.5 if s < 30 else 0.1 for s in steps]) is None  # a fall is no aha
-    # a rise from a later minimum: the baseline is the running minimum, not the first value
-    dip = [0.3 if s < 10 else 0.05 if s < 40 else 0.5 for s in steps]
+    # a dip, then a rise above the start: found where the rise began; the baseline is the start
+    dip = [0.3 if s < 15 else 0.05 if s < 40 else 0.5 for s in steps]
     assert find_aha_step(steps, dip) == 40
-    assert find_aha_step(steps, jump, window=1, delta=0.5) == 30
-    assert find_aha_step(steps[:3], jump[:3]) is None  # fewer steps than one window
+    assert find_aha_step(steps, [0.3 if s < 15 or s >= 40 else 0.05 for s in steps]) is None  # back to the start
+    late = [0.3 if s < 15 else 0.05 if s < 40 else 0.34 for s in steps]  # above the start, by less than 5 points
+    assert find_aha_step(steps, late, [10_000] * 60) is None
+    assert find_aha_step(steps, jump, window=1, min_rise=0.5) == 30
+    assert find_aha_step(steps, jump, min_rise=0.6) is None
+    assert find_aha_step(steps[:24], jump[:24]) is None  # fewer steps than baseline + window + persistence
     assert find_aha_step(steps, [math.nan] * 29 + jump[29:]) is None  # unlogged steps are skipped
     with pytest.raises(ValueError, match="window"):
         find_aha_step(steps, jump, window=0)
+
+
+def test_aha_threshold_scales_with_the_completions_counted():
+    """The same 0.2 -> 0.3 rise is an aha over 128 completions a step and noise over 8; a missing count is
+    AHA_DEFAULT_COUNT."""
+    steps = list(range(1, 61))
+    rise = [0.2 if s < 30 else 0.3 for s in steps]
+    assert find_aha_step(steps, rise, [128] * 60) == 30
+    assert find_aha_step(steps, rise, [8] * 60) is None
+    assert find_aha_step(steps, rise, [None] * 60) == find_aha_step(steps, rise, [AHA_DEFAULT_COUNT] * 60)
+    assert rise_threshold(0.5, 640, 0.5, 320) == pytest.approx(3 * math.sqrt(0.25 * (1 / 640 + 1 / 320)))
+    assert rise_threshold(0.5, 1e9, 0.5, 1e9) == AHA_MIN_RISE  # a huge count: the minimum rise holds
+
+
+def test_aha_verdict_gives_the_accuracy_change_over_the_rise():
+    steps = list(range(1, 61))
+    refl = [0.02 if s < 30 else 0.6 for s in steps]
+    accuracy = [0.2 if s < 32 else 0.7 for s in steps]
+    v = aha_verdict(steps, refl, accuracy=accuracy)
+    assert v.step == 30 and v.baseline == (1, 10) and v.p0 == pytest.approx(0.02)
+    assert v.rise == (30, 40)  # the window 26-30 already detects the jump; the last persistence window ends at 40
+    assert v.accuracy_change == pytest.approx((2 * 0.2 + 9 * 0.7) / 11 - 0.2)
+    assert aha_verdict(steps, refl).accuracy_change is None
+    assert aha_verdict(steps, [0.3] * 60, accuracy=accuracy).step is None
+
+
+STEPS = 500
+RUNS = 200
+
+
+def _simulated(rng: np.random.Generator, rates: np.ndarray, count: int) -> list[list[float]]:
+    """RUNS binomial curves: at each step ``count`` completions, each with the feature at that step's rate."""
+    return (rng.binomial(count, np.clip(rates, 0.0, 1.0), size=(RUNS, len(rates))) / count).tolist()
+
+
+@pytest.mark.parametrize("shape", ["flat", "dip and recover"])
+def test_aha_false_positive_rate_on_curves_without_a_rise(shape):
+    """No aha in more than 5% of simulated runs of 500 steps without a rise: flat, or a dip of 0.15 for 80 steps
+    that recovers to the start. The old rule (5-step mean 0.1 above the lowest earlier one) named one in
+    26-100% of flat runs at 48-64 completions and in every dip-and-recover run."""
+    rng = np.random.default_rng(0 if shape == "flat" else 1)
+    steps = list(range(1, STEPS + 1))
+    for count in (48, 64, 128):
+        for rate in (0.1, 0.2, 0.3, 0.5):
+            rates = np.full(STEPS, rate)
+            if shape != "flat":
+                rates[200:280] -= 0.15
+            found = sum(find_aha_step(steps, run, [count] * STEPS) is not None for run in _simulated(rng, rates, count))
+            assert found / RUNS <= 0.05, (shape, count, rate, found)
+
+
+@pytest.mark.parametrize(("low", "high", "length", "count", "latest"),
+                         [(0.05, 0.5, 30, 14 * 8, 15), (0.1, 0.4, 50, 64, 25)])
+def test_aha_power_on_a_real_rise(low, high, length, count, latest):
+    """A rise from ``low`` to ``high`` over ``length`` steps from step 200 is found in >= 95% of runs, marked
+    at most one window before the rise began and no later than ``latest`` steps into it."""
+    rng = np.random.default_rng(2)
+    steps = np.arange(1, STEPS + 1)
+    rates = low + (high - low) * np.clip((steps - 199) / length, 0.0, 1.0)
+    marked = [find_aha_step(steps.tolist(), run, [count] * STEPS) for run in _simulated(rng, rates, count)]
+    near = [m for m in marked if m is not None and 200 - AHA_WINDOW <= m <= 200 + latest]
+    assert len(near) / RUNS >= 0.95, sorted(m - 200 for m in marked if m is not None)
 
 
 def test_grpo_step_metrics_carry_the_features():
