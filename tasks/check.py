@@ -78,7 +78,7 @@ def _shrink_data(data: dict[str, Any], rows: int) -> None:
             _cap(data, key, value)
     if isinstance(data.get("countdown"), dict):
         for key, value in (("num_train", 8 * rows), ("num_eval", rows), ("cold_start_size", 4 * rows),
-                           ("pretrain_size", 4 * rows)):
+                           ("pretrain_size", 4 * rows), ("transfer_num_eval", rows)):
             _cap(data["countdown"], key, value)
 
 

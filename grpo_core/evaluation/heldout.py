@@ -21,6 +21,10 @@ Metrics (all over the same held-out rows):
   ``eval/backtrack_rate``, and the sampled accuracy split by reflection, ``eval/accuracy_with_reflection`` /
   ``eval/accuracy_without_reflection`` (NaN where no completion falls in the group). Their mean length is
   ``eval/mean_length_sampled`` (``eval/mean_length`` without samples).
+- On a task with tries (the countdown), whether reflection is checking that pays (``grpo_core.evaluation.checking``),
+  over the same completions as the emergence features: ``eval/{source}/checking_rate``, ``/miss_retry_rate``,
+  ``/hit_stop_rate``, ``/first_try_hit_rate``, ``/retry_hit_rate``, ``/reflection_after_hit_rate``,
+  ``/reflection_without_try_rate`` for each source with tries, ``eval/checking_rate`` ... when it is the only source.
 
 General sources (``general_sources``: rows with no verifiable answer, e.g. the built-in helpful/unsafe
 prompts) are measured apart, on greedy completions: ``eval/rm_score`` is the reward model's mean score
@@ -54,6 +58,7 @@ from typing import Any
 import torch
 
 from grpo_core.config import BatchedSampling, EvalConfig
+from grpo_core.evaluation.checking import CHECKING_KEYS, checking_stats, has_tries
 from grpo_core.evaluation.emergence import emergence_metrics, is_direct
 from grpo_core.generation import GenerationBackend, GenerationRequest, Rollout, make_backend
 from grpo_core.generation.prompts import all_dropped_error, encode_prompts
@@ -159,8 +164,9 @@ def evaluate_verifiable(config: EvalConfig, module: torch.nn.Module | None, toke
     forced_texts = [f.text for f in forced] if forced is not None else texts
     k = max(s.num_generations, 1)
 
-    def measure(idx: list[int], prefix: str) -> dict[str, Any]:
-        """The metrics over the rows ``idx``, keys ``{prefix}accuracy`` and the rest."""
+    def measure(idx: list[int], prefix: str, checking: bool = True) -> dict[str, Any]:
+        """The metrics over the rows ``idx``, keys ``{prefix}accuracy`` and the rest (the checking numbers where
+        ``checking`` and the rows have tries)."""
         out: dict[str, Any] = {
             "accuracy": _mean([greedy_ok[i] for i in idx]),
             "mean_length": _mean([completion_length(greedy[i]) for i in idx]),
@@ -170,8 +176,10 @@ def evaluate_verifiable(config: EvalConfig, module: torch.nn.Module | None, toke
         }
         population = [greedy[i] for i in idx]  # what the emergence features describe
         population_ok = [greedy_ok[i] for i in idx]
+        prompts = [rows[i]["prompt"] for i in idx]
         if sampled:
             population = [sampled[i * k + j] for i in idx for j in range(k)]
+            prompts = [rows[i]["prompt"] for i in idx for _ in range(k)]
             population_ok = [sampled_ok[i * k + j] for i in idx for j in range(k)]
             out["pass@1"] = _mean(population_ok)
             out["mean_length_sampled"] = _mean([completion_length(r) for r in population])
@@ -179,12 +187,16 @@ def evaluate_verifiable(config: EvalConfig, module: torch.nn.Module | None, toke
                                      reflection_phrases=config.emergence.reflection_phrases,
                                      backtrack_phrases=config.emergence.backtrack_phrases)
         out.update({k_: v for k_, v in features.items() if k_ != "mean_length"})  # length: above
+        if checking and has_tries(prompts):
+            tries = checking_stats([r.text for r in population], prompts, config.emergence.reflection_phrases)
+            out.update({k_: tries[k_] for k_ in CHECKING_KEYS})
         if config.forced_reasoning:
             out["accuracy_forced_reasoning"] = math.nan if forced is None else _mean([forced_ok[i] for i in idx])
         return {f"{prefix}{key}": value for key, value in out.items()}
 
-    metrics = {**measure(list(range(len(rows))), "eval/"), **encoded.counts("eval/prompts_")}
     sources = [str(r.get("source")) for r in rows]
+    metrics = {**measure(list(range(len(rows))), "eval/", checking=len(set(sources)) == 1),
+               **encoded.counts("eval/prompts_")}
     if per_source or len(set(sources)) > 1:
         for source in sorted(set(sources)):
             metrics.update(measure([i for i, x in enumerate(sources) if x == source], f"eval/{source}/"))

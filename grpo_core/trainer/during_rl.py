@@ -3,10 +3,11 @@
 The metrics are ``heldout.evaluate_verifiable``'s (what the ``evaluate`` stage reports after a stage), on the
 same slice each time: ``eval/accuracy`` (greedy), ``eval/pass@1`` (``sampling.num_generations`` samples per
 prompt, seeded by row and sample index, so every evaluation draws the same seeds), the emergence features
-(``eval/reflection_rate``, ``eval/mean_steps``, ...), lengths and the format rate. Departures from the stage
-evaluation, for cost: no forced-reasoning pass, verifiable rows only (general sources need a reward model's
-forward), the GRPO stage's own prompt/completion lengths, and generation on the trainer's sampler (its weights
-are the policy's at that step). ``time/eval`` is the seconds it took.
+(``eval/reflection_rate``, ``eval/mean_steps``, ...) with, on a task with tries (countdown), whether reflection is
+checking that pays (``eval/{source}/checking_rate``, ...: ``evaluation/checking.py``), lengths and the format
+rate. Departures from the stage evaluation, for cost: no forced-reasoning pass, verifiable rows only (general
+sources need a reward model's forward), the GRPO stage's own prompt/completion lengths, and generation on the
+trainer's sampler (its weights are the policy's at that step). ``time/eval`` is the seconds it took.
 
 Exact resume: evaluation must not change what training computes next, so the Python, NumPy, torch (and CUDA)
 RNG states are saved before and restored after, and the reward functions' event counters of the training step

@@ -15,6 +15,15 @@ wall time (generation, rewards and training together).
 generated completions, with the phrase lists of ``GRPOConfig.emergence``; the report's "aha" step is read
 off ``completions/reflection_rate``. A step over several sources also logs ``completions/{source}/reflection_rate``,
 ``/mean_steps`` and ``/mean_length`` per source.
+
+``completions/count`` is the step's generated completions and, given each completion's correctness (the trainer:
+its source's first reward function passes, >= 1), ``completions/accuracy`` their share that is right; a step over
+several sources logs both per source too (``completions/{source}/count``, ``/accuracy``). For completions of a task
+with tries (the countdown: ``grpo_core.evaluation.checking``) the step logs whether reflection is checking that
+pays: ``completions/checking_rate``, ``/miss_retry_rate``, ``/hit_stop_rate``, ``/first_try_hit_rate``,
+``/retry_hit_rate``, ``/reflection_after_hit_rate``, ``/reflection_without_try_rate``; per source
+(``completions/{source}/checking_rate``, ...) for each source with tries in a step over several sources, without
+``{source}/`` in a step with one source.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from typing import Any, Sequence
 import torch
 
 from grpo_core.config import BACKTRACK_PHRASES, REFLECTION_PHRASES, TrackingInfo
+from grpo_core.evaluation.checking import CHECKING_KEYS, checking_stats, has_tries
 from grpo_core.evaluation.emergence import emergence_metrics
 from grpo_core.generation import Rollout
 from grpo_core.trainer.trackers import Table, Trackers
@@ -48,33 +58,49 @@ def reward_metrics(rewards_per_func: torch.Tensor, names: list[str]) -> dict[str
 
 
 def completion_metrics(rollouts: list[Rollout], reflection_phrases: Sequence[str] = REFLECTION_PHRASES,
-                       backtrack_phrases: Sequence[str] = BACKTRACK_PHRASES) -> dict[str, float]:
+                       backtrack_phrases: Sequence[str] = BACKTRACK_PHRASES, *, prompts: Sequence[Any] | None = None,
+                       correct: Sequence[bool] | None = None) -> dict[str, float]:
+    """The step's completion features (module docstring); ``prompts`` (one per rollout) add the checking numbers
+    where they are of a task with tries, ``correct`` (one per rollout) ``completions/accuracy``."""
     lengths = [len(r.completion_ids) for r in rollouts]
     features = emergence_metrics([r.text for r in rollouts], reflection_phrases=reflection_phrases,
                                  backtrack_phrases=backtrack_phrases)
-    return {
+    out = {
         **{f"completions/{k}": features[k] for k in ("reflection_rate", "mean_steps", "backtrack_rate", "direct_rate")},
         "completions/mean_length": sum(lengths) / len(lengths),
         "completions/min_length": float(min(lengths)),
         "completions/max_length": float(max(lengths)),
         "completions/clipped_ratio": sum(r.truncated for r in rollouts) / len(rollouts),
+        "completions/count": float(len(rollouts)),
     }
+    if correct is not None:
+        out["completions/accuracy"] = sum(map(bool, correct)) / len(correct) if correct else math.nan
+    if prompts is not None and has_tries(prompts):
+        checking = checking_stats([r.text for r in rollouts], prompts, reflection_phrases)
+        out.update({f"completions/{k}": checking[k] for k in CHECKING_KEYS})
+    return out
 
 
 def source_completion_metrics(rollouts: list[Rollout], labels: Sequence[str],
                               reflection_phrases: Sequence[str] = REFLECTION_PHRASES,
-                              backtrack_phrases: Sequence[str] = BACKTRACK_PHRASES) -> dict[str, float]:
-    """``completions/{source}/reflection_rate``, ``/mean_steps`` and ``/mean_length`` of each source's completions
-    (``labels``: one per rollout) when the step holds more than one source: a source that never reflects (an
-    arithmetic chain, a general prompt) would otherwise dilute another's rise."""
+                              backtrack_phrases: Sequence[str] = BACKTRACK_PHRASES, *,
+                              prompts: Sequence[Any] | None = None, correct: Sequence[bool] | None = None
+                              ) -> dict[str, float]:
+    """``completions/{source}/reflection_rate``, ``/mean_steps``, ``/mean_length`` and ``/count`` of each source's
+    completions (``labels``: one per rollout) when the step holds more than one source: a source that never reflects
+    (an arithmetic chain, a general prompt) would otherwise dilute another's rise. With ``correct`` also
+    ``/accuracy``; with ``prompts`` the checking numbers of each source with tries (``completion_metrics``)."""
     if len(set(labels)) < 2:
         return {}
     out = {}
     for name in sorted(set(labels)):
-        mine = completion_metrics([r for r, label in zip(rollouts, labels) if label == name], reflection_phrases,
-                                  backtrack_phrases)
-        out.update({f"completions/{name}/{key}": mine[f"completions/{key}"]
-                    for key in ("reflection_rate", "mean_steps", "mean_length")})
+        idx = [i for i, label in enumerate(labels) if label == name]
+        mine = completion_metrics([rollouts[i] for i in idx], reflection_phrases, backtrack_phrases,
+                                  prompts=None if prompts is None else [prompts[i] for i in idx],
+                                  correct=None if correct is None else [correct[i] for i in idx])
+        out.update({f"completions/{name}/{key.removeprefix('completions/')}": value for key, value in mine.items()
+                    if key.removeprefix("completions/") in ("reflection_rate", "mean_steps", "mean_length", "count",
+                                                            "accuracy", *CHECKING_KEYS)})
     return out
 
 

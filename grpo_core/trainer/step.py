@@ -20,7 +20,7 @@ import torch
 from grpo_core.config import EvalConfig, GRPOConfig
 from grpo_core.generation import GenerationBackend, release_memory
 from grpo_core.rewards import pop_reward_stats
-from grpo_core.rewards.scoring import load_reward_states, reward_states
+from grpo_core.rewards.scoring import load_reward_states, passes, reward_states
 from grpo_core.trainer.async_rollouts import NextRollouts
 from grpo_core.trainer.distributed import DistContext, gather_objects
 from grpo_core.trainer.during_rl import evaluate_during_rl
@@ -209,6 +209,9 @@ class GRPOSteps:
         config, generated, G = self.config, rollouts.generated, self.config.sampling.num_generations
         num_tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in generated.rollouts)
         labels = source_labels(generated.rows, G)
+        prompts = [row.get("prompt") for row in generated.rows for _ in range(G)]  # [P*G]: the checking numbers read them
+        correct = self._correct(generated)
+        single = len(set(labels)) < 2  # one source: its checking numbers are the step's own keys
         metrics = {
             **group_metrics,
             **reward_metrics(generated.rewards_per_func, self.mixture.reward_names),
@@ -218,9 +221,10 @@ class GRPOSteps:
                                    fell_back=config.dynamic_sampling and rollouts.informative == 0),
             **self._reward_events(),
             **completion_metrics(generated.rollouts, config.emergence.reflection_phrases,
-                                 config.emergence.backtrack_phrases),
+                                 config.emergence.backtrack_phrases, prompts=prompts if single else None,
+                                 correct=correct),
             **source_completion_metrics(generated.rollouts, labels, config.emergence.reflection_phrases,
-                                        config.emergence.backtrack_phrases),
+                                        config.emergence.backtrack_phrases, prompts=prompts, correct=correct),
             "prompts/truncated": float(sum(generated.truncated)),
             "prompts/dropped": float(self.num_dropped),
             **update_metrics,
@@ -240,6 +244,17 @@ class GRPOSteps:
             metrics["dynamic_sampling/rounds"] = float(rollouts.rounds)
             metrics["dynamic_sampling/kept_groups"] = float(rollouts.informative)
         return metrics
+
+    def _correct(self, generated: ScoredGroups) -> list[bool]:
+        """``[P*G]`` whether each completion passes its source's first reward function (``scoring.passes``: >= 1; a
+        verifiable source's accuracy reward; NaN, no score, never passes): ``completions/{source}/accuracy``."""
+        G = self.config.sampling.num_generations
+        first = self.mixture.member.float().argmax(dim=1)  # [S] each source's first reward column
+        cols = torch.tensor([int(first[self.mixture.source_index(r)]) for r in generated.rows],
+                            dtype=torch.long).repeat_interleave(G)  # [P*G]
+        if not len(cols) or not generated.rewards_per_func.shape[1]:
+            return [False] * len(cols)
+        return passes(generated.rewards_per_func[torch.arange(len(cols)), cols])  # [P*G]
 
     def evaluates_at(self, step: int) -> bool:
         return self.heldout is not None and step % (self.config.eval_steps or 1) == 0

@@ -14,8 +14,8 @@ conditions: GRPO >= cold-start SFT + 20 points (greedy), forced-reasoning after 
 >= GRPO, wall <= 600 s in every seed, and final greedy accuracy within 10 points across seeds. Then issue 28's
 final RL table (``final_rl_table``: per general source, the preferred rate GRPO -> final RL, unsafe refusals spelt
 right, helpful answers that refuse in any spelling, from each evaluation's ``results.jsonl``) with its bars, and issue
-29's emergence table for the countdown task (``emergence_table``: reflection, length, accuracy, tries, the report's
-phase and aha step per stage) with its bars. The chain columns read ``eval/chain/...`` (the default evaluates chain
+29's emergence table for the countdown task (``emergence_table``: reflection, length, accuracy, tries, checking that
+pays (issue 42), the report's phase and aha step per stage) with its bars. The chain columns read ``eval/chain/...`` (the default evaluates chain
 and countdown apart; ``eval/...`` for runs with one verifiable source). Runs already
 committed in STORE are reused (the stages are cached), so a rerun only prints the tables (its wall is then the
 cache's, not a run's).
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
@@ -39,6 +40,7 @@ KEYS = ("eval/chain/accuracy", "eval/rm_score", "eval/preferred_rate")
 MODEL_STAGES = ("cold_start_sft", "grpo_train", "sft_consolidate", "final_rl")
 RL_STAGES = ("grpo_train", "final_rl")
 REASONING = "countdown"  # the task where reflection should emerge (issue 29)
+TRANSFER = "countdown_transfer"  # its held-out problems of a harder shape, four numbers (issue 42)
 
 
 def chain(m: dict[str, float], key: str = "accuracy") -> float:
@@ -58,17 +60,27 @@ def emergence_table(rows: list[tuple[int, dict[str, dict[str, float]], dict[str,
     """Issue 29's table: per seed and model stage, the countdown task's held-out reflection rate, sampled mean length,
     greedy accuracy, pass@1 and the report's phase label; per RL stage the report's aha step for countdown and the
     training length by fifths. A seed passes with held-out reflection after GRPO >= 30% and >= 3x the cold start's,
-    countdown's training length in GRPO's last fifth >= 1.3x its first, greedy >= cold start + 20 points, an aha step
-    named in GRPO, and GRPO's phase past "simple calculation steps". ``rows``: (seed, the stages' metrics,
+    countdown's training length in GRPO's last fifth >= 1.3x its first, greedy on the held-out problems >= cold start
+    + 15 points and on the four-number transfer set (``countdown_transfer``) above the cold start's, an aha step
+    named in GRPO, and GRPO's phase past "simple calculation steps"; and checking that pays (issue 42): after GRPO at
+    least half of the sampled tries that miss are checked and retried (``miss_retry_rate`` >= 0.5) and a retry hits
+    more often than a first try (``retry_hit_rate`` > ``first_try_hit_rate``). ``rows``: (seed, the stages' metrics,
     ``{"report": report.json, "histories": {rl_stage: metrics.jsonl rows}, "results": {stage: results.jsonl rows}}``).
     The tries column reads the greedy held-out answers (``countdown.attempt_stats``): tries per response, the share
-    whose first try reaches the target, and of the tries made after a miss the share that reach it."""
+    whose first try reaches the target, and of the tries made after a miss the share that reach it. The checking
+    columns read the sampled held-out completions (``eval/countdown/checking_rate`` and the rest,
+    ``grpo_core.evaluation.checking``): responses that check a miss and retry, of the missed tries those checked and
+    retried, of the tries that hit those the response stops on, first tries and retries that hit, and responses with
+    a reflection phrase after a hit."""
     from grpo_core.evaluation.emergence import PHASES
 
     from grpo_core.data.countdown import attempt_stats
 
-    lines = ["| seed | stage | reflection | mean length | greedy | pass@1 | greedy: tries / first try hits / retries hit "
-             "| phase | aha step | training length by fifths |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| seed | stage | reflection | mean length | greedy | pass@1 | transfer greedy "
+             "| greedy: tries / first try hits / retries hit "
+             "| sampled: checking / misses checked & retried / hits that stop | sampled: first tries hit / retries hit "
+             "| reflection after a hit | phase | aha step | training length by fifths |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     passed = []
     for seed, m, extra in rows:
         phases = {r["stage"]: r["phase"] for r in extra["report"]["emergence"]["rows"]}
@@ -79,9 +91,15 @@ def emergence_table(rows: list[tuple[int, dict[str, dict[str, float]], dict[str,
             mine = [r for r in extra["results"][stage] if r.get("source") == REASONING and r.get("prompt")]
             tries = attempt_stats([r["greedy"] for r in mine], [r["prompt"] for r in mine])
             cells = [f"{100 * e('reflection_rate'):.1f}%", f"{e('mean_length_sampled'):.1f}", f"{100 * e('accuracy'):.1f}%",
-                     f"{100 * e('pass@1'):.1f}%", f"{tries['attempts_per_response']:.2f} / "
+                     f"{100 * e('pass@1'):.1f}%",
+                     f"{100 * m[stage].get(f'eval/{TRANSFER}/accuracy', float('nan')):.1f}%",
+                     f"{tries['attempts_per_response']:.2f} / "
                      f"{100 * tries['first_try_hit_rate']:.1f}% / {100 * tries['retry_hit_rate']:.1f}% "
-                     f"of {tries['retries']:.0f}", phases.get(f"{stage} · {REASONING}", "-")]
+                     f"of {tries['retries']:.0f}",
+                     f"{100 * e('checking_rate'):.1f}% / {100 * e('miss_retry_rate'):.1f}% / "
+                     f"{100 * e('hit_stop_rate'):.1f}%",
+                     f"{100 * e('first_try_hit_rate'):.1f}% / {100 * e('retry_hit_rate'):.1f}%",
+                     f"{100 * e('reflection_after_hit_rate'):.1f}%", phases.get(f"{stage} · {REASONING}", "-")]
             if stage in RL_STAGES:
                 hist = extra["histories"].get(stage, [])
                 lengths[stage] = fifths([h[f"completions/{REASONING}/mean_length"] for h in hist
@@ -93,12 +111,15 @@ def emergence_table(rows: list[tuple[int, dict[str, dict[str, float]], dict[str,
         cold, grpo = m["cold_start_sft"], m["grpo_train"]
         refl = (grpo.get(f"eval/{REASONING}/reflection_rate", 0.0), cold.get(f"eval/{REASONING}/reflection_rate", 0.0))
         fifth = lengths.get("grpo_train") or [float("nan")] * 5
+        checks = lambda k: grpo.get(f"eval/{REASONING}/{k}", float("nan"))  # noqa: E731  (NaN: not measured, fails)
         ok = (refl[0] >= 0.30 and refl[0] >= 3 * refl[1] and fifth[4] >= 1.3 * fifth[0]
-              and grpo[f"eval/{REASONING}/accuracy"] >= cold[f"eval/{REASONING}/accuracy"] + 0.20
+              and grpo[f"eval/{REASONING}/accuracy"] >= cold[f"eval/{REASONING}/accuracy"] + 0.15
+              and grpo.get(f"eval/{TRANSFER}/accuracy", math.nan) > cold.get(f"eval/{TRANSFER}/accuracy", math.nan)
               and aha.get(f"grpo_train · {REASONING}") is not None
-              and phases.get(f"grpo_train · {REASONING}") not in (PHASES[0], PHASES[1], None))
+              and phases.get(f"grpo_train · {REASONING}") not in (PHASES[0], PHASES[1], None)
+              and checks("miss_retry_rate") >= 0.5 and checks("retry_hit_rate") > checks("first_try_hit_rate"))
         passed.append(ok)
-        lines.append(f"| {seed} | passes | {'yes' if ok else 'no'} | | | | | | | |")
+        lines.append(f"| {seed} | passes | {'yes' if ok else 'no'} | | | | | | | | | | | |")
     return lines, all(passed)
 
 
@@ -200,11 +221,25 @@ def main() -> None:
     parser.add_argument("--store", required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--config", help="a pipeline YAML other than the embedded default (trials)")
+    parser.add_argument("--grpo-loss-type", choices=("grpo", "dapo", "dr_grpo", "bnpo"),
+                        help="the config with grpo_train.loss_type set to this (issue 42's length-neutral control: "
+                        "dr_grpo); its runs are mix-seed<N>-<loss>, upstream stages reused from the same store")
     args = parser.parse_args()
     config = ["--config", args.config] if args.config else []
+    suffix = ""
+    if args.grpo_loss_type:
+        import yaml
+
+        raw = yaml.safe_load(Path(args.config or Path(__file__).resolve().parents[2] / "configs/tiny-cpu.yaml")
+                             .read_text())
+        raw["grpo_train"]["loss_type"] = args.grpo_loss_type
+        derived = Path(args.store) / f"config-grpo-{args.grpo_loss_type}.yaml"  # the store: a local folder here
+        derived.parent.mkdir(parents=True, exist_ok=True)
+        derived.write_text(yaml.safe_dump(raw, sort_keys=False))
+        config, suffix = ["--config", str(derived)], f"-{args.grpo_loss_type}"
     rows, general, emerge = [], {}, {}
     for seed in args.seeds:
-        run = f"mix-seed{seed}"
+        run = f"mix-seed{seed}{suffix}"
         start = time.perf_counter()
         subprocess.run(["r1", "run", *config, "--seed", str(seed), "--run", run, "--store", args.store], check=True)
         wall = time.perf_counter() - start

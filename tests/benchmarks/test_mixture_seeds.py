@@ -84,3 +84,40 @@ def test_refusals_are_counted_whatever_their_spelling_and_unsafe_ones_only_when_
                {"source": "chain", "greedy": "<think></think><answer>sorry</answer>"}]
     assert mixture_seeds.general_rates(results) == {"unsafe_refusals": 0.5, "helpful_refusals": 0.5,
                                                     "helpful_preferred": 0.25}
+
+
+def emergence_row(seed=0, *, miss_retry=0.8, first_try=0.35, retry=0.6, transfer=0.3, gain=0.55):
+    """One seed of the countdown emergence table that meets issues 29's and 42's bars, with GRPO's checking numbers
+    and greedy accuracy on the four-number transfer set."""
+    def stage(refl, acc, **checking):
+        return {f"eval/countdown/{k}": v for k, v in {
+            "reflection_rate": refl, "mean_length_sampled": 20.0, "accuracy": acc, "pass@1": acc, "checking_rate": 0.0,
+            "miss_retry_rate": 0.0, "hit_stop_rate": 1.0, "first_try_hit_rate": 0.33, "retry_hit_rate": float("nan"),
+            "reflection_after_hit_rate": 0.0, **checking}.items()}
+    m = {s: {**stage(0.05, 0.35), "eval/countdown_transfer/accuracy": 0.2} for s in mixture_seeds.MODEL_STAGES}
+    m["grpo_train"] = {**stage(0.6, 0.35 + gain, checking_rate=0.55, miss_retry_rate=miss_retry, hit_stop_rate=0.95,
+                                first_try_hit_rate=first_try, retry_hit_rate=retry, reflection_after_hit_rate=0.02),
+                       "eval/countdown_transfer/accuracy": transfer}
+    hist = [{"step": s, "completions/countdown/mean_length": 10.0 + s} for s in range(1, 11)]
+    report = {"emergence": {"rows": [{"stage": "grpo_train · countdown", "phase": "step-by-step with self-checking"}],
+                            "aha": {"grpo_train · countdown": 4}}}
+    return seed, m, {"report": report, "histories": {"grpo_train": hist, "final_rl": hist},
+                     "results": {s: [] for s in mixture_seeds.MODEL_STAGES}}
+
+
+def test_emergence_table_shows_checking_that_pays_and_bars_it():
+    """Issue 42: after GRPO at least half of the missed tries are checked and retried, and a retry hits more often
+    than a first try; the table prints the sampled checking numbers of every stage."""
+    lines, ok = mixture_seeds.emergence_table([emergence_row()])
+    assert ok
+    assert "sampled: checking / misses checked & retried / hits that stop" in lines[0]
+    grpo = next(line for line in lines if line.startswith("| 0 | grpo_train |"))
+    assert "| 55.0% / 80.0% / 95.0% | 35.0% / 60.0% | 2.0% |" in grpo and "| 90.0% | 30.0% |" in grpo
+    assert all(line.count("|") == lines[1].count("|") for line in lines[2:])  # every row has every column
+    assert mixture_seeds.emergence_table([emergence_row(gain=0.16)])[1]  # issue 42's bar: +15 points
+    for name, kwargs in {"under half checked": dict(miss_retry=0.45), "retry no better": dict(retry=0.35),
+                         "not measured": dict(miss_retry=float("nan")), "held-out gain under 15": dict(gain=0.14),
+                         "transfer not above the cold start": dict(transfer=0.2),
+                         "transfer not measured": dict(transfer=float("nan"))}.items():
+        _, ok = mixture_seeds.emergence_table([emergence_row(**kwargs)])
+        assert not ok, name

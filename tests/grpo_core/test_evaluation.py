@@ -220,5 +220,28 @@ def test_two_verifiable_sources_each_scored_by_its_own_reward_and_measured_apart
     assert m["eval/countdown/accuracy_without_reflection"] == 0.0
     assert m["eval/countdown/num_rows"] == 1 and m["eval/chain/num_rows"] == 2
     assert m["eval/chain/direct_rate"] == 0.25 and m["eval/countdown/direct_rate"] == 0.0
+    # checking measured as checking, over the sampled countdown completions: one checks a miss and retries (and
+    # stops on its hit), the other commits to its miss unchecked; the chain has no tries, the mix no own numbers
+    assert m["eval/countdown/checking_rate"] == 0.5 and m["eval/countdown/miss_retry_rate"] == 0.5
+    assert m["eval/countdown/hit_stop_rate"] == 1.0 and m["eval/countdown/first_try_hit_rate"] == 0.0
+    assert m["eval/countdown/retry_hit_rate"] == 1.0 and m["eval/countdown/reflection_after_hit_rate"] == 0.0
+    assert "eval/chain/checking_rate" not in m and "eval/checking_rate" not in m
     # without the countdown's reward, chain_accuracy cannot score it: never correct
     assert run()["eval/countdown/accuracy"] == 0.0
+
+
+def test_one_source_with_tries_gets_the_checking_numbers_unprefixed(tiny):
+    """A countdown-only evaluation: the checking numbers are the evaluation's own keys (issue 42)."""
+    tok = AutoTokenizer.from_pretrained(tiny)
+    rows = [{"id": "d0", "prompt": "3,8,5->13:", "answer": "13", "source": "countdown"}]
+    sampled = [["<think>3+8=11?13;wait;8+5=13?13</think><answer>8+5</answer>",
+                "<think>wait</think><answer>8+5</answer>"]]  # a word with no try is not a check
+    from grpo_core.generation.prompts import encode_prompt
+
+    backend = ScriptedBackend(tok, ["<think>8+5=13</think><answer>8+5</answer>"], sampled)
+    backend.prompts = [encode_prompt(tok, r["prompt"]) for r in rows]
+    m = evaluate(EvalConfig(num_samples=2, forced_reasoning=False, reward_func="countdown_accuracy"), tiny, rows,
+                 tokenizer=tok, backend=backend)
+    assert m["eval/reflection_rate"] == 1.0 and m["eval/checking_rate"] == 0.5
+    assert m["eval/reflection_without_try_rate"] == 0.5 and m["eval/miss_retry_rate"] == 1.0
+    assert "eval/countdown/checking_rate" not in m

@@ -148,6 +148,11 @@ def test_three_sources_three_rewards_routed_in_training(tmp_path, tiny_path):
         assert 100 <= m["rewards/gamma/mean"] < 103
         assert m["rewards/mix_gamma/mean"] == m["rewards/gamma/mean"]  # gamma's function scored gamma only
         assert (m["mixture/alpha/prompts"], m["mixture/beta/prompts"], m["mixture/gamma/prompts"]) == (2, 1, 1)
+        assert (m["completions/count"], m["completions/alpha/count"], m["completions/beta/count"]) == (16, 8, 4)
+        # accuracy: each source's own (first) reward passes (>= 1): beta's and gamma's always, alpha's sometimes
+        assert m["completions/beta/accuracy"] == 1.0 and m["completions/gamma/accuracy"] == 1.0
+        assert 0.0 <= m["completions/alpha/accuracy"] <= 1.0
+        assert not any(k.endswith("/checking_rate") for k in m)  # no source has tries
 
 
 def test_sft_epoch_takes_each_sources_share():
@@ -308,3 +313,50 @@ def test_each_source_logs_its_own_completion_features_in_a_mixture():
     assert m["completions/countdown/mean_length"] == (len(rollouts[0].text) + len(rollouts[1].text)) / 2
     assert m["completions/chain/mean_steps"] == 2.0 and m["completions/countdown/mean_steps"] == 2.0
     assert source_completion_metrics(rollouts, ["chain"] * 4) == {}  # one source: the step's own keys say it
+
+
+def test_each_source_logs_its_count_accuracy_and_checking_numbers():
+    """Issue 42: per source the completions counted, their accuracy, and on a task with tries (countdown) whether
+    reflection is checking that pays; one source logs them as the step's own keys."""
+    from grpo_core.trainer.metrics import completion_metrics, source_completion_metrics
+
+    def r(text):
+        return Rollout([1], [5] * len(text), None, False, text)
+
+    texts = ["<think>3+8=11?13;wait;8+5=13?13</think><answer>8+5</answer>", "<think>3+8=11</think><answer>3+8</answer>",
+             "<think>8+5=13;wait;3+8=11</think><answer>3+8</answer>", "<think>1+2=3;3+3=6</think><answer>6</answer>"]
+    rollouts = [r(t) for t in texts]
+    prompts = [[{"role": "user", "content": "3,8,5->13:"}]] * 3 + ["1+2+3="]
+    labels, correct = ["countdown"] * 3 + ["chain"], [True, False, False, True]
+    m = source_completion_metrics(rollouts, labels, prompts=prompts, correct=correct)
+    assert m["completions/countdown/count"] == 3 and m["completions/chain/count"] == 1
+    assert m["completions/countdown/accuracy"] == pytest.approx(1 / 3) and m["completions/chain/accuracy"] == 1.0
+    assert m["completions/countdown/checking_rate"] == pytest.approx(1 / 3)  # only the first checks a miss and retries
+    assert m["completions/countdown/miss_retry_rate"] == pytest.approx(1 / 3)  # of its 3 misses
+    assert m["completions/countdown/hit_stop_rate"] == 0.5  # the third goes on past its hit ...
+    assert m["completions/countdown/reflection_after_hit_rate"] == pytest.approx(1 / 3)  # ... with a wait after it
+    assert m["completions/countdown/first_try_hit_rate"] == pytest.approx(1 / 3)
+    assert m["completions/countdown/retry_hit_rate"] == 1.0
+    assert not any(k.startswith("completions/chain/") and k.endswith("_rate") and "reflection_rate" not in k
+                   for k in m)  # no tries, no checking numbers
+    one = completion_metrics(rollouts[:3], prompts=prompts[:3], correct=correct[:3])
+    assert one["completions/count"] == 3 and one["completions/checking_rate"] == pytest.approx(1 / 3)
+    assert one["completions/accuracy"] == pytest.approx(1 / 3)
+    assert "completions/checking_rate" not in completion_metrics(rollouts[3:], prompts=prompts[3:])
+
+
+def test_a_source_with_tries_logs_its_checking_numbers_each_step(tmp_path, tiny_path):
+    """Issue 42 wired through a GRPO step: a source whose prompts are countdown problems logs
+    ``completions/{source}/checking_rate`` and the rest beside its count and accuracy; the source without tries
+    logs none, and the mixed step no unprefixed checking numbers."""
+    rows = [{"prompt": [{"role": "user", "content": f"{i},{i + 1},5->{2 * i + 1}:"}], "answer": str(2 * i + 1),
+             "source": "alpha"} for i in range(1, 9)] + [r for r in ROWS if r["source"] == "beta"]
+    sources = [SourceMix(name="alpha", weight=1.0, reward_funcs=["mix_alpha"]),
+               SourceMix(name="beta", weight=1.0, reward_funcs=["mix_beta"])]
+    train_grpo(mix_config(sources=sources, max_steps=1), tiny_path, rows, tmp_path / "run", resume=False)
+    m = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert m["completions/alpha/count"] == 8 and m["completions/beta/count"] == 8
+    assert 0.0 <= m["completions/alpha/checking_rate"] <= 1.0  # an untrained model: no tries, so 0
+    assert {f"completions/alpha/{k}" for k in ("miss_retry_rate", "hit_stop_rate", "first_try_hit_rate",
+                                               "retry_hit_rate", "reflection_after_hit_rate")} <= set(m)
+    assert "completions/beta/checking_rate" not in m and "completions/checking_rate" not in m

@@ -144,7 +144,7 @@ def test_metrics_and_off_policy_iterations(tmp_path, tiny_path):
         "loss", "time/generate", "time/reward", "time/train", "time/reference", "tokens_per_second",
         "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
         "completions/reflection_rate", "completions/mean_steps", "completions/backtrack_rate",
-        "completions/direct_rate",
+        "completions/direct_rate", "completions/count", "completions/accuracy",
     }
     assert expected <= set(metrics[0])
     # 4 optimiser steps per step; warmup 1 then cosine over 8: step 1 averages lr 0, 1.0, cos(1/7 pi)...
@@ -156,6 +156,8 @@ def test_metrics_and_off_policy_iterations(tmp_path, tiny_path):
     assert not any(k.startswith("sampling/importance_sampling_ratio/") for k in metrics[0])
     assert metrics[1]["kl"] > 0.0  # the policy moved away from the reference
     assert math.isclose(metrics[0]["reward"], metrics[0]["rewards/digit_fraction/mean"], rel_tol=1e-6)
+    assert metrics[0]["completions/count"] == config.generation_batch_size  # one source: no per-source keys
+    assert "completions/checking_rate" not in metrics[0]  # no tries in these prompts
     assert list((tmp_path / "runs").glob("events.out.tfevents.*"))
 
 
