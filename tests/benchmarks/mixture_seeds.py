@@ -237,7 +237,7 @@ def main() -> None:
         derived.parent.mkdir(parents=True, exist_ok=True)
         derived.write_text(yaml.safe_dump(raw, sort_keys=False))
         config, suffix = ["--config", str(derived)], f"-{args.grpo_loss_type}"
-    rows, general, emerge = [], {}, {}
+    rows, general, emerge, probes = [], {}, {}, {}  # probes: the base's pretraining seconds, the machine's speed
     for seed in args.seeds:
         run = f"mix-seed{seed}{suffix}"
         start = time.perf_counter()
@@ -248,6 +248,7 @@ def main() -> None:
         if set(status["seeds"].values()) != {seed}:
             sys.exit(f"run {run} in {args.store} was not made with seed {seed} everywhere: {status['seeds']}")
         m = {s: status["stages"][s]["metrics"] for s in MODEL_STAGES}
+        probes[seed] = status["stages"]["prepare_data"]["metrics"].get("pretrain/runtime_s", math.nan)
         general[seed] = {s: general_rates(read_results(status["stages"][s]["eval_uri"]))
                          for s in ("grpo_train", "final_rl")}
         emerge[seed] = {"report": json.loads(Path(args.store, run, "_report", "report.json").read_text()),
@@ -268,7 +269,9 @@ def main() -> None:
         print("\n".join(emergence_lines))
     print(json.dumps({"learning_passes": learned, "mixture_passes": sum(ok for *_, ok in rows),
                       "final_rl_passes": final_ok, "emergence_passes": emergence_ok,
-                      "walls_s": {seed: round(wall) for seed, wall, _ in measured}}))
+                      "walls_s": {seed: round(wall) for seed, wall, _ in measured},
+                      "speed_probe_pretrain_s": {seed: round(probes[seed], 1) if probes[seed] == probes[seed] else None
+                                                 for seed, _, _ in measured}}))
     print("| seed | wall s | GRPO accuracy / rm score / preferred | final RL accuracy / rm score / preferred | passes |")
     print("|---|---|---|---|---|")
     for seed, wall, m, ok in rows:
