@@ -78,12 +78,12 @@ def base_model(work: Path, seed: int, countdown_rows: int = 0, steps: int = 1200
         return path
     build_tiny_model(path, seed=seed)
     _, ev = synthetic.make_chain_splits(4000, 200, seed=seed)
-    held = {r["prompt"][0]["content"] for r in ev}
+    held = {synthetic.problem_key(r["prompt"][0]["content"]) for r in ev}  # held out by problem
     rows = synthetic.make_cold_start_rows(synthetic.make_chain_rows(8000, seed=30_000 + seed, exclude=held),
                                           direct_fraction=0.0)
     if countdown_rows:
         _, cd_ev = countdown.make_countdown_splits(10, 200, seed=seed)
-        cd_held = {r["prompt"][0]["content"] for r in cd_ev}
+        cd_held = {countdown.problem_key(r["prompt"][0]["content"]) for r in cd_ev}
         rows += [{k: r[k] for k in ("prompt", "completion")} for r in countdown.make_countdown_cold_start(
             countdown.make_countdown_rows(countdown_rows, seed=30_000 + seed, exclude=cd_held, unique=False),
             check_fraction=check_fraction, retry_order=retry_order, check_style=check_style, seed=seed)]
@@ -145,12 +145,12 @@ def main() -> None:
                       args.retry_order, args.check_style)
     t_base = time.time() - t0
     train, ev = countdown.make_countdown_splits(4000, args.num_eval, seed=seed)
-    held = {r["prompt"][0]["content"] for r in ev}
+    held = {countdown.problem_key(r["prompt"][0]["content"]) for r in ev}
     cs_prompts = countdown.make_countdown_rows(args.countdown_cold, seed=10_000 + seed, exclude=held, unique=False)
     cold = countdown.make_countdown_cold_start(cs_prompts, check_fraction=args.check_fraction, seed=seed,
                                                 retry_order=args.retry_order, check_style=args.check_style)
     c_train, c_ev = synthetic.make_chain_splits(4000, 200, seed=seed)
-    c_held = {r["prompt"][0]["content"] for r in c_ev}
+    c_held = {synthetic.problem_key(r["prompt"][0]["content"]) for r in c_ev}
     cold += synthetic.make_cold_start_rows(synthetic.make_chain_rows(args.chain_cold, seed=10_000 + seed,
                                                                      exclude=c_held), direct_fraction=0.6,
                                            coarse_fraction=0.25, seed=seed) if args.chain_cold else []
