@@ -222,26 +222,35 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--config", help="a pipeline YAML other than the embedded default (trials)")
     parser.add_argument("--grpo-loss-type", choices=("grpo", "dapo", "dr_grpo", "bnpo"),
-                        help="the config with grpo_train.loss_type set to this (issue 42's length-neutral control: "
-                        "dr_grpo); its runs are mix-seed<N>-<loss>, upstream stages reused from the same store")
+                        help="a control (issue 42's length-neutral one: dr_grpo): each seed's run is copied from STORE "
+                        "to STORE-<loss> and its grpo_train (with its evaluation) rerun with grpo_train.loss_type set "
+                        "to this; the stages before it are the copied ones, the stages after it are NOT rerun (read "
+                        "the cold_start_sft and grpo_train rows only)")
     args = parser.parse_args()
     config = ["--config", args.config] if args.config else []
-    suffix = ""
+    only: list[str] = []
     if args.grpo_loss_type:
+        import shutil
+
         import yaml
 
         raw = yaml.safe_load(Path(args.config or Path(__file__).resolve().parents[2] / "configs/tiny-cpu.yaml")
                              .read_text())
         raw["grpo_train"]["loss_type"] = args.grpo_loss_type
-        derived = Path(args.store) / f"config-grpo-{args.grpo_loss_type}.yaml"  # the store: a local folder here
-        derived.parent.mkdir(parents=True, exist_ok=True)
+        source, args.store = args.store, f"{args.store.rstrip('/')}-{args.grpo_loss_type}"  # local folders here
+        Path(args.store).mkdir(parents=True, exist_ok=True)
+        derived = Path(args.store) / "config.yaml"
         derived.write_text(yaml.safe_dump(raw, sort_keys=False))
-        config, suffix = ["--config", str(derived)], f"-{args.grpo_loss_type}"
+        for seed in args.seeds:
+            if not Path(args.store, f"mix-seed{seed}").exists() and Path(source, f"mix-seed{seed}").exists():
+                shutil.copytree(Path(source, f"mix-seed{seed}"), Path(args.store, f"mix-seed{seed}"))
+        config, only = ["--config", str(derived)], ["--stages", "grpo_train"]
     rows, general, emerge, probes = [], {}, {}, {}  # probes: the base's pretraining seconds, the machine's speed
     for seed in args.seeds:
-        run = f"mix-seed{seed}{suffix}"
+        run = f"mix-seed{seed}"
         start = time.perf_counter()
-        subprocess.run(["r1", "run", *config, "--seed", str(seed), "--run", run, "--store", args.store], check=True)
+        subprocess.run(["r1", "run", *config, *only, "--seed", str(seed), "--run", run, "--store", args.store],
+                       check=True)
         wall = time.perf_counter() - start
         status = json.loads(subprocess.run(["r1", "status", run, "--store", args.store, "--json"], check=True,
                                            capture_output=True, text=True).stdout)
