@@ -26,9 +26,15 @@ from grpo_core.config import DataConfig, DatasetSource, TeacherSource, TraceSour
 from tasks.storage.file_hashes import file_sha256
 
 
+# Since issue 42 the built-in tasks hold out problems up to their symmetries (countdown's numbers in any order, a
+# chain's commuting first pair), where before only the exact prompt string was held out: a store's prepare_data of
+# a built-in task made before then rebuilds once instead of being reused with held-out problems in its training rows.
+BUILTIN_HELD_OUT = "by canonical problem"
+
+
 def data_inputs(data: DataConfig) -> dict[str, Any]:
-    """``{"data.train_sources.0": {"path": ..., "sha256": ...}, ...}`` for every source ``data`` names; empty when
-    it names none (the built-in task only), so such a config's fingerprint is what it was."""
+    """``{"data.train_sources.0": {"path": ..., "sha256": ...}, ...}`` for every source ``data`` names, and for the
+    built-in verifiable tasks how their held-out rows are kept apart (``BUILTIN_HELD_OUT``)."""
     named: list[tuple[str, DatasetSource | TraceSource | TeacherSource]] = [
         *((f"train_sources.{i}", s) for i, s in enumerate(data.train_sources)),
         *((f"eval_sources.{i}", s) for i, s in enumerate(data.eval_sources)),
@@ -41,6 +47,8 @@ def data_inputs(data: DataConfig) -> dict[str, Any]:
             where, src = f"{where}.prompts", src.prompts
         location, name = (src.dataset, src.name) if isinstance(src, TraceSource) else (src.path, src.name)
         out[f"data.{where}"] = source_identity(location, name)
+    if data.builtin_task is not None or data.countdown is not None:
+        out["data.builtin_held_out"] = BUILTIN_HELD_OUT
     return out
 
 

@@ -65,8 +65,15 @@ def test_a_data_folder_counts_every_file_in_it(tmp_path):
     assert sorted(after["data.eval_sources.0"]["files"]) == ["a.jsonl", "b.jsonl"] != sorted(before["data.eval_sources.0"]["files"])
 
 
-def test_builtin_only_data_adds_nothing_to_the_fingerprint():
-    assert data_inputs(PipelineConfig().data) == {}  # the embedded default's committed outputs stay reusable
+def test_builtin_data_keys_how_its_held_out_problems_are_kept_apart():
+    """Issue 42 changed the built-in tasks' splits (held out by canonical problem, not by prompt string): a store's
+    prepare_data made before rebuilds once, not reused with held-out problems in its training rows."""
+    from tasks.storage.data_inputs import BUILTIN_HELD_OUT
+
+    assert data_inputs(PipelineConfig().data) == {"data.builtin_held_out": BUILTIN_HELD_OUT}
+    from grpo_core.config import DataConfig
+
+    assert data_inputs(DataConfig(builtin_task=None, countdown={})) == {"data.builtin_held_out": BUILTIN_HELD_OUT}
 
 
 def test_hub_dataset_counts_its_cached_revision(tmp_path, monkeypatch):
