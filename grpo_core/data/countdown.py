@@ -191,20 +191,12 @@ TRY = re.compile(r"^(\d+)([-+*])(\d+)=")
 
 
 def try_hits(completion: str, prompt: Any) -> list[bool] | None:
-    """Whether each try in a completion's reasoning reaches the target: a try is a ``;``-separated piece
-    ``x op y=...`` (what the model wrote after ``=`` is not trusted: ``x op y`` is computed), and it hits when ``x``
-    and ``y`` are two of the prompt's numbers and ``x op y`` is the target. None for a prompt that is not countdown."""
-    problem = parse_prompt(prompt_text(prompt))
-    if problem is None:
-        return None
-    numbers, target = problem
-    text = completion_text(completion)
-    think = text[text.find("<think>") + len("<think>"):text.find("</think>")] if "</think>" in text else text
-    hits = []
-    for piece in think.split(";"):
-        if m := TRY.match(piece.strip()):
-            hits.append(reaches(numbers, target, int(m.group(1)), m.group(2), int(m.group(3))))
-    return hits
+    """Whether each try in a completion's reasoning reaches the target (``try_steps``: a try is a ``;``-separated
+    piece ``x op y=...``; what the model wrote after ``=`` is not trusted: ``x op y`` is computed, and it hits when
+    ``x`` and ``y`` are two of the prompt's numbers and ``x op y`` is the target). None for a prompt that is not
+    countdown."""
+    steps = try_steps(completion, prompt)
+    return None if steps is None else [hit for hit, _ in steps]
 
 
 def attempt_stats(completions: list[Any], prompts: list[Any]) -> dict[str, float]:
@@ -222,23 +214,23 @@ def attempt_stats(completions: list[Any], prompts: list[Any]) -> dict[str, float
 
 
 def try_steps(completion: Any, prompt: Any) -> list[tuple[bool, str]] | None:
-    """The tries of a completion's reasoning in order, each as ``(hit, after)``: ``hit`` is ``try_hits``'s (computed,
-    not read off the response), ``after`` what the reasoning says after the try up to the next try (the rest of its
-    own ``;``-piece after ``x op y=``, then the pieces that are not tries, joined by ``;``): ``3+8=11?13;wait;8+5=13?13``
-    is ``[(False, "11?13;wait"), (True, "13?13")]``. Text before the first try is in no ``after``. None for a prompt
-    that is not countdown. ``evaluation.checking`` reads it (does a check follow a miss, does the response stop
-    after a hit)."""
-    hits = try_hits(completion, prompt)
-    if hits is None:
+    """The tries of a completion's reasoning in order, each as ``(hit, after)``: ``hit`` whether ``x op y`` reaches the
+    target with two of the prompt's numbers (computed, not read off the response), ``after`` what the reasoning says
+    after the try up to the next try (the rest of its own ``;``-piece after ``x op y=``, then the pieces that are not
+    tries, joined by ``;``): ``3+8=11?13;wait;8+5=13?13`` is ``[(False, "11?13;wait"), (True, "13?13")]``. Text before
+    the first try is in no ``after``. None for a prompt that is not countdown. ``evaluation.checking`` reads it (does a
+    check follow a miss, does the response stop after a hit)."""
+    problem = parse_prompt(prompt_text(prompt))
+    if problem is None:
         return None
+    numbers, target = problem
     text = completion_text(completion)
     think = text[text.find("<think>") + len("<think>"):text.find("</think>")] if "</think>" in text else text
-    afters: list[list[str]] = []
+    steps: list[tuple[bool, list[str]]] = []
     for piece in think.split(";"):
         if m := TRY.match(piece.strip()):
-            afters.append([piece.strip()[m.end():]])
-        elif afters:
-            afters[-1].append(piece)
-    if len(afters) != len(hits):  # one piece rule for both: a change to try_hits belongs here too
-        raise ValueError(f"try_steps found {len(afters)} tries where try_hits found {len(hits)}: {text!r}")
-    return [(hit, ";".join(after)) for hit, after in zip(hits, afters)]
+            hit = reaches(numbers, target, int(m.group(1)), m.group(2), int(m.group(3)))
+            steps.append((hit, [piece.strip()[m.end():]]))
+        elif steps:
+            steps[-1][1].append(piece)
+    return [(hit, ";".join(after)) for hit, after in steps]
