@@ -27,15 +27,22 @@ class OptimConfig(_Strict):
     """Optimiser and schedule fields shared by the SFT and GRPO trainers."""
 
     learning_rate: float = Field(1e-6, gt=0, description="AdamW peak learning rate (seed: 1e-6 to 5e-6)")
-    lr_scheduler_type: Literal["constant", "constant_with_warmup", "cosine", "linear"] = "constant_with_warmup"
-    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    lr_scheduler_type: Literal["constant", "constant_with_warmup", "cosine", "linear"] = Field(
+        "constant_with_warmup", description="learning-rate schedule (transformers.get_scheduler): warmup rises "
+        "linearly from 0, then constant, cosine or linear decay to 0; plain constant has no warmup")
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="share of the optimiser steps spent warming up "
+                                "(rounded up); warmup_steps > 0 overrides it")
     warmup_steps: int = Field(0, ge=0, description="overrides warmup_ratio when > 0")
-    weight_decay: float = Field(0.0, ge=0)
-    adam_beta1: float = Field(0.9, ge=0, lt=1)
-    adam_beta2: float = Field(0.99, ge=0, lt=1)
-    adam_epsilon: float = Field(1e-8, gt=0)
-    max_grad_norm: float = Field(1.0, gt=0)
-    max_steps: int = Field(100, gt=0)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay, on matrices only (not on biases or norm "
+                                "weights, as transformers' Trainer)")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1: decay rate of the gradient's running mean")
+    adam_beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2: decay rate of the squared gradient's "
+                              "running mean")
+    adam_epsilon: float = Field(1e-8, gt=0, description="AdamW epsilon, added to the denominator")
+    max_grad_norm: float = Field(1.0, gt=0, description="the gradients (summed over the ranks) are clipped to this "
+                                 "global norm before each optimiser step")
+    max_steps: int = Field(100, gt=0, description="steps to train; a GRPO step is one generation round "
+                           "(steps_per_generation x num_iterations optimiser steps)")
     per_device_train_batch_size: int = Field(8, gt=0, description="sequences per forward/backward micro-batch")
     gradient_accumulation_steps: int = Field(1, gt=0, description="micro-batches per optimiser step (SFT, reward "
                                              "model); GRPO refuses it: its micro-batches follow from its completions")
@@ -43,7 +50,8 @@ class OptimConfig(_Strict):
                                          "(under FSDP: one checkpointed layer per FSDP group)")
     bf16: bool = Field(False, description="GPU only (fp32 on CPU): bf16 autocast; under FSDP also bf16 weights for "
                        "compute, fp32 gradient reduction and fp32 master weights (MixedPrecisionPolicy)")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the training: the order of the rows (and a mixture's draws), dropout, "
+                      "fresh weights such as a reward model's score head, and GRPO's sampling; r1 run --seed sets it")
     save_steps: int = Field(50, gt=0, description="write a resumable checkpoint every N optimiser steps")
     save_total_limit: int = Field(2, gt=0, description="keep the newest N checkpoints")
     save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(

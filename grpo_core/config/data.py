@@ -16,7 +16,8 @@ class DatasetSource(_Strict):
 
     path: str = Field(..., min_length=1, description="local file/folder, or a hub name such as openai/gsm8k")
     name: str | None = Field(None, description="dataset config name (e.g. 'main' for openai/gsm8k)")
-    split: str = "train"
+    split: str = Field("train", description="split to read from a hub dataset or a local dataset folder (a single "
+                       "file has none)")
     field_map: dict[str, str] = Field(
         default_factory=lambda: {"prompt": "prompt", "answer": "answer"},
         description="schema field -> source column, e.g. {'prompt': 'question', 'answer': 'answer'}",
@@ -26,10 +27,11 @@ class DatasetSource(_Strict):
         "else a final \\boxed{...} or $...$ unwrapped (rewards.extract.parse_gold_answer); none: a general source "
         "without reference answers (prompts only, answer ''), scored by a reward model or judge"
     )
-    task: str = Field("math", min_length=1)
+    task: str = Field("math", min_length=1, description="the rows' task column (unless field_map maps task); math: "
+                      "each gold answer must be one expression a math reward can check")
     prompt_template: str | None = Field(None, description="format string with {prompt}, e.g. '{prompt}\\nAnswer in <answer></answer>.'")
     keep_columns: list[str] = Field(default_factory=list, description="extra source columns copied into every row (e.g. tests)")
-    max_rows: int | None = Field(None, gt=0)
+    max_rows: int | None = Field(None, gt=0, description="read the first N rows")
     source: str | None = Field(None, min_length=1, description="the source name its rows carry (the name mixtures, "
                                "per-source rewards and metrics use); default the file name or hub name")
 
@@ -56,10 +58,11 @@ class TraceSource(_Strict):
     """``kind: traces``: a reasoning-trace data set (hub name or local file) whose rows hold a problem and several
     generations with a verdict each, e.g. ``open-r1/OpenR1-Math-220k`` (``grpo_core.recipe.cold_start.load_trace_rows``)."""
 
-    kind: Literal["traces"] = "traces"
+    kind: Literal["traces"] = Field("traces", description="the cold-start source's kind (a source without kind is "
+                                    "a {prompt, completion} file)")
     dataset: str = Field(..., min_length=1, description="hub name (open-r1/OpenR1-Math-220k) or local jsonl/json/parquet")
     name: str | None = Field(None, description="dataset config name (OpenR1-Math-220k: default, extended or all)")
-    split: str = "train"
+    split: str = Field("train", description="split to read from a hub dataset or a local dataset folder")
     field_map: dict[str, str] = Field(
         default_factory=lambda: {"prompt": "problem", "generations": "generations", "correct": "correctness_math_verify"},
         description="prompt: the problem column; generations: a list of '<think>..</think> summary' strings (or one "
@@ -67,7 +70,8 @@ class TraceSource(_Strict):
     prompt_template: str | None = Field(None, description="format string with {prompt}, as the training prompts use")
     limit: int | None = Field(None, gt=0, description="read the first N problems")
     keep_per_prompt: int = Field(1, ge=1, description="k: at most this many traces per problem")
-    readability: ReadabilityConfig = Field(default_factory=ReadabilityConfig)
+    readability: ReadabilityConfig = Field(default_factory=ReadabilityConfig, description="R1's readability "
+                                           "filters each trace must pass")
 
     @field_validator("field_map")
     @classmethod
@@ -80,7 +84,7 @@ class TraceSource(_Strict):
 
 
 class FewShotExample(_Strict):
-    prompt: str = Field(..., min_length=1)
+    prompt: str = Field(..., min_length=1, description="the example's question, put in a user turn")
     completion: str = Field(..., min_length=1, description="a long chain of thought: <think>...</think> summary")
 
 
@@ -88,7 +92,8 @@ class TeacherSource(_Strict):
     """``kind: teacher``: long chains of thought sampled from a teacher model with a few-shot long-CoT prompt,
     verified by ``reward_func``, filtered for readability, k kept per prompt (``grpo_core.recipe.cold_start``)."""
 
-    kind: Literal["teacher"] = "teacher"
+    kind: Literal["teacher"] = Field("teacher", description="the cold-start source's kind (a source without kind "
+                                     "is a {prompt, completion} file)")
     model: str = Field(..., min_length=1, description="local model folder of the teacher, or run:RUN/STAGE for a "
                        "run's committed model in the pipeline's store (e.g. run:r1-zero/grpo_train)")
     prompts: DatasetSource | None = Field(None, description="prompt rows to sample on; None = the training prompts")
@@ -99,9 +104,10 @@ class TeacherSource(_Strict):
                                       "backend (flat names accepted, SamplingConfig.nest_flat_fields)")
     keep_per_prompt: int = Field(1, ge=1, description="k: at most this many kept per prompt")
     reward_func: str = Field("math_accuracy", description="registered reward that verifies a sample")
-    reward_threshold: float = 1.0
-    readability: ReadabilityConfig = Field(default_factory=ReadabilityConfig)
-    seed: int = 0
+    reward_threshold: float = Field(1.0, description="a sample is verified when reward_func scores at least this")
+    readability: ReadabilityConfig = Field(default_factory=ReadabilityConfig, description="R1's readability "
+                                           "filters each verified sample must pass")
+    seed: int = Field(0, description="seed of the teacher's sampling; r1 run --seed sets it")
 
     @model_validator(mode="before")
     @classmethod
@@ -157,8 +163,8 @@ class DataConfig(_Strict):
     builtin_task: Literal["chain"] | None = Field("chain", description="procedurally generated task; None = sources only")
     num_train: int = Field(4000, gt=0, description="built-in task: training prompts")
     num_eval: int = Field(200, gt=0, description="built-in task: held-out prompts")
-    min_operands: int = Field(3, ge=2, le=8)
-    max_operands: int = Field(4, ge=2, le=8)
+    min_operands: int = Field(3, ge=2, le=8, description="built-in task: fewest operands (1..9) in a problem")
+    max_operands: int = Field(4, ge=2, le=8, description="built-in task: most operands in a problem")
     cold_start_size: int = Field(4000, ge=0, description="built-in task: worked solutions for cold-start SFT")
     cold_start_direct_fraction: float = Field(0.5, ge=0, le=1, description="share of cold-start rows with an empty <think>")
     pretrain_size: int = Field(0, ge=0, description="built-in task: worked solutions (one operation a step) the "
@@ -179,8 +185,11 @@ class DataConfig(_Strict):
     general_pretrain_size: int = Field(0, ge=0, description="built-in general sources: plain echo answers per "
                                        "source in the tiny base's pretraining corpus (a base model can copy text)")
     general_num_pairs: int = Field(1000, ge=0, description="built-in general sources: preference pairs per source")
-    train_sources: list[DatasetSource] = Field(default_factory=list)
-    eval_sources: list[DatasetSource] = Field(default_factory=list)
+    train_sources: list[DatasetSource] = Field(default_factory=list, description="training prompt sets (files or "
+                                               "hub datasets), beside the built-in tasks' rows")
+    eval_sources: list[DatasetSource] = Field(default_factory=list, description="held-out prompt sets, beside the "
+                                              "built-in tasks' held-out rows; with no held-out rows at all, "
+                                              "eval_fraction of the training rows is held out")
     cold_start_sources: list[ColdStartSource] = Field(
         default_factory=list, description="reasoning traces for real runs: a {prompt, completion} file (field_map "
         "needs prompt and completion), kind: traces (a trace set such as open-r1/OpenR1-Math-220k) or kind: teacher "
@@ -188,15 +197,18 @@ class DataConfig(_Strict):
     )
     eval_fraction: float = Field(0.05, gt=0, lt=1, description="held-out share when no eval_sources are given")
     on_error: Literal["raise", "skip"] = Field("raise", description="a bad row fails the stage, or is skipped and counted")
-    dedupe: bool = True
-    decontaminate: bool = True
+    dedupe: bool = Field(True, description="keep the first row of each prompt (case and whitespace folded), in the "
+                         "training and the held-out rows")
+    decontaminate: bool = Field(True, description="drop training and cold-start rows that share a word "
+                                "ngram_size-gram with a held-out prompt")
     ngram_size: int = Field(13, ge=1, description="train rows sharing a word n-gram with any eval prompt are dropped "
                             "(compared on the prompt field as read, before any prompt_template)")
     max_contaminated_fraction: float = Field(
         0.5, ge=0, le=1, description="prepare_data fails when decontamination drops more than this share of one "
         "source's rows (train or cold start): so large a share means a shared template or boilerplate, not leaked "
         "eval problems")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the built-in tasks' rows and of the held-out split; r1 run --seed "
+                      "sets it")
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":

@@ -20,7 +20,7 @@ class BenchmarkSource(DatasetSource):
     (``BENCHMARKS`` below) with only ``path`` set reads that file with the built-in's schema."""
 
     benchmark: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="name in metric keys, e.g. math500")
-    split: str = "test"
+    split: str = Field("test", description="split to read from a hub dataset or a local dataset folder")
     reward_func: str = Field("math_accuracy", description="registered reward that scores 1.0 for a correct answer")
 
 
@@ -80,7 +80,8 @@ class EvalConfig(_Strict):
 
     emergence: EmergenceConfig = Field(
         default_factory=EmergenceConfig, description="phrase lists of eval/reflection_rate and the rest")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the sampled completions (each one's sampling seed derives from it); "
+                      "r1 run --seed sets it")
     # --- benchmarks (R1 protocol) ---
     benchmarks: list[str | BenchmarkSource] = Field(
         default_factory=list, description="built-in names (math500, gsm8k, aime24, aime25) or sources with a "

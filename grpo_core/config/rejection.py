@@ -54,20 +54,22 @@ class RejectionSamplingConfig(_Strict):
     max_prompts: int | None = Field(None, gt=0, description="sample from the first N training prompts (with "
                                     "sources: the first N of each source)")
     reward_func: str = Field("chain_accuracy", description="registered reward; a sample is correct when it scores >= reward_threshold")
-    reward_threshold: float = 1.0
+    reward_threshold: float = Field(1.0, description="the pass mark of reward_func")
     require_format: bool = Field(True, description="keep only completions that pass the registered `format` reward "
                                  "(non-empty <think>, then <answer> or a final \\boxed{})")
     max_completion_tokens: int | None = Field(None, gt=0, description="drop longer completions")
     language_consistency_threshold: float | None = Field(
         None, ge=0, le=1, description="drop completions whose language_consistency reward is below this"
     )
-    drop_truncated: bool = True
+    drop_truncated: bool = Field(True, description="drop completions that hit the length cap before stopping "
+                                 "(counted as rs/rejected/truncated)")
     readability: ReadabilityConfig | None = Field(
         None, description="R1's readability filters (mixed language, long paragraphs, code blocks, truncated, "
         "overlong); None = off; each drop is counted as rs/rejected/{filter}")
     bf16: bool = Field(False, description="transformers sampler on GPU: bf16 autocast (vLLM's dtype is bf16 on GPU "
                        "either way)")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the samples (each completion's sampling seed derives from it); r1 "
+                      "run --seed sets it")
     sources: list[RejectionSource] = Field(
         default_factory=list, description="per-source rules (verifiable: reward_func passes; scored: min_score, best "
         "k); only the listed sources' rows are sampled; empty = every row by reward_func")

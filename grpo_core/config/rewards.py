@@ -58,7 +58,8 @@ class RewardModelSpec(_ServedSpec):
     ``AutoModelForSequenceClassification`` (num_labels=1) scoring (prompt, response) through its chat template
     (grpo_core.rewards.reward_model), or the same model served by vLLM's ``/classify`` route (``url``)."""
 
-    type: Literal["reward_model"] = "reward_model"
+    type: Literal["reward_model"] = Field("reward_model", description="the entry's kind, from its YAML key "
+                                          "({reward_model: {...}})")
     model: str = Field(..., min_length=1, description="'reward_model' (the run's reward_model stage output), "
                        "or a local folder / hub name of a sequence-classification checkpoint; with url, the served "
                        "model's name")
@@ -123,13 +124,17 @@ class JudgeSpec(_ServedSpec):
     """A ``reward_funcs`` entry ``{judge: {model: ..., rubric: ...}}``: an instruction model prompted with a
     rubric whose written score is parsed (grpo_core.rewards.judge), in process or over chat completions (``url``)."""
 
-    type: Literal["judge"] = "judge"
+    type: Literal["judge"] = Field("judge", description="the entry's kind, from its YAML key ({judge: {...}})")
     model: str = Field(..., min_length=1, description="local folder or hub name of an instruction (chat) model; "
                        "with url, the served model's name")
     name: str = Field("judge", min_length=1, description="metric name: rewards/{name}/mean, ...")
-    rubric: Literal["helpfulness", "harmlessness"] = "helpfulness"
+    rubric: Literal["helpfulness", "harmlessness"] = Field(
+        "helpfulness", description="what the judge rates (grpo_core.rewards.judge.RUBRICS, after R1 sec. 2.3.4): "
+        "helpfulness = a direct, correct, useful answer; harmlessness = no harmful content, a safe refusal of a "
+        "harmful request")
     scope: Scope = Field("summary", description=SCOPE_HELP)
-    max_new_tokens: int = Field(128, gt=0)
+    max_new_tokens: int = Field(128, gt=0, description="tokens the judge may write for its verdict (greedy; with "
+                                "url the request's max_tokens)")
     batch_size: int = Field(8, gt=0, description="verdicts per generate call; with url, requests in flight")
     max_length: int = Field(2048, gt=0, description="judge prompt tokens; a longer response keeps its start and end")
     device: str | None = Field(None, description="e.g. cuda:1; None = the last visible GPU, else the CPU")

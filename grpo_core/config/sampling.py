@@ -27,15 +27,18 @@ class SamplingConfig(_Strict):
     trainer's too, and ``PipelineConfig.seeds`` lists them there."""
 
     num_generations: int = Field(8, ge=1, description="completions sampled per prompt")
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: sample among the most likely tokens whose "
+                         "probabilities add up to top_p; 1 = off")
     top_k: int = Field(0, ge=0, description="0 disables top-k")
     max_prompt_length: int = Field(512, gt=0, description="prompt tokens allowed; longer prompts follow long_prompts")
     max_completion_length: int = Field(1024, gt=0, description="new tokens per completion")
     long_prompts: Literal["truncate", "drop"] = Field("truncate", description=LONG_PROMPTS_HELP)
     use_vllm: bool | None = Field(None, description="None: vLLM when importable, else transformers generate")
-    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
-    vllm_tensor_parallel_size: int = Field(1, ge=1)
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM: share of the GPU's memory its "
+                                               "engine takes (weights and KV cache), beside the trainer's")
+    vllm_tensor_parallel_size: int = Field(1, ge=1, description="vLLM: GPUs one engine is sharded over (under "
+                                           "torchrun one shard per process; 1 on CPU)")
     vllm_kv_cache_memory_bytes: int | None = Field(None, gt=0, description="fixed KV cache size (needed on CPU)")
 
     @classmethod
@@ -147,7 +150,8 @@ class BatchedSampling(SamplingConfig):
 
     batch_size: int = Field(64, gt=0, description="sequences per transformers generate call (vLLM gets every "
                             "prompt at once and schedules its own batches)")
-    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM: share of the GPU's memory its "
+                                               "engine takes (weights and KV cache); it has the GPU to itself")
 
 
 class EvalSampling(BatchedSampling):
@@ -174,8 +178,9 @@ class TeacherSampling(BatchedSampling):
     """A teacher cold-start source's sampling: long chains of thought after a few-shot prompt."""
 
     num_generations: int = Field(4, ge=1, description="n completions sampled per prompt")
-    temperature: float = Field(0.7, gt=0)
-    top_p: float = Field(0.95, gt=0, le=1)
+    temperature: float = Field(0.7, gt=0, description="sampling temperature")
+    top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling: sample among the most likely tokens whose "
+                         "probabilities add up to top_p; 1 = off")
     max_prompt_length: int = Field(2048, gt=0, description="prompt tokens (few-shot included); longer prompts "
                                    "follow long_prompts")
     max_completion_length: int = Field(1024, gt=0, description="new tokens per completion")

@@ -15,13 +15,24 @@ from grpo_core.config.sampling import GRPOSampling
 
 
 class SFTConfig(OptimConfig, PaddingFreeConfig):
-    """Supervised fine-tuning on (prompt, completion) pairs, loss on completion tokens only."""
+    """Supervised fine-tuning on (prompt, completion) pairs, loss on completion tokens only
+    (``grpo_core.trainer.sft.train_sft``): the pipeline's ``cold_start_sft`` section, and the base of
+    ``sft_consolidate``'s. TRL's ``SFTConfig`` names; the optimiser, schedule, checkpoint, LoRA and distributed
+    fields come from ``OptimConfig``, ``padding_free`` from ``PaddingFreeConfig``.
 
-    learning_rate: float = Field(1e-5, gt=0)
+    Example:
+        ```python
+        SFTConfig(learning_rate=1e-5, num_train_epochs=2, max_length=4096,
+                  sources=[{"name": "gsm8k", "weight": 1.0}])
+        ```
+    """
+
+    learning_rate: float = Field(1e-5, gt=0, description="AdamW peak learning rate")
     max_steps: int | None = Field(None, gt=0, description=MAX_STEPS_HELP)
     num_train_epochs: float = Field(1.0, gt=0, description=EPOCHS_HELP)
     max_length: int = Field(1024, gt=0, description="prompt + completion tokens; longer rows are truncated")
-    completion_only_loss: bool = True
+    completion_only_loss: bool = Field(True, description="loss on the completion tokens only (the prompt's get "
+                                       "label -100); false trains on the prompt tokens too")
     group_by_length: bool = Field(
         True, description="cut each optimiser step's rows into micro-batches of per_device_train_batch_size after "
         "sorting them by length, so short rows are not padded to the longest: the same gradient (the loss is "
@@ -38,11 +49,37 @@ class SFTConfig(OptimConfig, PaddingFreeConfig):
 
 
 class GRPOConfig(OptimConfig, PaddingFreeConfig):
-    """Group Relative Policy Optimisation (the seed's boxed objective and its variants)."""
+    """Group Relative Policy Optimisation (the seed's boxed objective and its variants): the pipeline's
+    ``grpo_train`` and ``final_rl`` sections, and ``train_grpo``'s settings.
+
+    Field names follow TRL's ``GRPOConfig``. The groups of fields: the rollouts (``sampling``, a
+    ``GRPOSampling``: G, temperature, lengths, backend; ``generation_batch_size``); the objective (``beta``,
+    ``epsilon``, ``epsilon_high``, ``loss_type``, ``scale_rewards``, ``importance_sampling_level``,
+    ``num_iterations``, ``steps_per_generation``: ``grpo_core/trainer/loss.py``); the rewards (``reward_funcs``,
+    ``reward_weights``, or a data mixture's ``sources``); DAPO's dynamic sampling; asynchronous rollouts
+    (``async_*``); the sampler/trainer gap (``vllm_importance_sampling_*``); evaluation during RL and the
+    reward-hacking monitor (``eval_steps``, ``monitor_reward``, ``select_checkpoint``). The optimiser, schedule,
+    checkpoint, LoRA and distributed fields come from ``OptimConfig``. Defaults are the seed's hyperparameter
+    table where it gives one (G 8, beta 0.001, epsilon 0.2, learning rate 1e-6, 1024 completion tokens).
+
+    Validation refuses what would be ignored or inconsistent (``generation_batch_size`` not a multiple of G,
+    ``epsilon_high < epsilon``, ``gradient_accumulation_steps`` other than 1, a repeated reward name, ...), each
+    error naming the field and the fix.
+
+    Example:
+        ```python
+        GRPOConfig(beta=0.0, loss_type="dapo", epsilon_high=0.28,
+                   sampling={"num_generations": 16, "temperature": 1.0, "max_completion_length": 2048},
+                   reward_funcs=["math_accuracy", "format"], reward_weights=[1.0, 0.1])
+        ```
+    """
 
     # --- sampling (seed: G = 8-16, max_new_tokens 1024-2048) ---
     sampling: GRPOSampling = Field(default_factory=GRPOSampling, description="rollouts: G, temperature, lengths, "
-                                   "backend (the flat names of older configs are accepted, SamplingConfig.nest_flat_fields)")
+                                   "backend (the flat names of older configs are accepted, SamplingConfig.nest_flat_fields)",
+                                   json_schema_extra={"trl": "flat, at GRPOConfig's top level: num_generations, "
+                                                      "temperature, top_p, top_k, max_completion_length, use_vllm, "
+                                                      "vllm_*"})
     generation_batch_size: int = Field(64, gt=0, description="completions generated per step (prompts x G)")
     mask_truncated_completions: bool = Field(False, description="exclude completions that hit the length cap from the loss")
 
@@ -50,9 +87,16 @@ class GRPOConfig(OptimConfig, PaddingFreeConfig):
     beta: float = Field(0.001, ge=0, description="k3 KL coefficient; 0 means no reference model at all")
     epsilon: float = Field(0.2, gt=0, description="lower clip: ratio >= 1 - epsilon")
     epsilon_high: float | None = Field(None, gt=0, description="upper clip (DAPO clip-higher); None = epsilon")
-    loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = "grpo"
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    importance_sampling_level: Literal["token", "sequence"] = "token"
+    loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = Field(
+        "grpo", description="how token losses are averaged (grpo_core/trainer/loss.py): grpo = per completion, then "
+        "over the G completions (the seed); dapo = over all completion tokens; dr_grpo = over G x "
+        "max_completion_length (no length bias); bnpo = over the micro-batch's tokens")
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="the advantage's scale: group = (r - group mean) / group std (the seed); batch = group "
+        "mean, one std over the batch; none = no std (Dr. GRPO)")
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token", description="token = one policy ratio per token (GRPO); sequence = one length-normalised ratio per "
+        "completion (GSPO)")
     num_iterations: int = Field(1, ge=1, description="mu: optimisation passes over each generated batch")
     steps_per_generation: int | None = Field(None, ge=1, description="optimiser steps per generation round, each on 1/N of its completions; None = 1 (TRL counts micro-batches here)")
 
@@ -60,7 +104,8 @@ class GRPOConfig(OptimConfig, PaddingFreeConfig):
     reward_funcs: list[RewardEntry] = Field(
         ["math_accuracy", "format"], description="registered names, and {reward_model: {...}} / {judge: {...}} entries",
     )
-    reward_weights: list[float] | None = None
+    reward_weights: list[float] | None = Field(None, description="one weight per reward_funcs entry: the reward is "
+                                               "the weighted sum of their scores; None = all 1")
     reward_timeout: float = Field(3.0, gt=0, description="seconds allowed per math answer check before it scores 0")
     reward_num_workers: int = Field(2, ge=1, description="math answer-check worker processes")
 
@@ -117,7 +162,8 @@ class GRPOConfig(OptimConfig, PaddingFreeConfig):
     log_completions_steps: int | None = Field(
         None, gt=0, description="every N steps (and at max_steps) log a table of the step's sampled completions: "
         "prompt, completion, each reward function's score, source (output_dir/completions.jsonl under jsonl, a "
-        "table in each tracker); None = never")
+        "table in each tracker); None = never",
+        json_schema_extra={"trl": "log_completions (a flag: every logging_steps steps)"})
     eval_steps: int | None = Field(
         None, gt=0, description="every N steps evaluate the policy on a fixed held-out slice (greedy accuracy, "
         "pass@1, emergence features; grpo_core/trainer/during_rl.py), logged as eval/... in that step's row; "
@@ -260,7 +306,10 @@ class GRPOConfig(OptimConfig, PaddingFreeConfig):
 
 class RewardConfig(OptimConfig):
     """Reward-model training on preference pairs (TRL's ``RewardConfig``): Bradley-Terry loss
-    (grpo_core.trainer.reward_model)."""
+    ``-logsigmoid(r_chosen - r_rejected [- margin])`` (+ ``center_rewards_coefficient``) on an
+    ``AutoModelForSequenceClassification`` with one label (``grpo_core.trainer.reward_model``). The pipeline's
+    ``reward_model`` section is a subclass with the stage's own fields (``tasks.config.sections.RewardModelStageConfig``:
+    ``init_from``, ``model_name_or_path``, ``min_heldout_accuracy``)."""
 
     learning_rate: float = Field(1e-4, gt=0, description="TRL's RewardConfig default")
     max_steps: int | None = Field(None, gt=0, description=MAX_STEPS_HELP)
@@ -271,7 +320,8 @@ class RewardConfig(OptimConfig):
     )
     eval_fraction: float = Field(0.1, gt=0, lt=1, description="pairs held out for eval/pair_accuracy when no "
                                  "held-out set is given")
-    eval_batch_size: int = Field(32, gt=0)
+    eval_batch_size: int = Field(32, gt=0, description="pairs per forward pass when scoring the held-out pairs",
+                                 json_schema_extra={"trl": "per_device_eval_batch_size"})
     near_miss_negatives: int = Field(
         0, ge=0, description="extra training pairs per pair: (prompt, chosen, a character-level near miss of chosen) "
         "(grpo_core.data.near_miss), so the model ranks the exact answer above its typos (sorryy, word!!); 0 = off. "

@@ -51,11 +51,16 @@ class TinyModelConfig(_Strict):
     optionally pretrained on worked solutions of the built-in task, as a real base model is pretrained before
     the R1 recipe starts (grpo_core.recipe.pretrain.pretrain_tiny_model)."""
 
-    seed: int = 0
-    hidden_size: int = Field(128, gt=0)
-    num_layers: int = Field(4, gt=0)
-    num_heads: int = Field(4, gt=0, validate_default=True)
-    max_position_embeddings: int = Field(256, gt=0)
+    seed: int = Field(0, description="seed of the random init (build_tiny_model): the same seed and sizes give the "
+                      "same weights; r1 run --seed sets it")
+    hidden_size: int = Field(128, gt=0, description="width of the decoder (its MLP is 3 x hidden_size); a multiple "
+                             "of num_heads")
+    num_layers: int = Field(4, gt=0, description="decoder layers")
+    num_heads: int = Field(4, gt=0, validate_default=True, description="attention heads (as many key/value heads); "
+                           "must divide hidden_size")
+    max_position_embeddings: int = Field(256, gt=0, description="positions of the model and its tokenizer's "
+                                         "model_max_length: each generating section's sampling.max_completion_length "
+                                         "must fit in it (checked at load, tasks/config/limits.py)")
     pretrain: SFTConfig | None = Field(
         None, description="pretraining of the built model on data.pretrain_size worked solutions (one operation a "
         "step; no held-out problem); None: the base model is the random init")
@@ -79,7 +84,9 @@ class ModelConfig(_Strict):
     """The base model: a local folder / hub name, or a tiny model built by prepare_data."""
 
     name_or_path: str | None = Field(None, min_length=1, description="e.g. Qwen/Qwen2.5-0.5B or /models/base")
-    tiny: TinyModelConfig | None = None
+    tiny: TinyModelConfig | None = Field(
+        None, description="the embedded default's tiny model, built (and optionally pretrained) by prepare_data; set "
+        "exactly one of name_or_path and tiny")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
@@ -95,7 +102,7 @@ class RunSettings(_Strict):
         "subprocess", description="training stages in a child process (a crash is retried) or in the flow's process"
     )
     retries: int = Field(2, ge=0, description="task retries after a crash or storage error (never after a code error)")
-    retry_delay_seconds: float = Field(2.0, ge=0)
+    retry_delay_seconds: float = Field(2.0, ge=0, description="seconds between a failed try of a stage and its retry")
     keep_checkpoints: int = Field(2, ge=1, description="newest store checkpoints kept per training stage")
     torch_num_threads: int | None = Field(
         None, gt=0, description="torch.set_num_threads in every stage (the flow's process and the training children); "
@@ -164,7 +171,11 @@ class PipelineSections(_Strict):
         """Every seed of the pipeline by its dotted field path: the tiny model's init (``model.tiny.seed``), the
         data (``data.seed``, and each teacher cold-start source's sampling), and each stage section that samples,
         shuffles or initialises (the tiny model's pretraining; the stage table's ``seeded`` fields, the optional
-        ``reward_model``'s when the config runs it). ``run`` has no randomness."""
+        ``reward_model``'s when the config runs it). ``run`` has no randomness.
+
+        Returns:
+            ``{dotted field path: seed}``, e.g. ``{"model.tiny.seed": 0, "data.seed": 0, "grpo_train.seed": 0}``.
+        """
         out = {"model.tiny.seed": self.model.tiny.seed} if self.model.tiny is not None else {}
         if self.model.tiny is not None and self.model.tiny.pretrain is not None:
             out["model.tiny.pretrain.seed"] = self.model.tiny.pretrain.seed
@@ -179,7 +190,14 @@ class PipelineSections(_Strict):
 
     def with_seed(self, seed: int) -> "PipelineConfig":
         """A copy with every field ``seeds()`` lists set to ``seed`` (``r1 run --seed N``). Each stage's seed is in
-        its fingerprint, so no committed output of another seed is reused."""
+        its fingerprint, so no committed output of another seed is reused.
+
+        Args:
+            seed: the value every seed field gets.
+
+        Returns:
+            A deep copy of this config; this one is unchanged.
+        """
         out = self.model_copy(deep=True)
         for path in self.seeds():
             *parents, name = path.split(".")
@@ -195,7 +213,8 @@ def _stage_field(stage: Stage) -> tuple[Any, Any]:
     stage's to None: absent = not run)."""
     if stage.optional:
         return stage.section | None, Field(None, description=f"optional stage {stage.name}; absent = not run")
-    return stage.section, Field(default_factory=stage.section)
+    return stage.section, Field(default_factory=stage.section,
+                                description=f"the {stage.name} stage's settings. {stage.description}")
 
 
 # The pipeline config: the base model, one section per entry of the stage table (tasks/config/stages.py), in table order,
@@ -203,10 +222,19 @@ def _stage_field(stage: Stage) -> tuple[Any, Any]:
 PipelineConfig = create_model(
     "PipelineConfig", __base__=PipelineSections, __module__=__name__,
     __doc__="The whole R1 recipe: one section per stage, named as the stages are everywhere (tasks/config/stages.py).",
-    model=(ModelConfig, Field(default_factory=lambda: ModelConfig(tiny=TinyModelConfig()))),
+    model=(ModelConfig, Field(default_factory=lambda: ModelConfig(tiny=TinyModelConfig()),
+                              description="the base model: a local folder or hub name (name_or_path), or the tiny "
+                              "model prepare_data builds (tiny, the embedded default)")),
     **{stage.config_key: _stage_field(stage) for stage in entries()},
-    run=(RunSettings, Field(default_factory=RunSettings)),
+    run=(RunSettings, Field(default_factory=RunSettings, description="how stages execute: isolation, retries, "
+                            "checkpoints kept, threads, tracker files; part of no stage's fingerprint")),
 )
+"""The whole R1 recipe's config: ``model`` (the base model), one section per entry of the stage table
+(``tasks/config/stages.py``), in table order and named as the stages are everywhere (``data`` for prepare_data,
+``cold_start_sft``, ``reward_model`` (optional: absent = not run), ``grpo_train``, ``rejection_sample``,
+``sft_consolidate``, ``final_rl``, ``evaluate``), and ``run`` (``RunSettings``: how stages execute, in no
+fingerprint). A pydantic model built from the table with ``create_model`` on ``PipelineSections``, which holds its
+checks and ``seeds()`` / ``with_seed()``; read one from YAML with ``load_config``."""
 
 # What the table says about sections, as the lists the checks below walk
 RL_SECTIONS = tuple(s.config_key for s in entries() if s.kind == "grpo")  # sources name their own reward_funcs
@@ -402,8 +430,22 @@ class ConfigError(ValueError):
 
 
 def parse_config(data: dict, source: str = "<config>", lines: dict[tuple, int] | None = None) -> PipelineConfig:
-    """Validate a mapping; errors read ``file:line: grpo_train.beta: Input should be ...``. The lengths that
-    generate are checked against the base model's positions here too (``tasks.config.limits``)."""
+    """Validate a mapping as a ``PipelineConfig``; errors read ``file:line: grpo_train.beta: Input should be ...``.
+    The lengths that generate are checked against the base model's positions here too (``tasks.config.limits``),
+    and a ``scope: summary`` reward-model entry whose pairs are whole responses is warned about.
+
+    Args:
+        data: the config as a mapping (a parsed YAML file, or a saved run's config).
+        source: the name errors give the config (its file path).
+        lines: ``{field path: line}`` of the YAML file, so that errors name the line (None: no lines).
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ConfigError: every field that does not validate (unknown fields, out-of-range values, unregistered
+            reward names, lengths past the model's positions), one ``file:line: field: problem`` each.
+    """
 
     try:
         config = PipelineConfig.model_validate(data)
@@ -433,9 +475,28 @@ def parse_config(data: dict, source: str = "<config>", lines: dict[tuple, int] |
 
 
 def load_config(path: str | Path | None = None) -> PipelineConfig:
-    """Read a YAML pipeline config (``DEFAULT_CONFIG`` when None); every problem names the field's YAML path
-    and line (a syntax error its column too; duplicate keys and an empty file are errors: tasks/config/yaml_file.py).
-    Relative data paths are read from the YAML's folder (tasks/config/paths.py)."""
+    """Read a YAML pipeline config; every problem names the field's YAML path and line (a syntax error its column
+    too; duplicate keys and an empty file are errors: tasks/config/yaml_file.py). Relative data paths are read
+    from the YAML's folder (tasks/config/paths.py).
+
+    Example:
+        ```python
+        from tasks.config.pipeline import load_config
+
+        config = load_config("configs/qwen2.5-0.5b-gsm8k.yaml")
+        config.grpo_train.beta          # a GRPOConfig field
+        config.with_seed(1).seeds()     # every seed field set to 1, as `r1 run --seed 1` does
+        ```
+
+    Args:
+        path: the YAML file; None = ``DEFAULT_CONFIG``, the embedded default (``configs/tiny-cpu.yaml``).
+
+    Returns:
+        The validated ``PipelineConfig``.
+
+    Raises:
+        ConfigError: the file cannot be read, is not valid YAML, or does not validate (``parse_config``).
+    """
 
     path = Path(path) if path is not None else DEFAULT_CONFIG
     try:
