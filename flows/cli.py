@@ -37,6 +37,8 @@ from flows.cli_check import check_config
 from flows.cli_common import (  # noqa: F401 - _config is also what tests use to read a config as the CLI does
     FORCE_UNLOCK,
     INTERRUPTED,
+    RUN_NAME_HELP,
+    STORE_HELP,
     _check_run_seed,
     _config,
     _existing_run,
@@ -70,7 +72,7 @@ def run(
     run_name: Optional[str] = typer.Option(None, "--run", help="run name (default: a new timestamped one)"),
     from_stage: Optional[str] = typer.Option(None, "--from-stage", help="rerun this stage and the ones after it"),
     stages: Optional[str] = typer.Option(None, "--stages", help="comma-separated stages to run; others are reused"),
-    store: Optional[str] = typer.Option(None, "--store", help="store root: a folder or s3://bucket/prefix"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
     dispatch: str = typer.Option("inline", "--dispatch", help="inline (subflows here) or deployments"),
     force_unlock: bool = typer.Option(False, "--force-unlock", help=FORCE_UNLOCK),
     seed: Optional[int] = typer.Option(None, "--seed", min=0, help=SEED_HELP),
@@ -107,7 +109,7 @@ def stage(
     run_name: str = typer.Option(..., "--run", help="the run whose committed upstream outputs this stage reads"),
     config: Optional[Path] = typer.Option(None, "-c", "--config", help="default: the config the run recorded; given, "
                                           "it is recorded as the run's config (as r1 run -c does)"),
-    store: Optional[str] = typer.Option(None, "--store"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
     force_unlock: bool = typer.Option(False, "--force-unlock", help=FORCE_UNLOCK),
     seed: Optional[int] = typer.Option(None, "--seed", min=0, help="check that the run uses this seed (with -c: set "
                                        "it in that config); a run started with another seed is refused"),
@@ -134,10 +136,10 @@ def stage(
 
 
 def status(
-    run_name: str = typer.Argument(..., metavar="NAME"),
+    run_name: str = typer.Argument(..., metavar="NAME", help=RUN_NAME_HELP),
     as_json: bool = typer.Option(False, "--json", help="one JSON object: {run, stages: {stage: {state, uri, path, "
                                  "metrics, stale_upstream (state stale only)}}, seeds: {field: seed}} (seeds: from the run's saved config)"),
-    store: Optional[str] = typer.Option(None, "--store"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
 ) -> None:
     """The stages of a run: state, key metrics, URIs."""
     _run_name(run_name)
@@ -152,7 +154,10 @@ def status(
         _print_status(st, run_name)
 
 
-def report(run_name: str = typer.Argument(..., metavar="NAME"), store: Optional[str] = typer.Option(None, "--store")) -> None:
+def report(
+    run_name: str = typer.Argument(..., metavar="NAME", help=RUN_NAME_HELP),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+) -> None:
     """Rebuild the run's report (emergence table + plots) in the store and print it."""
     _run_name(run_name)
     st = _store(store)

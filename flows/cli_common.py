@@ -216,6 +216,8 @@ def _own_stops_only(signum: int, frame: Any) -> None:
 
 
 FORCE_UNLOCK = "take the run's lease even if another writer holds it (only when that writer is gone)"
+STORE_HELP = "store root: a folder or s3://bucket/prefix (default: $R1_STORE, else ./r1-runs)"
+RUN_NAME_HELP = "the run's name (as given to r1 run --run, or the timestamped one r1 run printed)"
 
 
 def _run_flow(fn: Any, **params: Any) -> Any:

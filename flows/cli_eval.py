@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 import typer
 
-from flows.cli_common import (FORCE_UNLOCK, _config, _existing_run, _fail, _interruptible, _lease, _prefect_api,
-                              _refuse_held_lease, _run_flow, _run_name, _short, _stage_entry, _store)
+from flows.cli_common import (FORCE_UNLOCK, STORE_HELP, _config, _existing_run, _fail, _interruptible, _lease,
+                              _prefect_api, _refuse_held_lease, _run_flow, _run_name, _short, _stage_entry, _store)
 from grpo_core.config import EvalConfig
 from tasks.runner.common import StageFailed, configure_stage_logging
 
@@ -37,7 +37,7 @@ def eval_model(
     run_name: Optional[str] = typer.Option(None, "--run", help="the run, when MODEL_OR_RUN_STAGE is a stage name"),
     config: Optional[Path] = typer.Option(None, "-c", "--config", help="its evaluate section is the base (default: "
                                           "the run's saved config; for a folder, the R1-protocol defaults)"),
-    store: Optional[str] = typer.Option(None, "--store"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
     output: Optional[Path] = typer.Option(None, "--output", help="model folder only: where results go (default ./r1-eval/NAME)"),
     force: bool = typer.Option(False, "--force", help="evaluate again even if this model was evaluated with this config"),
     force_unlock: bool = typer.Option(False, "--force-unlock", help=FORCE_UNLOCK),

@@ -180,15 +180,15 @@ def build_app(backend: Any) -> Any:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", required=True, help="model folder (or hub id) the engine starts from")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for trainers on other hosts)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port the trainers' sampling.vllm_server_port names")
     p.add_argument("--dtype", default=None, help="engine dtype; default: bfloat16 on GPU, float32 on CPU")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--max-model-len", type=int, default=None, help="the engine's context length; default: the model's")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory vLLM may take")
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="fixed KV cache (CPU: sized from the "
                    "model and max-model-len when unset)")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-num-seqs", type=int, default=256, help="sequences the engine decodes at once")
+    p.add_argument("--seed", type=int, default=0, help="the engine's sampling seed")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
     return p.parse_args(argv)
 

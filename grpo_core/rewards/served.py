@@ -191,8 +191,7 @@ class _ServedReward:
         if limit is not None and self.failed_calls >= limit:
             raise RewardServerUnavailable(
                 f"{self.endpoint.label}: the server answered none of the requests of the last {self.failed_calls} "
-                f"calls (last failure: {failures[-1].reason}). Start it (README: 'Reward models and judges over "
-                f"HTTP'), check url and api_key_env, or raise max_failed_calls (null: only count "
+                f"calls (last failure: {failures[-1].reason}). Start it (docs/recipes/reward-server.md), check url and api_key_env, or raise max_failed_calls (null: only count "
                 f"rewards/{self.__name__}/errors)")
 
 
