@@ -39,7 +39,7 @@ is also given per source (``eval/countdown/reflection_rate``), so a task that ch
 one that never does.
 
 Prompts longer than ``max_prompt_length`` are truncated or dropped by ``long_prompts``
-(``trainer.prompts.encode_prompts``, the call training makes); the counts are ``eval/prompts_truncated`` and
+(``generation.prompts.encode_prompts``, the call training makes); the counts are ``eval/prompts_truncated`` and
 ``eval/prompts_dropped``, and every other metric is over the rows kept (``eval/num_rows``).
 
 Generation goes through a ``GenerationBackend`` (vLLM gets every prompt in one call and batches them itself;

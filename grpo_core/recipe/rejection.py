@@ -17,7 +17,7 @@ every prompt in one call and schedules them itself; the transformers sampler get
 sequences per call (``evaluation.heldout.sample``).
 
 Prompts longer than ``max_prompt_length`` are truncated or dropped by ``long_prompts``
-(``trainer.prompts.encode_prompts``, the call training and evaluation make), counted in
+(``generation.prompts.encode_prompts``, the call training and evaluation make), counted in
 ``rs/prompts_truncated`` and ``rs/prompts_dropped``; a dropped prompt is not sampled and has no ``per_prompt`` entry.
 
 The per-prompt pass rate (correct / n, before the other filters) is recorded for every prompt: it is

@@ -18,6 +18,33 @@ from typing import Any, Callable, Protocol
 
 
 class RewardFunc(Protocol):
+    """A reward function under TRL's contract: ``reward(completions, **kwargs) -> list[float | None]``.
+
+    It is called by ``grpo_core.rewards.scoring.score_completions`` (training, evaluation and rejection sampling
+    alike) with keyword arguments, one entry per completion: ``prompts``, ``completions`` (the text, or
+    ``[{"role": "assistant", "content": text}]`` when the prompt is chat messages), ``completion_ids``,
+    ``max_completion_length`` (an int), and every other column of the rows (``answer``, ``tests``, ``source``,
+    ...). Accept ``**kwargs`` for the columns you do not read.
+
+    It returns one score per completion, or ``None`` where it does not apply to that row (no ground truth, no
+    tests): TRL treats ``None`` as missing, not 0 (NaN in the reward tensor; a weighted sum counts it as 0). A
+    verifiable reward scores 1.0 for a correct completion: evaluation's accuracy and rejection sampling keep what
+    scores at least 1.0 (``scoring.passes``). Its ``__name__`` is its metric name (``rewards/{name}/mean``) unless
+    it is registered under another (``register_reward``).
+
+    Example:
+        ```python
+        from grpo_core.rewards import completion_text, register_reward
+
+        @register_reward("ends_with_answer")
+        def ends_with_answer(completions, answer=None, **kwargs):
+            if answer is None:
+                return [None] * len(completions)
+            return [1.0 if completion_text(c).rstrip().endswith(str(a)) else 0.0
+                    for c, a in zip(completions, answer)]
+        ```
+    """
+
     __name__: str
 
     def __call__(self, completions: list[Any], **kwargs: Any) -> list[float | None]: ...
@@ -34,6 +61,8 @@ BUILTIN_REWARDS: dict[str, str] = {  # every built-in reward, registered here an
     "countdown_accuracy": "grpo_core.data.countdown:countdown_accuracy",  # the built-in countdown task
     "preference_rule": "grpo_core.data.general:preference_rule",  # the built-in general sources' rule
 }
+"""Every built-in reward by its config name: ``name -> "module:attribute"``, imported the first time a config or
+``get_reward_funcs`` looks it up (``REWARD_FUNCS``). A name here cannot be registered again."""
 
 
 class _Registry(dict):
@@ -51,12 +80,30 @@ REWARD_FUNCS: dict[str, RewardFunc] = _Registry()
 
 
 def reward_names() -> list[str]:
-    """Every name a config may give in ``reward_funcs``: the built-ins and the ones registered since."""
+    """Every name a config may give in ``reward_funcs``: the built-ins and the ones registered since.
+
+    Returns:
+        The names, sorted.
+    """
     return sorted(set(BUILTIN_REWARDS) | set(REWARD_FUNCS))
 
 
 def register_reward(name: str) -> Callable[[RewardFunc], RewardFunc]:
-    """Decorator: make ``fn`` available to configs as ``reward_funcs: [name]``."""
+    """Decorator: make the decorated function available to configs as ``reward_funcs: [name]``.
+
+    Register before a pipeline config that names it is loaded: ``PipelineConfig`` checks every reward name against
+    ``reward_names()`` at load time (an unknown one fails with its YAML line). Registering the same function under
+    the same name twice is a no-op.
+
+    Args:
+        name: the config name; also the function's metric name (``rewards/{name}/mean``).
+
+    Returns:
+        A decorator that registers the function and returns it unchanged.
+
+    Raises:
+        ValueError: ``name`` is a built-in (``BUILTIN_REWARDS``) or already registered to another function.
+    """
 
     def deco(fn: RewardFunc) -> RewardFunc:
         if name in BUILTIN_REWARDS:
@@ -70,7 +117,17 @@ def register_reward(name: str) -> Callable[[RewardFunc], RewardFunc]:
 
 
 def get_reward_funcs(names: list[str]) -> list[RewardFunc]:
-    """Resolve config names to functions, with an error that lists what exists."""
+    """Resolve config names to functions (a built-in is imported on first use).
+
+    Args:
+        names: registered reward names, e.g. ``["math_accuracy", "format"]``.
+
+    Returns:
+        The functions, in the order of ``names``.
+
+    Raises:
+        KeyError: a name that is neither built in nor registered; the message lists the names that are.
+    """
     missing = [n for n in names if n not in reward_names()]
     if missing:
         raise KeyError(

@@ -39,7 +39,22 @@ class ScoredCompletion(Protocol):
 def resolve_reward(reward: Any) -> tuple[RewardFunc, str]:
     """``(function, name)`` of a ``reward_funcs`` entry: a registered name, a reward model or judge (a
     ``RewardModelSpec`` / ``JudgeSpec``, or its YAML mapping ``{reward_model: {model: ...}}``, loaded here or, with
-    ``url``, a client of its server), or a callable (named by its ``__name__``)."""
+    ``url``, a client of its server), or a callable (named by its ``__name__``).
+
+    Args:
+        reward: a registered name (``"math_accuracy"``), a ``RewardModelSpec`` / ``JudgeSpec`` or its mapping, or
+            a callable under the ``RewardFunc`` contract.
+
+    Returns:
+        ``(function, name)``: the function to call, and its metric name (the registered name, the spec's
+            ``name``, or the callable's ``__name__``). A reward model with ``ensemble`` is a
+            ``RewardModelEnsemble``.
+
+    Raises:
+        KeyError: an unregistered name (``get_reward_funcs``).
+        ValueError: a mapping that is not a valid reward model or judge entry (pydantic's ``ValidationError``
+            is a ``ValueError``).
+    """
     if isinstance(reward, str):
         return get_reward_funcs([reward])[0], reward
     if isinstance(reward, dict):
@@ -64,12 +79,32 @@ def score_completions(
     max_completion_length: int,
     routes: Sequence[Sequence[int]] | None = None,
 ) -> torch.Tensor:
-    """``[B, R]`` rewards, B = ``len(rows) * num_generations`` (a row's completions contiguous), R functions.
+    """Score every completion with every reward function: TRL's ``_calculate_rewards``.
 
-    NaN where a function returned None. ``routes`` (a data mixture by source): for each function the indices
-    of the ``rows`` it scores; it is called on those rows' completions only, NaN elsewhere (a function whose running
-    moments are shared across ranks, ``reward_model.share_moments``, is called even with none: every rank joins).
-    Raises ValueError naming the function when it returns a number of scores other than it was given completions.
+    Each function is called once, with keyword arguments holding one entry per completion: ``prompts``,
+    ``completions`` (chat form when the prompt is chat messages), ``completion_ids``, ``max_completion_length``
+    and every other column of ``rows`` (``answer``, ``tests``, ``source``, ...).
+
+    Args:
+        reward_funcs: the functions (``resolve_reward``'s), R of them.
+        reward_names: their metric names, one per function (named in errors).
+        rows: the prompt rows, each ``{"prompt": ..., **columns}``.
+        rollouts: ``len(rows) * num_generations`` completions, each row's G contiguous (anything with ``text``
+            and ``completion_ids``, e.g. ``grpo_core.generation.Rollout``).
+        num_generations: G, completions per row.
+        max_completion_length: passed to every function (``overlong_penalty`` reads it).
+        routes: a data mixture by source: for each function the indices of the ``rows`` it scores; it is called on
+            those rows' completions only, NaN elsewhere (a function whose running moments are shared across ranks,
+            ``reward_model.share_moments``, is called even with none: every rank joins). None: every function
+            scores every row.
+
+    Returns:
+        ``[B, R]`` float rewards, B = ``len(rows) * num_generations``; NaN where a function returned None or
+            did not score that row.
+
+    Raises:
+        ValueError: ``rollouts`` is not ``len(rows) * num_generations`` long, or a function returned a number of
+            scores other than the completions it was given (naming the function).
     """
     B = len(rows) * num_generations
     if len(rollouts) != B:
@@ -123,5 +158,13 @@ def load_reward_states(reward_funcs: Sequence[RewardFunc], states: Sequence[dict
 
 
 def passes(scores: torch.Tensor, threshold: float = PASS_THRESHOLD) -> list[bool]:
-    """Per score ``[B]``: at least ``threshold`` (less ``PASS_TOLERANCE``); NaN (no score) never passes."""
+    """The one definition of "correct" (evaluation's accuracy and format rate, rejection sampling's filters).
+
+    Args:
+        scores: ``[B]`` scores of one reward function (NaN: not scored).
+        threshold: the pass mark; 1.0, the score of a correct answer under a verifiable reward.
+
+    Returns:
+        Per score, whether it is at least ``threshold`` less ``PASS_TOLERANCE`` (1e-6); NaN never passes.
+    """
     return (scores >= threshold - PASS_TOLERANCE).tolist()  # NaN compares False

@@ -16,7 +16,7 @@ ends with the same weights as one that never stopped, and N processes give the c
 
 ``async_rollouts``: the sampler runs in its own process one step behind (``trainer/async_rollouts.py``).
 
-Over-long prompts (``trainer.prompts.encode_prompts``): under ``long_prompts: truncate`` each step logs
+Over-long prompts (``generation.prompts.encode_prompts``): under ``long_prompts: truncate`` each step logs
 ``prompts/truncated``, its generated prompts cut to ``max_prompt_length``; under ``drop`` the rows over the
 limit are removed before the prompt stream is built (so every step keeps whole groups, and a resumed run
 streams the same rows), and ``prompts/dropped``, logged on every step, is how many were removed.
@@ -219,11 +219,52 @@ def train_grpo(
 ) -> dict[str, Any]:
     """Train ``model_path`` with GRPO on ``train_rows`` (``{"prompt": messages | str, ...columns}``).
 
-    Writes checkpoints, ``metrics.jsonl``, TensorBoard events and ``final/`` (model + tokenizer) under
-    ``output_dir``; returns the last step's metrics. Under ``torchrun`` the processes split each step.
-    ``eval_rows`` (held-out ``{prompt, answer, ...}`` rows) and ``eval_config`` (how they are scored, see
-    ``evaluation.during_rl.rl_eval_config``) serve ``config.eval_steps``; ``tracking`` names the run for the
-    trackers of ``report_to``.
+    Each of ``config.max_steps`` steps is one call per phase on ``GRPOSteps`` (``trainer/step.py``): generate
+    ``prompts_per_step`` x G completions, score them, group-relative advantages, optimise
+    (``trainer/update.py``, the loss in ``trainer/loss.py``), log, evaluate (``eval_steps``), log completions
+    (``log_completions_steps``), save. Writes checkpoints, ``metrics.jsonl``, TensorBoard events and ``final/``
+    (model + tokenizer) under ``output_dir``. Under ``torchrun`` the processes split each step; a run killed at any
+    step and resumed from its checkpoint ends with the same weights as one that never stopped.
+
+    Example:
+        ```python
+        from grpo_core.config import GRPOConfig
+        from grpo_core.trainer.loop import train_grpo
+
+        rows = [{"prompt": "What is 2 + 3?", "answer": "5"}]
+        config = GRPOConfig(max_steps=10, reward_funcs=["math_accuracy", "format"])
+        metrics = train_grpo(config, "/models/base", rows, "runs/grpo")
+        ```
+
+    Args:
+        config: the trainer's settings (the pipeline's ``grpo_train`` / ``final_rl`` section).
+        model_path: a local Hugging Face model folder (or hub name) to start from; also the reference model when
+            ``config.beta > 0``.
+        train_rows: prompt rows; every column besides ``prompt`` reaches the reward functions as a keyword
+            (``answer``, ``tests``, ``source``, ...).
+        output_dir: where checkpoints, ``metrics.jsonl``, TensorBoard events and ``final/`` go.
+        reward_funcs: overrides ``config.reward_funcs``: registered names, ``RewardModelSpec`` / ``JudgeSpec``
+            entries or callables under TRL's contract (``grpo_core.rewards.base.RewardFunc``); not with
+            ``config.sources``, whose sources name their own.
+        resume: continue from the newest checkpoint in ``output_dir`` (False: start over).
+        callbacks: objects whose ``on_step(step, max_steps, metrics)``, ``on_checkpoint(step, path)`` and
+            ``on_alarm(alarm)`` methods, where they have them, are called as training goes (the pipeline uploads
+            each checkpoint to the store this way).
+        eval_rows: held-out ``{prompt, answer, ...}`` rows for ``config.eval_steps`` (required when it is set).
+        eval_config: how ``eval_rows`` are scored (the pipeline passes its ``evaluate`` section; the lengths
+            are the GRPO section's, ``grpo_core.trainer.during_rl.rl_eval_config``); None = an ``EvalConfig``
+            scored by the first registered reward ``config`` names.
+        tracking: names the run for the trackers of ``config.report_to`` (W&B, MLflow, Trackio).
+
+    Returns:
+        The last step's metrics (``step``, ``loss``, ``reward``, ``completions/...``, ...), with the
+            reward-hacking monitor's summary and the checkpoint selection when ``eval_steps`` ran them.
+
+    Raises:
+        ValueError: inputs that cannot train, before any model loads: no rows or no reward functions,
+            ``eval_steps`` without ``eval_rows``, ``prompts_per_step`` not divisible by the number of processes,
+            ``reward_funcs`` beside ``config.sources``, or every prompt dropped by ``long_prompts: drop``.
+        FloatingPointError: a non-finite loss (not retried by the pipeline).
     """
     ctx = start_process(config)
     check_inputs(config, ctx, train_rows, reward_funcs)

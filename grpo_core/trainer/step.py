@@ -1,4 +1,5 @@
-"""One GRPO step as named calls: ``generate``, ``score``, ``advantages``, ``optimise``, ``log``, ``save``.
+"""One GRPO step as named calls: ``generate``, ``score``, ``advantages``, ``optimise``, ``log``, ``evaluate`` (every
+``eval_steps``), ``log_completions`` and ``save``.
 
 ``GRPOSteps`` holds what every step uses (the policy, the sampler, the mixture, the training run) so that
 ``train_grpo``'s loop reads as the algorithm: one call per phase, in the order they run. The order is part

@@ -36,7 +36,21 @@ SCHEMA = 2  # 2: store-relative "path" instead of an absolute "uri" (schema 1); 
 
 @dataclass(frozen=True)
 class StageRef:
-    """A small, JSON-serialisable pointer to one committed stage output: what tasks return."""
+    """A small, JSON-serialisable pointer to one committed stage output: what stage tasks return, what a
+    manifest's ``parents`` and a run's ``lineage.json`` hold, and what ``Store`` methods take to read an output.
+    It holds a store-relative ``path``, so a ref read from one copy of a store resolves in another.
+
+    Attributes:
+        run: the run name.
+        stage: the stage name (``evaluate/{stage}`` for an evaluation).
+        version: the output's version, UTC time + random (sorts by time).
+        path: ``{run}/{stage}/{version}``, relative to the store's root: what is persisted.
+        fingerprint: the stage's fingerprint (its config fields set away from their defaults, the exact parent
+            versions, the content of its local inputs): how a rerun finds an output to reuse.
+        created: when the output was committed (ISO 8601, UTC).
+        metrics: the manifest's metrics (``eval/accuracy``, ``data/num_train``, ...).
+        store_url: the store the ref was read from (never persisted; ``""`` for a ref from a dict).
+    """
 
     run: str
     stage: str
