@@ -7,7 +7,7 @@ and the lineage (``TrackingInfo.metadata``: run, stage, version, fingerprint, pa
 completion tables ``log_completions_steps`` asks for.
 
 Files go under ``TrackingInfo.dir`` (default ``output_dir/trackers``): ``wandb/`` (W&B writes offline there when
-``WANDB_MODE=offline`` or no ``WANDB_API_KEY`` is set; ``wandb sync`` uploads later), ``mlruns/`` (the MLflow
+``WANDB_MODE=offline`` or no ``WANDB_API_KEY`` is set; ``wandb sync`` uploads later), ``mlflow/`` (the MLflow
 file store, unless ``MLFLOW_TRACKING_URI`` names a server) and ``trackio/`` (Trackio's local database, unless
 ``TRACKIO_DIR`` is set). A tracker that is not installed, cannot be reached or fails later is a warning and is
 dropped; the run goes on. Credentials are read by the trackers' own packages from the environment and never
