@@ -1,4 +1,4 @@
-"""One sampling vocabulary (issue 41): what users read, the shipped configs, the README's examples, the short road's
+"""One sampling vocabulary (issue 41): what users read, the shipped configs, the README's and the docs site's examples, the short road's
 docstring and the command-line flags, spells the sampling settings as the code does, nested under ``sampling:``
 with TRL's names. The older names (``grpo_core.config.SAMPLING_RENAMES``) are read for one release with a warning
 (tests/grpo_core/test_sampling_config.py, tests/tasks/test_sampling_names.py), and used nowhere here."""
@@ -49,11 +49,15 @@ def flat_sampling_keys(config: Any) -> list[str]:
     return found
 
 
-def readme_blocks(language: str) -> list[tuple[int, str]]:
-    """(line, text) of the README's fenced code blocks in ``language``, dedented."""
-    text = (ROOT / "README.md").read_text()
-    return [(text[:m.start()].count("\n") + 1, textwrap.dedent(m.group(1)))
-            for m in re.finditer(rf"```{language}\n(.*?)```", text, re.S)]
+def readme_blocks(language: str) -> list[tuple[str, str]]:
+    """(file:line, text) of the fenced code blocks in ``language`` of what users read, dedented: the README and
+    every page of the docs site."""
+    out = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = path.read_text()
+        out += [(f"{path.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}", textwrap.dedent(m.group(1)))
+                for m in re.finditer(rf"```{language}\n(.*?)```", text, re.S)]
+    return out
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -64,23 +68,23 @@ def test_a_shipped_config_nests_its_sampling_settings_under_their_names(path):
         load_config(path)
 
 
-def test_the_readme_and_the_short_road_write_the_nested_names():
+def test_the_readme_the_docs_and_the_short_road_write_the_nested_names():
     blocks = readme_blocks("yaml")
     assert len(blocks) >= 5
     doc = grpo_core.train.__doc__
-    blocks.append((0, textwrap.dedent(doc.split("::\n\n", 1)[1].split("\n\n", 1)[0])))  # python -m grpo_core.train's
+    blocks.append(("grpo_core/train.py", textwrap.dedent(doc.split("::\n\n", 1)[1].split("\n\n", 1)[0])))  # python -m grpo_core.train's
     for line, block in blocks:
-        assert flat_sampling_keys(yaml.safe_load(block)) == [], f"README.md:{line}"
+        assert flat_sampling_keys(yaml.safe_load(block)) == [], f"{line}"
     calls = 0
     for line, block in readme_blocks("python"):
         for node in ast.walk(ast.parse(block.replace(", ...]", "]"))):
             if isinstance(node, ast.Call) and getattr(node.func, "id", "").endswith(("Config", "Source")):
                 calls += 1
                 flat = [k.arg for k in node.keywords if k.arg in SamplingConfig.model_fields or k.arg in SAMPLING_RENAMES]
-                assert flat == [], f"README.md:{line}: {node.func.id}({', '.join(flat)}=...) outside sampling="
+                assert flat == [], f"{line}: {node.func.id}({', '.join(flat)}=...) outside sampling="
     assert calls
     for line, block in readme_blocks("bash"):
-        assert not OLDER_FLAGS & set(block.split()), f"README.md:{line}"
+        assert not OLDER_FLAGS & set(block.split()), f"{line}"
 
 
 def options(command: Any) -> list[tuple[str, str, bool]]:
