@@ -142,3 +142,11 @@ def test_every_section_of_the_old_readme_has_a_page(section):
     page, phrase = OLD_README[section]
     assert page in nav_pages(), f"{section!r} moved to {page}, which is not in the nav"
     assert phrase in words((DOCS / page).read_text()), f"{section!r}: {page} no longer holds {phrase!r}"
+
+
+def test_every_benchmark_script_is_on_the_benchmarks_page():
+    text = (DOCS / "benchmarks.md").read_text()
+    scripts = [p.name for p in (ROOT / "tests" / "benchmarks").glob("*.py") if not p.name.startswith(("test_", "_"))]
+    assert scripts
+    missing = [name for name in scripts if f"tests/benchmarks/{name}" not in text]
+    assert not missing, f"benchmark scripts missing from docs/benchmarks.md: {missing}"
