@@ -8,7 +8,9 @@ reward-model training, e.g. Shen et al. 2024 "Improving reward models with synth
 chosen answer; here the edits are character-level and rule-free).
 
 The edits (``EDITS``): duplicate a character, repeat a trailing punctuation mark (``word!`` -> ``word!!``), drop a
-character, swap two adjacent different characters. They act on the content only: characters inside markup tags
+character, swap two adjacent different characters, substitute a character with another of its kind (a letter for a
+letter of the same case, a digit for a digit, a mark for a mark: ``sorry`` -> ``sorrv``, the one-keystroke typo a
+final RL found in a model trained on the other four). They act on the content only: characters inside markup tags
 (``<think>``, ``</answer>``, ...) are left alone, since a broken tag is the format reward's business and would
 spend most edits on template text the policy never gets wrong; a text that is all tags is edited anywhere.
 A near miss is never the chosen text itself, and the same (text, seed, index) gives the same near misses.
@@ -49,17 +51,27 @@ def _swap(text: str, i: int) -> str:
     return text[:i] + text[i + 1] + text[i] + text[i + 2:]
 
 
+KINDS = (string.ascii_lowercase, string.ascii_uppercase, string.digits, string.punctuation)
+
+
+def _substitute(text: str, i: int, rng: random.Random) -> str:
+    """``text`` with character ``i`` replaced by another character of its kind (drawn from ``rng``)."""
+    kind = next(k for k in KINDS if text[i] in k)
+    return text[:i] + rng.choice([c for c in kind if c != text[i]]) + text[i + 1:]
+
+
 def _candidates(text: str, positions: list[int]) -> dict[str, tuple[Callable[[str, int], str], list[int]]]:
     """Each edit's function and the positions where it changes ``text``."""
     content = set(positions)
     trailing = [i for i in positions if text[i] in PUNCTUATION
                 and (i + 1 == len(text) or i + 1 not in content)]  # the last mark before a tag, space or the end
     swaps = [i for i in positions if i + 1 in content and text[i] != text[i + 1]]
+    substitutable = [i for i in positions if any(text[i] in k for k in KINDS)]
     return {"duplicate": (_duplicate, list(positions)), "repeat_punctuation": (_duplicate, trailing),
-            "drop": (_drop, list(positions)), "swap": (_swap, swaps)}
+            "drop": (_drop, list(positions)), "swap": (_swap, swaps), "substitute": (_substitute, substitutable)}
 
 
-EDITS = ("duplicate", "repeat_punctuation", "drop", "swap")
+EDITS = ("duplicate", "repeat_punctuation", "drop", "swap", "substitute")
 
 
 def near_misses(text: str, n: int, rng: random.Random) -> list[str]:
@@ -76,7 +88,7 @@ def near_misses(text: str, n: int, rng: random.Random) -> list[str]:
             break
         fn, pos = pools[rng.choice(live)]
         i = pos.pop(rng.randrange(len(pos)))  # without replacement: the loop ends
-        edited = fn(text, i)
+        edited = fn(text, i, rng) if fn is _substitute else fn(text, i)
         if edited not in seen:
             seen.add(edited)
             out.append(edited)
