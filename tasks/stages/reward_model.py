@@ -37,8 +37,10 @@ def reward_model(ctx: StageContext, parents: dict[str, StageRef], fp: str) -> St
     files = ctx.store.manifest(data).get("files") or {}
     if PREFERENCES not in files:
         raise StageFailed(f"{ctx.stage}: prepare_data output {data.uri} has no {PREFERENCES}; the reward model "
-                          "needs preference pairs (prompt, chosen, rejected, source): configure preference sources "
-                          f"in the data section, or remove the `{ctx.entry.config_key}:` section")
+                          "needs preference pairs (prompt, chosen, rejected, source), which prepare_data writes for "
+                          "the built-in general sources (data.builtin_general); for pairs of your own, train the "
+                          "reward model from Python and name its folder in the reward entries "
+                          f"(docs/recipes/reward-model.md), and remove the `{ctx.entry.config_key}:` section")
     if section.model_name_or_path is not None:
         backbone = section.model_name_or_path
     elif section.init_from == "base":
