@@ -190,29 +190,6 @@ def reaches(numbers: list[int], target: int, x: int, op: str, y: int) -> bool:
 TRY = re.compile(r"^(\d+)([-+*])(\d+)=")
 
 
-def try_hits(completion: str, prompt: Any) -> list[bool] | None:
-    """Whether each try in a completion's reasoning reaches the target (``try_steps``: a try is a ``;``-separated
-    piece ``x op y=...``; what the model wrote after ``=`` is not trusted: ``x op y`` is computed, and it hits when
-    ``x`` and ``y`` are two of the prompt's numbers and ``x op y`` is the target). None for a prompt that is not
-    countdown."""
-    steps = try_steps(completion, prompt)
-    return None if steps is None else [hit for hit, _ in steps]
-
-
-def attempt_stats(completions: list[Any], prompts: list[Any]) -> dict[str, float]:
-    """Tries per response and whether retrying pays: ``first_try_hit_rate`` (responses whose first try reaches the
-    target), ``retry_hit_rate`` (tries made after a try that missed: the share that reach it), ``retries`` (how
-    many such tries). Countdown prompts only; NaN where there is nothing to count."""
-    per = [h for h in (try_hits(c, p) for c, p in zip(completions, prompts)) if h is not None]
-    with_tries = [h for h in per if h]
-    retries = [hit for h in with_tries for i, hit in enumerate(h) if i > 0 and not h[i - 1]]
-    nan = float("nan")
-    return {"attempts_per_response": sum(map(len, per)) / len(per) if per else nan,
-            "first_try_hit_rate": sum(h[0] for h in with_tries) / len(with_tries) if with_tries else nan,
-            "retry_hit_rate": sum(retries) / len(retries) if retries else nan,
-            "retries": float(len(retries))}
-
-
 def try_steps(completion: Any, prompt: Any) -> list[tuple[bool, str]] | None:
     """The tries of a completion's reasoning in order, each as ``(hit, after)``: ``hit`` whether ``x op y`` reaches the
     target with two of the prompt's numbers (computed, not read off the response), ``after`` what the reasoning says

@@ -49,18 +49,20 @@ CHECKING_KEYS = ("checking_rate", "miss_retry_rate", "hit_stop_rate", "first_try
 def checking_stats(completions: Sequence[Any], prompts: Sequence[Any],
                    reflection_phrases: Sequence[str] = REFLECTION_PHRASES) -> dict[str, float]:
     """The checking numbers of ``completions`` (one prompt each) by the module docstring's rules: the rates of
-    ``CHECKING_KEYS`` and ``retries`` (a count) and ``responses`` (the countdown responses counted)."""
+    ``CHECKING_KEYS``, ``retries`` (a count), ``responses`` (the countdown responses counted) and
+    ``tries_per_response`` (their tries over them, a response with none counting 0)."""
     if len(completions) != len(prompts):
         raise ValueError(f"checking_stats: {len(completions)} completions but {len(prompts)} prompts; give one each")
     misses = checked = hits = stops = 0
     retries: list[bool] = []
     first: list[bool] = []
-    responses = checking = after_hit = without_try = 0
+    responses = checking = after_hit = without_try = tries = 0
     for completion, prompt in zip(completions, prompts):
         steps = try_steps(completion, prompt)
         if steps is None:
             continue
         responses += 1
+        tries += len(steps)
         if not steps:
             without_try += has_phrase(reasoning_text(completion_text(completion)), reflection_phrases)
             continue
@@ -87,7 +89,8 @@ def checking_stats(completions: Sequence[Any], prompts: Sequence[Any],
             "retry_hit_rate": _share(sum(retries), len(retries)),
             "reflection_after_hit_rate": _share(after_hit, responses),
             "reflection_without_try_rate": _share(without_try, responses),
-            "retries": float(len(retries)), "responses": float(responses)}
+            "retries": float(len(retries)), "responses": float(responses),
+            "tries_per_response": _share(tries, responses)}
 
 
 def has_tries(prompts: Sequence[Any]) -> bool:

@@ -66,15 +66,14 @@ def emergence_table(rows: list[tuple[int, dict[str, dict[str, float]], dict[str,
     least half of the sampled tries that miss are checked and retried (``miss_retry_rate`` >= 0.5) and a retry hits
     more often than a first try (``retry_hit_rate`` > ``first_try_hit_rate``). ``rows``: (seed, the stages' metrics,
     ``{"report": report.json, "histories": {rl_stage: metrics.jsonl rows}, "results": {stage: results.jsonl rows}}``).
-    The tries column reads the greedy held-out answers (``countdown.attempt_stats``): tries per response, the share
+    The tries column reads the greedy held-out answers (``evaluation.checking.checking_stats``): tries per response, the share
     whose first try reaches the target, and of the tries made after a miss the share that reach it. The checking
     columns read the sampled held-out completions (``eval/countdown/checking_rate`` and the rest,
     ``grpo_core.evaluation.checking``): responses that check a miss and retry, of the missed tries those checked and
     retried, of the tries that hit those the response stops on, first tries and retries that hit, and responses with
     a reflection phrase after a hit."""
+    from grpo_core.evaluation.checking import checking_stats
     from grpo_core.evaluation.emergence import PHASES
-
-    from grpo_core.data.countdown import attempt_stats
 
     lines = ["| seed | stage | reflection | mean length | greedy | pass@1 | transfer greedy "
              "| greedy: tries / first try hits / retries hit "
@@ -89,11 +88,11 @@ def emergence_table(rows: list[tuple[int, dict[str, dict[str, float]], dict[str,
         for stage in MODEL_STAGES:
             e = lambda k: m[stage].get(f"eval/{REASONING}/{k}", float("nan"))  # noqa: E731
             mine = [r for r in extra["results"][stage] if r.get("source") == REASONING and r.get("prompt")]
-            tries = attempt_stats([r["greedy"] for r in mine], [r["prompt"] for r in mine])
+            tries = checking_stats([r["greedy"] for r in mine], [r["prompt"] for r in mine])
             cells = [f"{100 * e('reflection_rate'):.1f}%", f"{e('mean_length_sampled'):.1f}", f"{100 * e('accuracy'):.1f}%",
                      f"{100 * e('pass@1'):.1f}%",
                      f"{100 * m[stage].get(f'eval/{TRANSFER}/accuracy', float('nan')):.1f}%",
-                     f"{tries['attempts_per_response']:.2f} / "
+                     f"{tries['tries_per_response']:.2f} / "
                      f"{100 * tries['first_try_hit_rate']:.1f}% / {100 * tries['retry_hit_rate']:.1f}% "
                      f"of {tries['retries']:.0f}",
                      f"{100 * e('checking_rate'):.1f}% / {100 * e('miss_retry_rate'):.1f}% / "

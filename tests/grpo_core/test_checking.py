@@ -14,7 +14,6 @@ from grpo_core.data.countdown import (
     make_countdown_rows,
     parse_prompt,
     teacher_trace,
-    try_hits,
     try_steps,
 )
 from grpo_core.evaluation.checking import CHECKING_KEYS, checking_stats, has_tries
@@ -37,22 +36,32 @@ def test_try_steps_pair_each_try_with_what_follows_it():
     assert try_steps(WAIT, "1+2+3=") is None
 
 
-def test_try_steps_find_the_tries_try_hits_finds():
-    """One piece rule for both: every teacher style and order, and odd texts, give the same tries."""
+def test_try_steps_find_every_teacher_traces_tries():
+    """Every teacher style and order: an unchecked trace is one try; a checked one misses until its last try, which
+    reaches the target."""
     rng = random.Random(0)
-    texts = ["<think>3+8=11 wait;;8+5</think>", "3+8=11;8+5=13",
-             "<think>8+5=13;wait;x=1;5+8=13</think><answer>1+1</answer>"]
-    prompts = [P] * len(texts)
     for row in make_countdown_rows(20, seed=1):
         numbers, target = parse_prompt(prompt_text(row["prompt"]))
         for check in (False, True):
             for order in RETRY_ORDERS:
                 for style in CHECK_STYLES:
-                    texts.append(teacher_trace(numbers, target, "+", rng, check=check, retry_order=order,
-                                               check_style=style))
-                    prompts.append(row["prompt"])
-    for text, prompt in zip(texts, prompts):
-        assert [hit for hit, _ in try_steps(text, prompt)] == try_hits(text, prompt), text
+                    text = teacher_trace(numbers, target, "+", rng, check=check, retry_order=order, check_style=style)
+                    hits = [hit for hit, _ in try_steps(text, row["prompt"])]
+                    if check:
+                        assert hits[-1] and not any(hits[:-1]), text
+                    else:
+                        assert len(hits) == 1, text
+
+
+def test_first_tries_retries_and_tries_per_response_are_counted():
+    p = [{"role": "user", "content": "3,8,5->13:"}]
+    s = checking_stats(["<think>3+8=11?13;wait;3+5=8?13;wait;8+5=13?13</think><answer>8+5</answer>",
+                        "<think>3+8=11?13;wait;8+5=13?13</think><answer>8+5</answer>",
+                        "<think>8+5=13</think><answer>8+5</answer>", "<think></think><answer>3+8</answer>"], [p] * 4)
+    assert s["tries_per_response"] == (3 + 2 + 1 + 0) / 4
+    assert s["first_try_hit_rate"] == 1 / 3  # of the responses with a try
+    assert s["retries"] == 3 and s["retry_hit_rate"] == 2 / 3  # 3+5 after a miss, 8+5 twice
+    assert try_steps("<think>9+4=13</think><answer>9+4</answer>", p) == [(False, "13")]  # not the prompt's numbers
 
 
 def test_a_check_and_retry_after_a_miss_counts_in_both_teacher_styles():

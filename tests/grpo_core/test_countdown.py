@@ -157,19 +157,3 @@ def test_prepare_data_builds_the_countdown_task_beside_the_chain():
         DataConfig(countdown=cfg)
     assert CountdownData.model_fields["retry_order"].annotation.__args__ == RETRY_ORDERS
     assert CountdownData.model_fields["check_style"].annotation.__args__ == CHECK_STYLES
-
-
-def test_attempt_stats_count_tries_and_whether_a_retry_after_a_miss_hits():
-    from grpo_core.data.countdown import attempt_stats, try_hits
-
-    p = [{"role": "user", "content": "3,8,5->13:"}]
-    assert try_hits("<think>3+8=11?13;wait;3+5=8?13;wait;8+5=13?13</think><answer>8+5</answer>", p) == [False, False, True]
-    assert try_hits("<think>8+5=12</think><answer>8+5</answer>", p) == [True]  # the written value is not trusted
-    assert try_hits("<think>9+4=13</think><answer>9+4</answer>", p) == [False]  # not the prompt's numbers
-    assert try_hits("<think>3+8=11</think>", "1+2=") is None
-    stats = attempt_stats(["<think>3+8=11?13;wait;3+5=8?13;wait;8+5=13?13</think><answer>8+5</answer>",
-                           "<think>3+8=11?13;wait;8+5=13?13</think><answer>8+5</answer>",
-                           "<think>8+5=13</think><answer>8+5</answer>", "<think></think><answer>3+8</answer>"], [p] * 4)
-    assert stats["attempts_per_response"] == (3 + 2 + 1 + 0) / 4
-    assert stats["first_try_hit_rate"] == 1 / 3  # of the responses with a try
-    assert stats["retries"] == 3 and stats["retry_hit_rate"] == 2 / 3  # 3+5 after a miss, 8+5 twice
