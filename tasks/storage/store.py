@@ -81,33 +81,8 @@ def new_version() -> str:
 
 
 class Store:
-    """Stage outputs and checkpoints of runs under one root URL: the one object that does file I/O against the
-    pipeline's storage (a local folder, ``file:///path`` or ``s3://bucket[/prefix]``).
-
-    Readers see committed outputs only (a version folder whose ``manifest.json`` is present and readable), and
-    every file they fetch is checked against the size and sha256 its manifest lists. Every S3 operation as a whole
-    is bounded by ``R1_S3_READ_TIMEOUT``. The layout is in this module's docstring.
-
-    Example:
-        ```python
-        from pathlib import Path
-        from tasks.storage.lineage import current
-        from tasks.storage.store import Store
-
-        store = Store("s3://bucket/r1")            # or a folder; None: $R1_STORE, else ./r1-runs
-        ref = current(store, "exp-1", "grpo_train")   # the output the run stands on
-        store.manifest(ref)["metrics"]
-        store.get_output(ref, "model", Path("/tmp/grpo-model"))   # verified download
-        ```
-
-    Args:
-        root: the store's root URL or folder; None = ``$R1_STORE``, else ``./r1-runs``.
-        check: list (S3: one try) or create the root now, so an unusable store fails here.
-
-    Raises:
-        StoreError: the URL is not usable (an unknown scheme, s3fs missing) or, with ``check``, the root cannot be
-            listed or created; the message names the store, never credentials.
-    """
+    """Stage outputs and checkpoints of runs under one root URL (a folder or ``s3://bucket[/prefix]``; None:
+    ``$R1_STORE``, else ``./r1-runs``); files are checked against their manifest as they are read."""
 
     def __init__(self, root: str | os.PathLike[str] | None = None, *, check: bool = True) -> None:
         root = str(root or os.environ.get("R1_STORE") or DEFAULT_ROOT)
@@ -157,11 +132,7 @@ class Store:
 
     def check(self) -> None:
         """Fail fast if the root cannot be listed or created: on S3 one try, so an endpoint that never
-        answers fails within connect + read timeout, not after every retry.
-
-        Raises:
-            StoreError: one line saying what failed and where (the endpoint, the time limit when it stalled).
-        """
+        answers fails within connect + read timeout, not after every retry."""
         try:
             if self.protocol.startswith("s3"):
                 bucket = self.root.split("/", 1)[0]
@@ -180,14 +151,7 @@ class Store:
         return path if self.protocol in ("file", "local") else f"{self.protocol}://{path}"
 
     def uri_of(self, rel: str) -> str:
-        """The URI of a store-relative path (a ``StageRef.path``) in this store.
-
-        Args:
-            rel: a store-relative path, ``run/stage/version[/file]``.
-
-        Returns:
-            The path under this store's root: a local path, or ``s3://bucket/prefix/...``.
-        """
+        """The URI of a store-relative path (a ``StageRef.path``) in this store."""
         return self.uri(self.path(rel))
 
     def _strip(self, uri: str) -> str:
@@ -287,23 +251,7 @@ class Store:
 
     def get_output(self, ref: "StageRef", name: str, dest: Path) -> Path:
         """Download file or folder ``name`` of the committed output ``ref`` (resolved in this store) into
-        ``dest``: only the files its manifest lists, each checked against the manifest's size and sha256 as it
-        streams to disk (a file already verified in this process, with the same identity in the store, is not
-        hashed again).
-
-        Args:
-            ref: the committed output (its store-relative ``path`` is resolved in this store).
-            name: a file (``train.parquet``) or folder (``model``) of the output, as its manifest names it.
-            dest: the local file or folder to write.
-
-        Returns:
-            ``dest``.
-
-        Raises:
-            IntegrityError: the output is not committed, its manifest lists no ``name``, or a file is missing or
-                does not match its size and sha256 (naming the file, both hashes and the stage to rerun; not
-                retried).
-        """
+        ``dest``: only the files its manifest lists, each checked against the manifest's size and sha256."""
         files = self.manifest(ref).get("files") or {}
         wanted = {rel: info for rel, info in files.items() if rel == name or rel.startswith(f"{name}/")}
         fix = rerun_hint(ref)
@@ -319,19 +267,8 @@ class Store:
         return dest
 
     def read_output(self, ref: "StageRef", name: str) -> bytes:
-        """The bytes of file ``name`` of the committed output ``ref``, checked against its manifest.
-
-        Args:
-            ref: the committed output.
-            name: a file of the output, as its manifest names it.
-
-        Returns:
-            The file's bytes.
-
-        Raises:
-            FileNotFoundError: the manifest lists no such file.
-            IntegrityError: the file is missing or does not match its manifest's size and sha256.
-        """
+        """The bytes of file ``name`` of the committed output ``ref``, checked against its manifest;
+        FileNotFoundError when the manifest lists no such file."""
         info = (self.manifest(ref).get("files") or {}).get(name)
         if info is None:
             raise FileNotFoundError(f"{ref.path}/{name}")
@@ -491,40 +428,17 @@ class Store:
 
     # ---- stage outputs ------------------------------------------------------------------------------
     def begin(self, run: str, stage: str, version: str | None = None) -> "StageWriter":
-        """A writer of a new output of ``stage``: upload files into it, then ``commit`` (the manifest, written
-        last, once, under the run's fence) or ``abort``.
-
-        Args:
-            run: the run name.
-            stage: the stage name (``evaluate/{stage}`` for an evaluation).
-            version: one drawn earlier with ``new_version`` (a training stage names it in its trackers' lineage
-                before it commits); None = a new one (UTC time + random, so versions sort by time).
-
-        Returns:
-            The ``StageWriter`` of ``{run}/{stage}/{version}/``.
-        """
+        """A writer of a new output of ``stage``; ``version``: one drawn earlier with ``new_version`` (a training
+        stage names it in its trackers' lineage before it commits), else a new one."""
         return StageWriter(self, run, stage, version or new_version())
 
     def runs(self) -> list[str]:
-        """The runs in this store, sorted (the root's folders, less those starting with ``_`` or ``.``)."""
         return sorted(n for n in self._ls(self.root) if not n.startswith((".", "_")))
 
     def latest(self, run: str, stage: str, fingerprint: str | None = None, *,
                where: Callable[[dict[str, Any]], bool] | None = None) -> StageRef | None:
         """The newest committed output of ``stage`` (with that fingerprint, and whose manifest satisfies
-        ``where``, if given); manifests are read newest first, only until one matches. This is how a stage finds
-        an output to reuse; what a run stands on is its lineage (``tasks.storage.lineage.current``), not the newest.
-
-        Args:
-            run: the run name.
-            stage: the stage name.
-            fingerprint: only an output with this fingerprint; None = any.
-            where: only an output whose manifest (a dict) it accepts.
-
-        Returns:
-            The output's ``StageRef``, or None when no committed output matches (uncommitted versions and
-                unreadable manifests are skipped, the latter logged).
-        """
+        ``where``, if given); manifests are read newest first, only until one matches."""
         for m in self._committed(run, stage, newest_first=True):
             if (fingerprint is None or m.get("fingerprint") == fingerprint) and (where is None or where(m)):
                 return ref_from_manifest(m, self.url)
@@ -551,18 +465,7 @@ class Store:
             yield m
 
     def manifest(self, ref: StageRef) -> dict[str, Any]:
-        """The manifest of ``ref``'s output in this store.
-
-        Args:
-            ref: the committed output.
-
-        Returns:
-            The manifest, ``{schema, run, stage, version, path, created, fingerprint, config, parents,
-                metrics, files, packages, git, ...}`` (``tasks/storage/manifest.py``).
-
-        Raises:
-            IntegrityError: no ``manifest.json`` there, or one that cannot be read (naming the stage to rerun).
-        """
+        """The manifest of ``ref``'s output in this store."""
         try:
             data = self._read_bytes(self.path(ref.path, MANIFEST))
         except FileNotFoundError:
@@ -584,27 +487,13 @@ class Store:
 
     # ---- the run's own files ----------------------------------------------------------------------------
     def write_run_file(self, run: str, name: str, obj: dict[str, Any]) -> str:
-        """Write a run-level JSON file, ``{run}/_run/{name}`` (e.g. the resolved pipeline config a run was started
-        with, ``config.json``, or ``lineage.json``): a commit to the run, under its fence.
-
-        Args:
-            run: the run name.
-            name: the file name.
-            obj: the JSON object to write (atomically).
-
-        Returns:
-            The file's URI.
-
-        Raises:
-            LeaseLost: this process writes under the run's lease (its fence) and another writer holds the run
-                now: the write is refused, or undone when it landed meanwhile.
-        """
+        """A run-level JSON file (e.g. the resolved pipeline config a run was started with, ``lineage.json``): a
+        commit to the run, under its fence."""
         path = self.path(run, "_run", name)
         commit_json(self, run, path, obj, f"run file {name}")
         return self.uri(path)
 
     def read_run_file(self, run: str, name: str) -> dict[str, Any] | None:
-        """The run-level JSON file ``{run}/_run/{name}``, or None when there is none."""
         try:
             return self.read_json(self.path(run, "_run", name))
         except FileNotFoundError:
@@ -639,24 +528,6 @@ class Store:
         return self.path(run, stage, CHECKPOINTS, key)
 
     def put_checkpoint(self, run: str, stage: str, key: str, step: int, local_dir: Path) -> str:
-        """Upload a trainer checkpoint to ``{run}/{stage}/_checkpoints/{key}/checkpoint-{step}/`` and commit it: the
-        ``_COMPLETE`` marker (every file's size and sha256) is written last, under the run's fence, so a
-        half-uploaded checkpoint is never resumed from.
-
-        Args:
-            run: the run name.
-            stage: the training stage.
-            key: the stage's fingerprint (a retry resumes only checkpoints of the same config and inputs).
-            step: the training step.
-            local_dir: the checkpoint folder the trainer wrote.
-
-        Returns:
-            The checkpoint's URI.
-
-        Raises:
-            LeaseLost: this process writes under the run's lease (its fence) and another writer holds the run
-                now: nothing is uploaded, or the marker is undone.
-        """
         dest = self.path(run, stage, CHECKPOINTS, key, f"checkpoint-{step}")
         check_fence(self.url, run, f"{stage} checkpoint {step}")  # a writer that lost the run uploads nothing
         files = self.put_dir(local_dir, dest)
@@ -665,16 +536,7 @@ class Store:
         return self.uri(dest)
 
     def latest_checkpoint(self, run: str, stage: str, key: str) -> tuple[int, str] | None:
-        """The newest fully uploaded checkpoint (one with its ``_COMPLETE`` marker).
-
-        Args:
-            run: the run name.
-            stage: the training stage.
-            key: the stage's fingerprint.
-
-        Returns:
-            ``(step, uri)``, or None when there is no complete checkpoint.
-        """
+        """(step, uri) of the newest fully uploaded checkpoint, or None."""
         base = self.checkpoint_dir(run, stage, key)
         steps = sorted((int(n.split("-")[1]) for n in self._ls(base) if n.startswith("checkpoint-")), reverse=True)
         for step in steps:
@@ -685,19 +547,7 @@ class Store:
 
     def get_checkpoint(self, uri: str, local_dir: Path) -> Path:
         """Download a complete checkpoint (``latest_checkpoint``'s URI), each file checked against the
-        sizes and sha256 in its ``_COMPLETE`` marker.
-
-        Args:
-            uri: the checkpoint's URI.
-            local_dir: where to write its files.
-
-        Returns:
-            ``local_dir``.
-
-        Raises:
-            IntegrityError: a file is missing or does not match its marker (the message says to delete the
-                checkpoint, or to start the stage over).
-        """
+        sizes and sha256 in its ``_COMPLETE`` marker."""
         path = self._strip(uri).rstrip("/")
         files = self.read_json(f"{path}/{COMPLETE}").get("files") or {}
         run, stage = path[len(self.root.rstrip("/")) + 1:].split("/")[:2]
