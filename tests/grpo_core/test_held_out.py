@@ -65,7 +65,8 @@ def test_the_embedded_default_holds_out_every_verifiable_problem_in_every_seed(s
     data = prepare_datasets(config.data)
     held = [r for r in data.eval if canonical_problem(_text(r)) is not None]
     assert {r["source"] for r in held} == {"chain", "countdown", "countdown_transfer"}
-    assert len(held) == 600 and len({canonical_problem(_text(r)) for r in held}) == 600
+    wanted = config.data.num_eval + config.data.countdown.num_eval + config.data.countdown.transfer_num_eval
+    assert len(held) == wanted and len({canonical_problem(_text(r)) for r in held}) == wanted  # distinct problems
     assert held_out_overlap(held, {"train": data.train, "cold-start": data.cold_start, "pretraining": data.pretrain}) == []
     transfer = [r for r in data.eval if r["source"] == "countdown_transfer"]
     assert all(len(countdown.parse_prompt(_text(r))[0]) == 4 for r in transfer)
