@@ -39,15 +39,15 @@ def content_positions(text: str) -> list[int]:
     return outside or [i for i, c in enumerate(text) if not c.isspace()]
 
 
-def _duplicate(text: str, i: int) -> str:
+def _duplicate(text: str, i: int, rng: random.Random) -> str:
     return text[: i + 1] + text[i:]
 
 
-def _drop(text: str, i: int) -> str:
+def _drop(text: str, i: int, rng: random.Random) -> str:
     return text[:i] + text[i + 1:]
 
 
-def _swap(text: str, i: int) -> str:
+def _swap(text: str, i: int, rng: random.Random) -> str:
     return text[:i] + text[i + 1] + text[i] + text[i + 2:]
 
 
@@ -60,7 +60,10 @@ def _substitute(text: str, i: int, rng: random.Random) -> str:
     return text[:i] + rng.choice([c for c in kind if c != text[i]]) + text[i + 1:]
 
 
-def _candidates(text: str, positions: list[int]) -> dict[str, tuple[Callable[[str, int], str], list[int]]]:
+Edit = Callable[[str, int, random.Random], str]  # (text, position, rng) -> the edited text
+
+
+def _candidates(text: str, positions: list[int]) -> dict[str, tuple[Edit, list[int]]]:
     """Each edit's function and the positions where it changes ``text``."""
     content = set(positions)
     trailing = [i for i in positions if text[i] in PUNCTUATION
@@ -88,7 +91,7 @@ def near_misses(text: str, n: int, rng: random.Random) -> list[str]:
             break
         fn, pos = pools[rng.choice(live)]
         i = pos.pop(rng.randrange(len(pos)))  # without replacement: the loop ends
-        edited = fn(text, i, rng) if fn is _substitute else fn(text, i)
+        edited = fn(text, i, rng)
         if edited not in seen:
             seen.add(edited)
             out.append(edited)
