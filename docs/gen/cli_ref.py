@@ -1,5 +1,5 @@
-"""The CLI reference page (``docs/reference/cli.md``), rendered from the code: ``python docs/gen/cli_ref.py`` (or
-``python docs/gen/regenerate.py``, which rewrites every generated page) from the repository root.
+"""The CLI reference page (``docs/reference/cli.md``), rendered from the code; ``python docs/gen/regenerate.py`` (from
+the repository root) writes it with the other generated pages.
 
 The ``r1`` command is read from its typer app (``typer.main.get_command(flows.cli.app)``): every command and
 sub-command, its usage line, help, arguments and options with their flags, type, default and help. Types come from
@@ -355,8 +355,7 @@ def render() -> dict[str, str]:
     n_options = sum(len(all_options(c)) for _, c in commands)
     lines = ["# CLI", "",
              "!!! note \"Generated page\"",
-             "    Generated from the code by `python docs/gen/regenerate.py` (this page alone: "
-             "`python docs/gen/cli_ref.py`); do not edit it by hand. "
+             "    Generated from the code by `python docs/gen/regenerate.py`; do not edit it by hand. "
              "[tests/docs/test_cli_reference.py](/tests/docs/test_cli_reference.py) fails when it is out of date.",
              "",
              f"The `r1` command ([flows/cli.py](/flows/cli.py)) has {len(commands) - 1} commands and "
@@ -366,15 +365,3 @@ def render() -> dict[str, str]:
     lines += command_section(root, "r1", 2)
     lines += other_entry_points()
     return {PAGE: "\n".join(lines).rstrip() + "\n"}
-
-
-def main() -> None:
-    for rel, text in render().items():
-        path = ROOT / "docs" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        print(f"wrote docs/{rel}")
-
-
-if __name__ == "__main__":
-    main()

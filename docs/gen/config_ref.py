@@ -1,8 +1,7 @@
 """The configuration reference, generated from the pydantic models: ``reference/configuration.md`` (every section of
 ``PipelineConfig`` and every field of every model reachable from it) and ``reference/configs.md`` (every shipped
-config in ``configs/``, its comments and the fields it sets away from the defaults).
-
-    python docs/gen/config_ref.py         (these two pages; python docs/gen/regenerate.py rewrites every one)
+config in ``configs/``, its comments and the fields it sets away from the defaults), written by
+``python docs/gen/regenerate.py`` with the other generated pages.
 
 ``render()`` returns the pages as text (page path under docs/ -> markdown); ``tests/docs/test_config_reference.py``
 compares them with the files, so a field added without regenerating fails. The output is the same on every run and
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # run as a script from the repository root: the packages are beside docs/
+if str(ROOT) not in sys.path:  # loaded by path (regenerate.py, the tests): the packages are beside docs/
     sys.path.insert(0, str(ROOT))
 
 import annotated_types  # noqa: E402  (pydantic's constraint metadata)
@@ -35,6 +34,7 @@ from pydantic.fields import FieldInfo  # noqa: E402
 from pydantic_core import to_jsonable_python  # noqa: E402
 
 from tasks.config.pipeline import PipelineConfig, parse_config  # noqa: E402
+from tasks.config.fingerprint_fields import is_tag  # noqa: E402
 from tasks.config.stages import entries  # noqa: E402
 from tasks.config.yaml_file import read_config_yaml  # noqa: E402
 
@@ -197,11 +197,6 @@ def type_markdown(annotation: Any) -> str:
     return "".join(_escape_plain(t) if isinstance(t, str) else f"[{t.__name__}](#{model_anchor(t)})" for t in tokens)
 
 
-def _is_tag(annotation: Any) -> bool:
-    """A field whose type is one literal value (a reward entry's ``type``, a cold-start source's ``kind``)."""
-    return get_origin(annotation) is Literal and len(get_args(annotation)) == 1
-
-
 def field_default(info: FieldInfo) -> Any:
     """The field's default, a default_factory called (every factory here is a list, a dict or a model)."""
     return info.get_default(call_default_factory=True)
@@ -213,8 +208,8 @@ def plain(value: Any) -> Any:
     if isinstance(value, BaseModel):
         fields = type(value).model_fields
         out = {name: plain(getattr(value, name)) for name, info in fields.items()
-               if info.is_required() or _is_tag(info.annotation) or getattr(value, name) != field_default(info)}
-        if "type" in fields and _is_tag(fields["type"].annotation):  # a reward entry: its kind is its YAML key
+               if info.is_required() or is_tag(info.annotation) or getattr(value, name) != field_default(info)}
+        if "type" in fields and is_tag(fields["type"].annotation):  # a reward entry: its kind is its YAML key
             return {out.pop("type"): out}
         return out
     if isinstance(value, (list, tuple)):
@@ -507,23 +502,3 @@ def render_configs() -> str:
 def render() -> dict[str, str]:
     """The generated pages: path under docs/ -> markdown."""
     return {CONFIGURATION: render_configuration(), CONFIGS: render_configs()}
-
-
-def write_pages(docs: Path = ROOT / "docs") -> list[Path]:
-    """Write ``render()``'s pages under ``docs``; the paths written."""
-    written = []
-    for rel, text in render().items():
-        target = docs / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
-        written.append(target)
-    return written
-
-
-def main() -> None:
-    for path in write_pages():
-        print(f"wrote {path.relative_to(ROOT)}")
-
-
-if __name__ == "__main__":
-    main()

@@ -8,7 +8,6 @@ render, so a field, command or option added without regenerating fails a test.
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -18,7 +17,6 @@ GENERATORS = ("config_ref", "cli_ref")
 
 def load(name: str):
     """One generator module of this folder (the folder is not a package: MkDocs excludes it from the site)."""
-    sys.path.insert(0, str(DOCS.parent))
     spec = importlib.util.spec_from_file_location(f"docs_gen_{name}", HERE / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -55,7 +55,7 @@ def keyed_fields(value: Any) -> Any:
         out = {}
         for name, info in type(value).model_fields.items():
             keyed = keyed_fields(getattr(value, name))
-            if (_is_tag(info.annotation) or info.is_required()
+            if (is_tag(info.annotation) or info.is_required()
                     or keyed != keyed_fields(info.get_default(call_default_factory=True))):
                 out[name] = keyed
         return out
@@ -66,7 +66,8 @@ def keyed_fields(value: Any) -> Any:
     return to_jsonable_python(value)
 
 
-def _is_tag(annotation: Any) -> bool:
+def is_tag(annotation: Any) -> bool:
+    """A one-literal field (a reward entry's ``type``): always written out, it says which model a mapping is."""
     return typing.get_origin(annotation) is typing.Literal and len(typing.get_args(annotation)) == 1
 
 

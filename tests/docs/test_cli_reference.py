@@ -12,7 +12,7 @@ import typer
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "reference" / "cli.md"
-REGENERATE = "run `python docs/gen/regenerate.py` (or `python docs/gen/cli_ref.py`) and commit docs/reference/cli.md"
+REGENERATE = "run `python docs/gen/regenerate.py` and commit docs/reference/cli.md"
 
 
 def load_cli_ref():

@@ -15,7 +15,7 @@ from pydantic.fields import FieldInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-FIX = "run `python docs/gen/regenerate.py` (or `python docs/gen/config_ref.py` for these two pages) and commit the pages"
+FIX = "run `python docs/gen/regenerate.py` and commit the pages"
 
 
 @pytest.fixture(scope="module")
