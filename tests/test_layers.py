@@ -16,8 +16,8 @@ LAYERS = ("grpo_core", "tasks", "flows")  # each may import only the ones before
 # Inside a layer, bottom up: a sub-package (or top-level module) imports only itself and the floors below its own;
 # two on one floor do not import each other. A new sub-package is placed here, or the test fails.
 FLOORS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "grpo_core": (("config", "seeds", "models"), ("rewards",), ("data", "generation"), ("evaluation", "plan"),
-                  ("trainer",), ("recipe",), ("train",)),
+    "grpo_core": (("config", "seeds", "models"), ("rewards",), ("tools",), ("data", "generation"),
+                  ("evaluation", "plan"), ("trainer",), ("recipe",), ("train",)),
     "tasks": (("storage",), ("config",), ("runner",), ("stages",), ("check",)),
 }
 # Why an import may sit inside a function: a comment on its line, or on the line above its block of imports.
@@ -101,11 +101,11 @@ def test_a_planted_upward_or_sideways_import_is_caught(tmp_path):
         (tmp_path / "grpo_core" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "grpo_core" / name).write_text(text)
     assert floor_problems(tmp_path, "grpo_core") == [
-        "grpo_core/data/rows.py:1 imports grpo_core.trainer.loop: grpo_core.data (floor 2) may not import "
-        "grpo_core.trainer (floor 4)",
+        "grpo_core/data/rows.py:1 imports grpo_core.trainer.loop: grpo_core.data (floor 3) may not import "
+        "grpo_core.trainer (floor 5)",
         "grpo_core/extra/m.py: grpo_core.extra is on no floor of grpo_core (tests/test_layers.py FLOORS)",
-        "grpo_core/generation/hf.py:2 imports grpo_core.data: grpo_core.generation (floor 2) may not import "
-        "grpo_core.data (floor 2)"]
+        "grpo_core/generation/hf.py:2 imports grpo_core.data: grpo_core.generation (floor 3) may not import "
+        "grpo_core.data (floor 3)"]
 
 
 def test_no_stage_body_imports_another():
