@@ -21,14 +21,14 @@ floor):
 - ``rewards``: ``reward_funcs`` entries (``RewardModelSpec``, ``JudgeSpec``) and a mixture's sources
   (``SourceWeight``, ``SourceMix``);
 - ``training``: the trainers' configs (``SFTConfig``, ``GRPOConfig``, ``RewardConfig``) and ``needs_reference``;
-- ``data``: prepare_data (``DatasetSource``, the cold-start sources, ``CountdownData``, ``DataConfig``);
+- ``data``: prepare_data (``DatasetSource``, the cold-start sources, ``CountdownData``, ``CalcData``, ``DataConfig``);
 - ``evaluation``: evaluate (``BenchmarkSource``, ``BENCHMARKS``, ``EvalConfig``);
 - ``rejection``: rejection_sample (``RejectionSource``, ``RejectionSamplingConfig``).
 """
 
 from grpo_core.config.base import (EPOCHS_HELP, LONG_PROMPTS_HELP, MAX_STEPS_HELP, OptimConfig, PaddingFreeConfig,
                                    TrackingInfo)
-from grpo_core.config.data import (ColdStartSource, CountdownData, DataConfig, DatasetSource, FewShotExample,
+from grpo_core.config.data import (CalcData, ColdStartSource, CountdownData, DataConfig, DatasetSource, FewShotExample,
                                    ReadabilityConfig, TeacherSource, TraceSource)
 from grpo_core.config.emergence import BACKTRACK_PHRASES, REFLECTION_PHRASES, EmergenceConfig
 from grpo_core.config.evaluation import BENCHMARKS, R1_PROMPT, REFERENCE_METRIC, BenchmarkSource, EvalConfig
@@ -43,7 +43,7 @@ from grpo_core.config.training import GRPOConfig, RewardConfig, SFTConfig, needs
 __all__ = [
     "BACKTRACK_PHRASES", "BENCHMARKS", "EPOCHS_HELP", "LONG_PROMPTS_HELP", "MAX_STEPS_HELP", "R1_PROMPT",
     "REFERENCE_METRIC", "REFLECTION_PHRASES", "REWARD_MODEL_STAGE", "SAMPLING_RENAMES", "SCOPE_HELP",
-    "BatchedSampling", "BenchmarkSource", "ColdStartSource", "CountdownData", "DataConfig", "DatasetSource",
+    "BatchedSampling", "BenchmarkSource", "CalcData", "ColdStartSource", "CountdownData", "DataConfig", "DatasetSource",
     "EmergenceConfig", "EvalConfig", "EvalSampling", "FewShotExample", "GRPOConfig", "GRPOSampling", "JudgeSpec",
     "OptimConfig", "PaddingFreeConfig", "ReadabilityConfig", "RejectionSampling", "RejectionSamplingConfig",
     "RejectionSource", "RewardConfig", "RewardEntry", "RewardModelSpec", "RewardSpec", "SFTConfig",

@@ -157,6 +157,26 @@ class CountdownData(_Strict):
         "or only after a miss (wait: 3+8=11;wait, 11!=13;...)")
 
 
+class CalcData(_Strict):
+    """The built-in calc task (``grpo_core.data.calc``), where a tool pays: two operands too long for a tiny model to
+    combine in its head, one ``calculator`` call away. Its cold start calls the calculator rarely (``tool_fraction``);
+    the tiny base's corpus holds ``pretrain_size`` sums worked in the head, no tool."""
+
+    num_train: int = Field(1000, gt=0, description="training prompts, distinct")
+    num_eval: int = Field(200, gt=0, description="held-out problems, distinct, none among the training, cold-start or "
+                          "pretraining problems in either order of a sum's or product's operands "
+                          "(grpo_core.data.calc.problem_key)")
+    digits: int = Field(4, ge=2, le=12, description="digits of each operand (no leading zero); four digits make "
+                        "~40.5 million distinct sums, two 4,095")
+    operators: str = Field("+", pattern=r"^[-+*]+$", description="each prompt's operator is drawn from these "
+                           "(subtraction puts the larger operand first)")
+    cold_start_size: int = Field(2000, ge=0, description="cold-start traces (prompts may repeat), every one right")
+    tool_fraction: float = Field(0.1, ge=0, le=1, description="share of cold-start traces that call the calculator "
+                                 "(exactly, rounded); the rest compute in the head")
+    pretrain_size: int = Field(0, ge=0, description="sums worked in the head (no tool) in the tiny base's "
+                               "pretraining corpus (needs data.pretrain_size > 0); 0: none")
+
+
 class DataConfig(_Strict):
     """prepare_data: built-in task and/or external sources -> normalised, deduplicated, decontaminated splits."""
 
@@ -174,6 +194,9 @@ class DataConfig(_Strict):
     countdown: CountdownData | None = Field(
         None, description="the built-in countdown task beside the chain task (grpo_core.data.countdown): its rows "
         "have source countdown, rewarded by countdown_accuracy; None = not built")
+    calc: CalcData | None = Field(
+        None, description="the built-in calc task, where a calculator call pays (grpo_core.data.calc): its rows have "
+        "source calc, rewarded by calc_accuracy; None = not built")
     builtin_general: list[Literal["helpful", "unsafe"]] = Field(
         default_factory=list, description="built-in non-verifiable sources (grpo_core.data.general): prompts, held-out "
         "prompts, cold-start answers and rule-made preference pairs (preferences.parquet)")
@@ -217,10 +240,11 @@ class DataConfig(_Strict):
         if self.cold_start_direct_fraction + self.cold_start_coarse_fraction > 1:
             raise ValueError(f"cold_start_direct_fraction ({self.cold_start_direct_fraction}) + cold_start_coarse_fraction "
                              f"({self.cold_start_coarse_fraction}) is above 1: they are shares of the same cold-start rows")
-        if self.builtin_task is None and not self.train_sources and self.countdown is None:
+        if self.builtin_task is None and not self.train_sources and self.countdown is None and self.calc is None:
             raise ValueError("no training data: set builtin_task: chain or give train_sources")
-        if self.countdown is not None and self.countdown.pretrain_size and not self.pretrain_size:
-            raise ValueError(f"data.countdown.pretrain_size ({self.countdown.pretrain_size}) adds to the tiny base's "
-                             "pretraining corpus, and there is none: set data.pretrain_size (and model.tiny.pretrain) "
-                             "or data.countdown.pretrain_size: 0")
+        for name, task in (("countdown", self.countdown), ("calc", self.calc)):
+            if task is not None and task.pretrain_size and not self.pretrain_size:
+                raise ValueError(f"data.{name}.pretrain_size ({task.pretrain_size}) adds to the tiny base's "
+                                 "pretraining corpus, and there is none: set data.pretrain_size (and "
+                                 f"model.tiny.pretrain) or data.{name}.pretrain_size: 0")
         return self

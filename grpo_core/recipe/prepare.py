@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from grpo_core.config import CountdownData, DataConfig, DatasetSource
-from grpo_core.data import countdown, general, synthetic
+from grpo_core.config import CalcData, CountdownData, DataConfig, DatasetSource
+from grpo_core.data import calc, countdown, general, synthetic
 from grpo_core.data.rows import (RAW_PROMPT, DataError, load_prompt_rows, normalized_prompt_hash, source_label)
 from grpo_core.recipe.cold_start import load_cold_start_source, source_key
 from grpo_core.rewards.base import prompt_text
@@ -158,6 +158,24 @@ def countdown_rows(config: CountdownData, seed: int, *, pretrain: bool) -> tuple
     return c_train, c_eval, cold, pre
 
 
+def calc_rows(config: CalcData, seed: int, *, pretrain: bool) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
+    """The calc task's (train, eval, cold start, pretraining) rows (``grpo_core.data.calc``): distinct training
+    prompts; held-out problems in no training, cold-start or pretraining row in either order of a sum's or product's
+    operands (``calc.problem_key``); cold-start and pretraining prompts may repeat; pretraining rows (sums worked in
+    the head, no tool) only with ``pretrain``. Seeds apart from the other tasks' (60,000 and 70,000 + seed)."""
+    shape = {"digits": config.digits, "operators": config.operators}
+    k_train, k_eval = calc.make_calc_splits(config.num_train, config.num_eval, seed=seed, unique_train=True, **shape)
+    held_out = {calc.problem_key(prompt_text(r["prompt"])) for r in k_eval}
+    cold = calc.make_calc_cold_start(calc.make_calc_rows(
+        config.cold_start_size, seed=60_000 + seed, exclude=held_out, unique=False, **shape),
+        tool_fraction=config.tool_fraction, seed=seed) if config.cold_start_size else []
+    pre: list[dict] = []
+    if pretrain and config.pretrain_size:
+        pre = [{k: r[k] for k in ("prompt", "completion")} for r in calc.make_calc_cold_start(calc.make_calc_rows(
+            config.pretrain_size, seed=70_000 + seed, exclude=held_out, unique=False, **shape), tool_fraction=0.0)]
+    return k_train, k_eval, cold, pre
+
+
 # ---------------------------------------------------------------- held out by problem, not by spelling
 
 _CHAIN_PROMPT = re.compile(r"^\d+(?:[-+*]\d+)+=$")
@@ -165,10 +183,13 @@ _CHAIN_PROMPT = re.compile(r"^\d+(?:[-+*]\d+)+=$")
 
 def canonical_problem(text: str) -> tuple | None:
     """A built-in verifiable task's prompt as its canonical problem (the task's ``problem_key``: countdown's numbers
-    as a multiset with the target, chain's steps up to a commuting first pair); None for any other prompt."""
+    as a multiset with the target, calc's operand pair (unordered for ``+`` and ``*``), chain's steps up to a
+    commuting first pair); None for any other prompt. A two-operand prompt is keyed as calc whichever task drew it: a
+    chain of two operands is the same problem, with the same symmetry (its first pair commutes)."""
     text = text.strip()
-    if (key := countdown.problem_key(text)) is not None:
-        return key
+    for key in (countdown.problem_key(text), calc.problem_key(text)):
+        if key is not None:
+            return key
     return synthetic.problem_key(text) if _CHAIN_PROMPT.match(text) else None
 
 
@@ -195,8 +216,9 @@ def check_held_out(eval_rows: list[dict[str, Any]], sources: dict[str, list[dict
     if found := held_out_overlap(eval_rows, sources):
         shown = "; ".join(f"{name} row {text!r} is eval row {eid} ({etext!r})" for name, text, eid, etext in found[:5])
         raise DataError(f"{len(found)} training rows hold a held-out problem up to the task's symmetries (the order "
-                        f"of countdown's numbers, a commuting first pair of a chain): {shown}. Draw the training "
-                        "sources with the held-out problems excluded (grpo_core.data.*.problem_key)")
+                        "of countdown's numbers, of a calc sum's or product's operands, a commuting first pair of a "
+                        f"chain): {shown}. Draw the training sources with the held-out problems excluded "
+                        "(grpo_core.data.*.problem_key)")
 
 
 @dataclass
@@ -235,6 +257,9 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
         c_train, c_eval, c_cold, c_pretrain = countdown_rows(config.countdown, config.seed,
                                                              pretrain=bool(config.pretrain_size))
         train, eval_rows, cold, pretrain = train + c_train, eval_rows + c_eval, cold + c_cold, pretrain + c_pretrain
+    if config.calc is not None:
+        k_train, k_eval, k_cold, k_pretrain = calc_rows(config.calc, config.seed, pretrain=bool(config.pretrain_size))
+        train, eval_rows, cold, pretrain = train + k_train, eval_rows + k_eval, cold + k_cold, pretrain + k_pretrain
     preferences: list[dict[str, Any]] = []
     for name in config.builtin_general:  # grpo_core.data.general: prompts, cold-start answers, rule-made pairs
         g_train, g_eval = general.make_general_splits(name, config.general_num_train, config.general_num_eval,

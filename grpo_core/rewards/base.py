@@ -59,6 +59,7 @@ BUILTIN_REWARDS: dict[str, str] = {  # every built-in reward, registered here an
     "chain_accuracy": "grpo_core.data.synthetic:chain_accuracy",  # the built-in chain task
     "chain_format": "grpo_core.data.synthetic:chain_format",
     "countdown_accuracy": "grpo_core.data.countdown:countdown_accuracy",  # the built-in countdown task
+    "calc_accuracy": "grpo_core.data.calc:calc_accuracy",  # the built-in calc task (a calculator call pays)
     "preference_rule": "grpo_core.data.general:preference_rule",  # the built-in general sources' rule
 }
 """Every built-in reward by its config name: ``name -> "module:attribute"``, imported the first time a config or
