@@ -21,6 +21,9 @@ class Rollout:
     truncated: bool  # hit max_tokens without EOS
     text: str  # completion decoded without the EOS token
     ref_logprobs: list[float] | None = None  # the reference model's, when the sampler computed them (async GRPO)
+    # one per completion token: 1 on tokens a tool turn appended (never sampled by the model; masked out of the loss),
+    # None: every token is the model's (generation/trajectory.py builds multi-turn rollouts)
+    tool_mask: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,8 @@ class GenerationRequest:
     ``greedy``, by argmax (the sampling fields ignored); one seed per completion (``seeds``: ``len(prompts) * n`` of
     them; None: drawn from torch's RNG, ``resolve_seeds``); ``logprobs``: also the sampled tokens' log-probs (GRPO's
     importance-sampling correction needs them; evaluation and rejection sampling do not, and on vLLM they cost
-    ~15-20% of the throughput)."""
+    ~15-20% of the throughput); ``stop_token_ids``: token ids that end a completion as EOS does (a multi-turn
+    rollout's ``</tool_call>``), kept in ``completion_ids`` and in the text, the completion not truncated."""
 
     n: int
     max_tokens: int
@@ -41,6 +45,10 @@ class GenerationRequest:
     seeds: list[int] | None = None
     greedy: bool = False
     logprobs: bool = True
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:  # a JSON list (the generation server's body) becomes the tuple
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     def seeded(self, num_prompts: int) -> GenerationRequest:
         """This request with one seed per completion of ``num_prompts`` prompts: its own (checked) or drawn."""
@@ -48,7 +56,7 @@ class GenerationRequest:
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as JSON values (the generation server's request body, less the prompts)."""
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "stop_token_ids": list(self.stop_token_ids)}
 
 
 class GenerationBackend(Protocol):

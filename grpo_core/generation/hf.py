@@ -2,8 +2,9 @@
 
 The fallback backend where vLLM is absent. Prompts are left-padded and prefilled once each; the
 cache is then repeated ``n`` times (``batch_repeat_interleave``) so the G completions of a prompt
-share one prefill. Rows that emit EOS leave the batch (``batch_select_indices``) once they are a
-quarter of it, so a step costs the live rows (plus a few finished ones) only.
+share one prefill. Rows that emit EOS (or one of the request's ``stop_token_ids``, kept in the completion and
+its text) leave the batch (``batch_select_indices``) once they are a quarter of it, so a step costs the live
+rows (plus a few finished ones) only.
 
 Seeds: each completion owns a ``torch.Generator`` seeded with its seed and draws its
 ``max_tokens`` uniforms up front; a token is picked by inverse CDF over the filtered distribution
@@ -65,16 +66,18 @@ class HFBackend:
         try:
             with torch.inference_mode(), autocast:
                 tokens, logps = self._sample(
-                    prompt_ids, n, r.max_tokens, r.temperature, r.top_p, r.top_k, r.seeds, r.greedy, device
+                    prompt_ids, n, r.max_tokens, r.temperature, r.top_p, r.top_k, r.seeds, r.greedy, device,
+                    stop_ids=self.eos_token_ids + [t for t in r.stop_token_ids if t not in self.eos_token_ids],
                 )
         finally:
             model.train(was_training)
-        eos = set(self.eos_token_ids)
+        eos, stops = set(self.eos_token_ids), set(r.stop_token_ids)
         rollouts = []
         for i, (ids, lps) in enumerate(zip(tokens, logps)):
-            stopped = bool(ids) and ids[-1] in eos
-            text_ids = ids[:-1] if stopped else ids
+            on_eos = bool(ids) and ids[-1] in eos
+            text_ids = ids[:-1] if on_eos else ids  # a stop token (``</tool_call>``) stays in the text
             text = self.tokenizer.decode(text_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+            stopped = on_eos or (bool(ids) and ids[-1] in stops)
             rollouts.append(Rollout(list(prompt_ids[i // n]), ids, lps, truncated=not stopped, text=text))
         return rollouts
 
@@ -89,6 +92,7 @@ class HFBackend:
         seeds: list[int],
         greedy: bool,
         device: torch.device,
+        stop_ids: list[int],
     ) -> tuple[list[list[int]], list[list[float]]]:
         num_prompts, length = len(prompt_ids), max(len(p) for p in prompt_ids)
         input_ids = torch.full((num_prompts, length), self.pad_token_id, dtype=torch.long)  # [P, L]
@@ -124,9 +128,9 @@ class HFBackend:
             uniforms = torch.stack(
                 [torch.rand(max_tokens, generator=torch.Generator().manual_seed(int(s))) for s in seeds]
             ).to(device)  # [N, max_tokens]
-        eos = torch.tensor(self.eos_token_ids, device=device)
+        stop = torch.tensor(stop_ids, device=device)  # EOS and the request's stop tokens
         active = torch.arange(num, device=device)  # row -> completion index
-        finished = torch.zeros(num, dtype=torch.bool, device=device)  # rows kept in the batch after their EOS
+        finished = torch.zeros(num, dtype=torch.bool, device=device)  # rows kept in the batch after their stop
         tokens: list[list[int]] = [[] for _ in range(num)]
         logps: list[list[float]] = [[] for _ in range(num)]
         for t in range(max_tokens):
@@ -144,7 +148,7 @@ class HFBackend:
                 if not gone:
                     tokens[c].append(tk)
                     logps[c].append(lp)
-            finished = finished | torch.isin(tok, eos)
+            finished = finished | torch.isin(tok, stop)
             if t == max_tokens - 1 or bool(finished.all()):
                 break
             # Finished rows leave the batch and the cache once they are a quarter of it: compacting copies

@@ -8,8 +8,8 @@ behave exactly as in colocate mode; this module only adds the HTTP layer (FastAP
 ``grpo_core.generation.server_client.ServerBackend`` speaks:
 
 - ``GET /health``: 200 once the engine is built. ``GET /info``: dtype, context, pid.
-- ``POST /generate``: token-id prompts, n, one seed per completion, max_tokens, temperature/top_p/top_k;
-  returns each completion's token ids, sampler log-probs (``processed_logprobs``), truncation and text.
+- ``POST /generate``: token-id prompts, n, one seed per completion, max_tokens, temperature/top_p/top_k, stop token
+  ids; returns each completion's token ids, sampler log-probs (``processed_logprobs``), truncation and text.
 - ``POST /update_weights/start`` -> ``/update_weights/chunk`` (a safetensors blob of some tensors, bounded by the
   client's chunk size) x N -> ``/update_weights/finish``: the tensors go into the engine together through
   ``reload_weights`` (the colocated push), then the prefix cache is dropped. A push identified by its ``update_id``;
@@ -87,6 +87,7 @@ class GenerateRequest(BaseModel):
     seeds: list[int] | None = None
     greedy: bool = False
     logprobs: bool = True
+    stop_token_ids: list[int] = []
 
 
 class FinishRequest(BaseModel):
@@ -130,7 +131,7 @@ def build_app(backend: Any) -> Any:
             except ValueError as exc:
                 raise refuse(exc) from exc
         return {"rollouts": [{"completion_ids": r.completion_ids, "logprobs": r.logprobs, "truncated": r.truncated,
-                              "text": r.text} for r in rollouts]}
+                              "text": r.text, "tool_mask": r.tool_mask} for r in rollouts]}
 
     @app.post("/update_weights/start")
     def start_update() -> dict[str, str]:

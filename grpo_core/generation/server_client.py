@@ -62,7 +62,7 @@ class ServerBackend:
             raise VLLMServerError(f"the vLLM server at {self.base_url} returned {len(out)} completions for "
                                   f"{len(seeds)} requested")
         return [Rollout(list(prompt_ids[i // n]), r["completion_ids"], r["logprobs"], truncated=r["truncated"],
-                        text=r["text"]) for i, r in enumerate(out)]
+                        text=r["text"], tool_mask=r.get("tool_mask")) for i, r in enumerate(out)]
 
     def update_weights(self, model: torch.nn.Module) -> None:
         """Send ``model``'s weights in chunks, then have the server load them all (and drop its prefix cache)."""

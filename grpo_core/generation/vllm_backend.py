@@ -163,6 +163,8 @@ class VLLMBackend:
             return []
         self._wake_for_generation()
         num = len(prompt_ids) * n
+        # EOS and the request's stop tokens (``</tool_call>``): vLLM keeps the stop token in token_ids
+        stop_ids = self.eos_token_ids + [t for t in request.stop_token_ids if t not in self.eos_token_ids]
         requests, params = [], []
         for i in range(num):
             requests.append({"prompt_token_ids": list(prompt_ids[i // n])})
@@ -175,22 +177,23 @@ class VLLMBackend:
                     top_k=0 if greedy else request.top_k,
                     seed=None if greedy else int(seeds[i]),
                     logprobs=0 if request.logprobs else None,  # the sampled token's log-prob only
-                    stop_token_ids=self.eos_token_ids,
+                    stop_token_ids=stop_ids,
                     detokenize=False,
                 )
             )
         # vLLM's CPU sampler draws from the global RNG; its EOS warning is moot with stop_token_ids.
         with torch.random.fork_rng(devices=[]), _quiet_logger("vllm.renderers.base", "Using None for EOS"):
             outputs = self.llm.generate(requests, params, use_tqdm=False)
-        eos = set(self.eos_token_ids)
+        eos, stops = set(self.eos_token_ids), set(stop_ids)
         rollouts = []
         for request, output in zip(requests, outputs):
             completion = output.outputs[0]
             ids = list(completion.token_ids)
             logps = [lp[tok].logprob for tok, lp in zip(ids, completion.logprobs)] if completion.logprobs else None
-            stopped = bool(ids) and ids[-1] in eos
-            text = self.tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=True)
-            truncated = completion.finish_reason == "length"
+            on_eos = bool(ids) and ids[-1] in eos
+            text = self.tokenizer.decode(ids[:-1] if on_eos else ids, skip_special_tokens=True)  # stop tokens stay
+            # a stop token as the max_tokens-th token is a stop (as HFBackend), whatever finish_reason says
+            truncated = completion.finish_reason == "length" and not (bool(ids) and ids[-1] in stops)
             rollouts.append(Rollout(request["prompt_token_ids"], ids, logps, truncated=truncated, text=text))
         return rollouts
 

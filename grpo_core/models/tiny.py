@@ -21,6 +21,13 @@ the skill is in the base, the cold start sets the style, RL finds which style pa
 The chat template renders a conversation as plain task text: ``<bos>`` then the contents one after
 another, an assistant turn followed by ``<eos>``; the generation prompt adds nothing, so the prompt
 ``7+8*3-5=`` stays 9 tokens and the model continues with ``<think>``.
+
+``tool_tokens=True`` (multi-turn tool rollouts, ``grpo_core/generation/trajectory.py``): ``<tool_call>
+</tool_call> <tool_response> </tool_response>`` become four more added tokens, non-special like the tags, with
+ids after the 264 of the default vocabulary (so the default tokenizer and models are unchanged), and the chat
+template ``TOOL_CHAT_TEMPLATE`` renders a tool message as ``<tool_response>{content}</tool_response>`` and leaves
+an assistant turn that a tool message follows open (no ``<eos>``); user/assistant conversations render as with
+``CHAT_TEMPLATE``.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 REASONING_TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
+# as grpo_core.tools spells them (a floor above: tests/grpo_core/test_trajectory.py checks they agree)
+TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
 
 CHAT_TEMPLATE = (
@@ -44,10 +53,21 @@ CHAT_TEMPLATE = (
     "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
     "{% endfor %}"
 )
+# CHAT_TEMPLATE plus the tool role: a tool message wrapped in <tool_response>, an assistant turn before one left open
+TOOL_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}<tool_response>{{ message['content'] }}</tool_response>"
+    "{% else %}{{ message['content'] }}{% endif %}"
+    "{% if message['role'] == 'assistant' and (loop.last or messages[loop.index0 + 1]['role'] != 'tool') %}"
+    "{{ eos_token }}{% endif %}"
+    "{% endfor %}"
+)
 
 
-def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer with one token per byte and the special/tag tokens as whole tokens."""
+def build_tiny_tokenizer(tool_tokens: bool = False) -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer with one token per byte and the special/tag tokens as whole tokens; ``tool_tokens``:
+    also the tool tags (ids 264-267) and ``TOOL_CHAT_TEMPLATE``."""
     byte_alphabet = pre_tokenizers.ByteLevel.alphabet()  # the 256 printable stand-ins for bytes
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in sorted(byte_alphabet):
@@ -60,6 +80,8 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     # The tags are added (never split) but not special: decode(skip_special_tokens=True) must keep
     # them, because the rewards read them from the decoded completion.
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in REASONING_TAGS])
+    if tool_tokens:  # after every default id: the default vocabulary (and a default model's weights) unchanged
+        tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in TOOL_TAGS])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS,
@@ -68,7 +90,7 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
         pad_token=PAD,
         clean_up_tokenization_spaces=False,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = TOOL_CHAT_TEMPLATE if tool_tokens else CHAT_TEMPLATE
     return fast
 
 
@@ -82,17 +104,20 @@ def build_tiny_model(
     max_position_embeddings: int = 256,
     architecture: Literal["llama", "qwen2"] = "llama",
     intermediate_size: int | None = None,
+    tool_tokens: bool = False,
 ) -> Path:
     """Save a random-init causal LM + tokenizer to ``output_dir`` and return the path.
 
     Deterministic by ``seed``: the same arguments give the same weights.
     ``intermediate_size`` defaults to 3 x hidden (0.86M non-byte parameters at the defaults).
+    ``tool_tokens``: the tokenizer with the tool tags (``build_tiny_tokenizer``), so the vocabulary (and the
+    embedding) is 4 tokens larger.
     """
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tiny_tokenizer(tool_tokens)
     tokenizer.model_max_length = max_position_embeddings
     config = AutoConfig.for_model(
         architecture,

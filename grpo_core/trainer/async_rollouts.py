@@ -182,7 +182,7 @@ def groups_to_state(groups: ScoredGroups) -> dict[str, Any]:
     rewards = [[None if math.isnan(v) else v for v in row] for row in groups.rewards_per_func.tolist()]
     return {
         "positions": groups.positions,
-        "rollouts": [[r.prompt_ids, r.completion_ids, r.logprobs, r.truncated, r.text, r.ref_logprobs]
+        "rollouts": [[r.prompt_ids, r.completion_ids, r.logprobs, r.truncated, r.text, r.ref_logprobs, r.tool_mask]
                      for r in groups.rollouts],
         "rewards_per_func": rewards,
         "truncated": groups.truncated,
@@ -192,6 +192,7 @@ def groups_to_state(groups: ScoredGroups) -> dict[str, Any]:
 def groups_from_state(saved: dict[str, Any], mixture: Mixture) -> ScoredGroups:
     positions = saved["positions"]
     rows = [mixture.rows[i] for i in mixture.rows_at(positions[0], len(positions))]
-    rollouts = [Rollout(list(p), list(c), lp, bool(t), text, *ref) for p, c, lp, t, text, *ref in saved["rollouts"]]
+    # the fields after text (ref_logprobs, tool_mask) in Rollout's order; older states saved fewer of them
+    rollouts = [Rollout(list(p), list(c), lp, bool(t), text, *rest) for p, c, lp, t, text, *rest in saved["rollouts"]]
     rewards = torch.tensor([[math.nan if v is None else v for v in row] for row in saved["rewards_per_func"]])
     return ScoredGroups(list(positions), rows, rollouts, rewards, list(saved["truncated"]))

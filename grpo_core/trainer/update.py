@@ -8,6 +8,11 @@ the summed gradients over micro-batches and ranks are exactly the full-batch gra
 ``padding_free`` packs each micro-batch's rows into one sequence (``trainer/packing.py``; micro-batches by the
 token budget ``max_tokens_per_batch`` when set): the log-probs return in the padded layout, so the loss is unchanged.
 
+Multi-turn tool rollouts (``Rollout.tool_mask``, ``generation/trajectory.py``): the tool turns' tokens are fed like
+any completion token (``completion_mask``: the forward, packing, micro-batch budgets) but are 0 in ``loss_mask``
+(so the loss, its 1/|o_i| and token totals, and the KL count the model's tokens only) and in ``sampled_mask`` (the
+sampler correction and its metrics, the entropy metric).
+
 Old log-probs are computed once before the first update when the batch is reused (mu > 1 or several
 optimiser steps per generation); otherwise the ratio is 1 and the loss detaches (TRL does the same).
 Reference log-probs exist only when ``beta > 0``; when every rollout carries its own (``Rollout.ref_logprobs``,
@@ -49,15 +54,24 @@ class TrainBatch:
     prompt_ids: torch.Tensor  # [N, Lp] left-padded
     prompt_mask: torch.Tensor  # [N, Lp]
     completion_ids: torch.Tensor  # [N, Tc] right-padded
-    completion_mask: torch.Tensor  # [N, Tc] 1 on completion tokens, EOS included
-    loss_mask: torch.Tensor  # [N, Tc] completion_mask without truncated rows when masking them
+    completion_mask: torch.Tensor  # [N, Tc] 1 on completion tokens, EOS and tool-turn tokens included: what is fed
+    loss_mask: torch.Tensor  # [N, Tc] the model's tokens (no tool tokens), without truncated rows when masking them
     advantages: torch.Tensor  # [N]
     sampling_logps: torch.Tensor | None  # [N, Tc] the generation backend's log-probs
     old_logps: torch.Tensor | None = None  # [N, Tc]
     ref_logps: torch.Tensor | None = None  # [N, Tc]
+    tool_mask: torch.Tensor | None = None  # [N, Tc] 1 on tool-turn tokens (multi-turn rollouts); None: there are none
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
+
+    @property
+    def sampled_mask(self) -> torch.Tensor:
+        """``[N, Tc]`` 1 on the tokens the model sampled: ``completion_mask`` less tool-turn tokens (truncated rows
+        kept), where the sampler's log-probs, the sampler correction and the entropy are defined."""
+        if self.tool_mask is None:
+            return self.completion_mask
+        return self.completion_mask * (1 - self.tool_mask)  # [N, Tc]
 
 
 def build_train_batch(
@@ -74,6 +88,8 @@ def build_train_batch(
     sampling_logps = torch.zeros((n, tc)) if has_logps else None  # [N, Tc]
     has_ref = all(r.ref_logprobs is not None for r in rollouts)
     ref_logps = torch.zeros((n, tc)) if has_ref else None  # [N, Tc] 0 on padding, as the loss masks it
+    has_tools = any(r.tool_mask is not None for r in rollouts)
+    tool_mask = torch.zeros((n, tc), dtype=torch.long) if has_tools else None  # [N, Tc]
     for i, r in enumerate(rollouts):
         if r.prompt_ids:
             prompt_ids[i, lp - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
@@ -85,12 +101,16 @@ def build_train_batch(
                 sampling_logps[i, : len(r.completion_ids)] = torch.tensor(r.logprobs)
             if ref_logps is not None:
                 ref_logps[i, : len(r.completion_ids)] = torch.tensor(r.ref_logprobs)
-    loss_mask = completion_mask.clone()
+            if tool_mask is not None and r.tool_mask is not None:
+                tool_mask[i, : len(r.completion_ids)] = torch.tensor(r.tool_mask)
+    # Tool-turn tokens are fed (completion_mask) but never trained on: the model did not sample them (Search-R1's
+    # retrieved-token masking), so |o_i|, the token totals and the KL count the model's tokens only.
+    loss_mask = completion_mask.clone() if tool_mask is None else completion_mask * (1 - tool_mask)  # [N, Tc]
     if mask_truncated:  # DAPO's overlong filtering: a cut-off completion teaches nothing about its ending
         truncated = torch.tensor([r.truncated for r in rollouts])  # [N]
         loss_mask[truncated] = 0
     return TrainBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, loss_mask, advantages, sampling_logps,
-                      ref_logps=ref_logps)
+                      ref_logps=ref_logps, tool_mask=tool_mask)
 
 
 def _token_logps(
@@ -241,7 +261,8 @@ def optimise(
                 is_weights = None
                 if batch.sampling_logps is not None and (sampling_correction or first_pass):
                     trainer_old = old if old is not None else logps.detach().float()  # [b, T'] pi_old
-                    comp_mask = batch.completion_mask[mb, :t].to(ctx.device)  # [b, T']
+                    # the sampled tokens: a tool token's sampler log-prob is a 0.0 placeholder (sequence modes sum)
+                    comp_mask = batch.sampled_mask[mb, :t].to(ctx.device)  # [b, T']
                     is_weights, is_metrics = compute_sampling_correction(
                         trainer_old, batch.sampling_logps[mb, :t].to(ctx.device), comp_mask,
                         mode=config.vllm_importance_sampling_mode, clip_min=config.vllm_importance_sampling_clip_min,
@@ -266,7 +287,7 @@ def optimise(
                 for key, value in metrics.items():
                     add(key, value * tokens)
                 if first_pass:
-                    comp_mask = batch.completion_mask[mb, :t].to(ctx.device).float()  # [b, T']
+                    comp_mask = batch.sampled_mask[mb, :t].to(ctx.device).float()  # [b, T'] the policy's own tokens
                     add("entropy", float((entropy.detach().float() * comp_mask).sum()))
                     add("entropy_tokens", float(comp_mask.sum()))
             add("loss", step_loss)
