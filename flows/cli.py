@@ -47,6 +47,7 @@ from flows.cli_common import (  # noqa: F401 - _config is also what tests use to
     _lease,
     _refuse_held_lease,
     _prefect_api,
+    _recorded_config,
     _run_flow,
     _run_name,
     _run_seeds,
@@ -68,7 +69,8 @@ SEED_HELP = ("set every seed of the pipeline (tiny model init, data, sampling, t
 
 
 def run(
-    config: Optional[Path] = typer.Option(None, "-c", "--config", help="pipeline YAML (default: configs/tiny-cpu.yaml)"),
+    config: Optional[Path] = typer.Option(None, "-c", "--config", help="pipeline YAML (default: the config an existing "
+                                          "--run recorded, else configs/tiny-cpu.yaml)"),
     run_name: Optional[str] = typer.Option(None, "--run", help="run name (default: a new timestamped one)"),
     from_stage: Optional[str] = typer.Option(None, "--from-stage", help="rerun this stage and the ones after it"),
     stages: Optional[str] = typer.Option(None, "--stages", help="comma-separated stages to run; others are reused"),
@@ -78,15 +80,20 @@ def run(
     seed: Optional[int] = typer.Option(None, "--seed", min=0, help=SEED_HELP),
 ) -> None:
     """Run the whole R1 pipeline (stages whose committed output matches are reused)."""
-    cfg = _config(config)
-    if seed is not None:
-        cfg = cfg.with_seed(seed)
     if run_name is not None:
         _run_name(run_name)
     selected = [s.strip() for s in stages.split(",")] if stages else None
     for name in [*(selected or []), *([from_stage] if from_stage else [])]:
         _stage_entry(name)
     st = _store(store)
+    # An existing run goes on with the config it recorded (as `r1 stage` does), not the embedded default: rerunning
+    # a stage of a run started with -c FILE must not swap its config behind the user's back.
+    recorded = _recorded_config(st, run_name) if config is None and run_name is not None else None
+    if recorded is not None:
+        typer.echo(f"run {run_name}: the config it recorded (pass -c FILE to run another)")
+    cfg = recorded if recorded is not None else _config(config)
+    if seed is not None:
+        cfg = cfg.with_seed(seed)
     if run_name is not None:  # in a second: before Prefect and torch are imported and the API's server starts
         _refuse_held_lease(st, run_name, force_unlock)
     if seed is not None and run_name is not None:

@@ -84,6 +84,22 @@ def _run_seeds(st: Any, run_name: str, strict: bool = True) -> dict[str, int] | 
         _fail(f"{st.uri(st.run_file(run_name, RUN_CONFIG))}: the run's saved config does not load: {e}")
 
 
+def _recorded_config(st: Any, run_name: str) -> Any:
+    """The config run ``run_name`` recorded (what ``r1 stage`` without -c runs), None for a run the store does not
+    hold yet; a saved config this code cannot read fails, naming the file."""
+    # heavy import (prefect): the CLI starts without it
+    from flows.stages import RUN_CONFIG
+
+    saved = st.read_run_file(run_name, RUN_CONFIG)
+    if saved is None:
+        return None
+    try:
+        return PipelineConfig.model_validate(saved["config"])
+    except Exception as e:  # noqa: BLE001 - a config this code cannot read: name the file and stop
+        _fail(f"{st.uri(st.run_file(run_name, RUN_CONFIG))}: the run's saved config does not load (pass the config "
+              f"to run with, -c FILE): {e}")
+
+
 def _check_run_seed(st: Any, run_name: str, seed: int) -> None:
     """Refuse ``--seed`` on a run whose saved config has another seed: its committed outputs were made with it."""
     other = {k: v for k, v in (_run_seeds(st, run_name) or {}).items() if v != seed}
