@@ -85,13 +85,17 @@ def run(
     selected = [s.strip() for s in stages.split(",")] if stages else None
     for name in [*(selected or []), *([from_stage] if from_stage else [])]:
         _stage_entry(name)
+    # A config given is checked before the store is touched: a bad file writes nothing.
+    cfg = _config(config) if config is not None or run_name is None else None
     st = _store(store)
-    # An existing run goes on with the config it recorded (as `r1 stage` does), not the embedded default: rerunning
-    # a stage of a run started with -c FILE must not swap its config behind the user's back.
-    recorded = _recorded_config(st, run_name) if config is None and run_name is not None else None
-    if recorded is not None:
-        typer.echo(f"run {run_name}: the config it recorded (pass -c FILE to run another)")
-    cfg = recorded if recorded is not None else _config(config)
+    if cfg is None:
+        # An existing run goes on with the config it recorded (as `r1 stage` does), not the embedded default:
+        # rerunning a stage of a run started with -c FILE must not swap its config behind the user's back.
+        cfg = _recorded_config(st, run_name)
+        if cfg is not None:
+            typer.echo(f"run {run_name}: the config it recorded (pass -c FILE to run another)")
+        else:
+            cfg = _config(None)
     if seed is not None:
         cfg = cfg.with_seed(seed)
     if run_name is not None:  # in a second: before Prefect and torch are imported and the API's server starts

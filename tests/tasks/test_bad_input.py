@@ -134,7 +134,7 @@ def test_cli_unreachable_store_is_one_line(monkeypatch):
     assert "error: cannot reach S3 endpoint http://127.0.0.1:9" in result.output
 
 
-REGISTERED = ("chain_accuracy, chain_format, code_execution, countdown_accuracy, format, language_consistency, "
+REGISTERED = ("calc_accuracy, chain_accuracy, chain_format, code_execution, countdown_accuracy, format, language_consistency, "
               "math_accuracy, overlong_penalty, preference_rule (register your own with grpo_core.rewards.register_reward('name'))")
 
 
