@@ -80,6 +80,11 @@ def _shrink_data(data: dict[str, Any], rows: int) -> None:
         for key, value in (("num_train", 8 * rows), ("num_eval", rows), ("cold_start_size", 4 * rows),
                            ("pretrain_size", 4 * rows), ("transfer_num_eval", rows)):
             _cap(data["countdown"], key, value)
+    if isinstance(data.get("calc"), dict):
+        for key, value in (("num_train", 8 * rows), ("num_eval", rows), ("cold_start_size", 4 * rows)):
+            _cap(data["calc"], key, value)
+        if data["calc"].get("pretrain_size"):  # 0 stays 0: with it the base's corpus
+            _cap(data["calc"], "pretrain_size", 4 * rows)
 
 
 def _map_values(node: Any, field: str, change: Callable[[Any], Any]) -> Any:

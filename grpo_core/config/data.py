@@ -146,8 +146,8 @@ class CountdownData(_Strict):
     cold_start_size: int = Field(4000, ge=0, description="cold-start traces (prompts may repeat)")
     check_fraction: float = Field(0.08, ge=0, le=1, description="share of cold-start traces that check each try "
                                   "and retry until one reaches the target; the rest commit to their first try")
-    pretrain_size: int = Field(0, ge=0, description="tries in the tiny base's pretraining corpus (needs "
-                               "data.pretrain_size > 0); 0: none")
+    pretrain_size: int = Field(0, ge=0, description="tries in the tiny base's pretraining corpus (beside the "
+                               "chain task: needs data.pretrain_size > 0); 0: none")
     pretrain_check_fraction: float = Field(0.3, ge=0, le=1, description="share of the pretraining tries that check "
                                            "and retry")
     retry_order: Literal["random", "systematic"] = Field(
@@ -174,7 +174,7 @@ class CalcData(_Strict):
     tool_fraction: float = Field(0.1, ge=0, le=1, description="share of cold-start traces that call the calculator "
                                  "(exactly, rounded); the rest compute in the head")
     pretrain_size: int = Field(0, ge=0, description="sums worked in the head (no tool) in the tiny base's "
-                               "pretraining corpus (needs data.pretrain_size > 0); 0: none")
+                               "pretraining corpus (beside the chain task: needs data.pretrain_size > 0); 0: none")
 
 
 class DataConfig(_Strict):
@@ -242,9 +242,9 @@ class DataConfig(_Strict):
                              f"({self.cold_start_coarse_fraction}) is above 1: they are shares of the same cold-start rows")
         if self.builtin_task is None and not self.train_sources and self.countdown is None and self.calc is None:
             raise ValueError("no training data: set builtin_task: chain or give train_sources")
-        for name, task in (("countdown", self.countdown), ("calc", self.calc)):
-            if task is not None and task.pretrain_size and not self.pretrain_size:
+        for name, task in (("countdown", self.countdown), ("calc", self.calc)):  # alone, a task's own size says
+            if task is not None and task.pretrain_size and not self.pretrain_size and self.builtin_task is not None:
                 raise ValueError(f"data.{name}.pretrain_size ({task.pretrain_size}) adds to the tiny base's "
-                                 "pretraining corpus, and there is none: set data.pretrain_size (and "
-                                 f"model.tiny.pretrain) or data.{name}.pretrain_size: 0")
+                                 "pretraining corpus, and beside the chain task there is none: set "
+                                 f"data.pretrain_size (and model.tiny.pretrain) or data.{name}.pretrain_size: 0")
         return self

@@ -86,6 +86,19 @@ class GRPOSampling(SamplingConfig):
         "runs and takes them back before generating (TRL's name); the memory planner then counts no vLLM share there",
     )
 
+    # --- multi-turn rollouts with tool calls (grpo_core/generation/trajectory.py, grpo_core/tools) ---
+    tools: list[str] = Field(
+        default_factory=list, description="tools the policy may call in its rollouts: built-in names (calculator, "
+        "python) or import paths package.module:function (grpo_core.tools.load_tool). A model turn that ends in "
+        "<tool_call>...</tool_call> is answered in a tool turn and the model continues; the tool turns' tokens stay "
+        "in the sequence but out of the loss; chat prompts get the tools' schemas (apply_chat_template(tools=)). "
+        "Transformers sampler only so far (use_vllm: false, no async_rollouts); empty = single-turn rollouts",
+        json_schema_extra={"trl": "GRPOTrainer(tools=[...]), an argument of the trainer"})
+    max_turns: int = Field(
+        4, ge=1, description="with tools: model turns per rollout at most, so at most max_turns - 1 tool calls are "
+        "answered; the turns and tool turns of a rollout share its max_completion_length tokens",
+        json_schema_extra={"trl": "max_tool_calling_iterations (counts tool calls: max_turns - 1)"})
+
     # --- rollouts on a dedicated generation server (TRL's vllm_mode: server; grpo_core/generation/server_client.py) ---
     vllm_mode: Literal["colocate", "server"] = Field(
         "colocate", description="colocate: the vLLM engine lives in the trainer's process; server: rollouts come "
@@ -112,6 +125,30 @@ class GRPOSampling(SamplingConfig):
         if self.vllm_mode != "server" or self.vllm_server_base_url is not None or not self.vllm_server_devices:
             return []
         return sorted({int(d) for d in self.vllm_server_devices.split(",") if d.strip().isdigit()})
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> "GRPOSampling":
+        """Tool rollouts on the sampler they are built for; ``max_turns`` only with tools (it would be ignored).
+        Whether each tool loads is checked where it is loaded (``tool_spec_problem``: ``r1``'s config loader, the
+        trainer before any model)."""
+        if not self.tools:
+            if self.max_turns != type(self).model_fields["max_turns"].default:  # a dumped config carries the default
+                raise ValueError(f"sampling.max_turns ({self.max_turns}) bounds the model turns of tool rollouts, but "
+                                 "sampling.tools is empty; set sampling.tools (e.g. [calculator]) or remove "
+                                 "sampling.max_turns")
+            return self
+        blank = [i for i, spec in enumerate(self.tools) if not spec.strip()]
+        if blank:
+            raise ValueError(f"sampling.tools[{blank[0]}] is empty; write a built-in tool name (calculator, python) "
+                             "or an import path package.module:function")
+        twice = sorted({spec for spec in self.tools if self.tools.count(spec) > 1})
+        if twice:
+            raise ValueError(f"sampling.tools names {', '.join(twice)} more than once; give each tool once")
+        if self.use_vllm is not False or self.vllm_mode == "server":
+            raise ValueError("sampling.tools: multi-turn tool rollouts run on the transformers sampler only so far "
+                             "(vLLM, its generation server and async_rollouts are not supported with tools yet); set "
+                             "sampling.use_vllm: false (and sampling.vllm_mode: colocate)")
+        return self
 
     @model_validator(mode="after")
     def _check_sleep(self) -> "GRPOSampling":

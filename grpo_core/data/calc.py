@@ -23,9 +23,9 @@ The reward ``calc_accuracy`` verifies against the value computed from the prompt
 <answer>N</answer>``, where the reasoning may hold tool calls and tool turns, and N (after the last tool turn) is
 the value. A tool turn's content is never read as the answer: a completion that ends in or right after a tool turn
 scores 0, and so does a right tool result followed by a wrong answer. ``split_turns`` and ``tool_response_spans``
-cut a completion into its model and tool turns (the SFT loss masks the tool's tokens, as the RL loss does);
-``tool_use`` counts calls and error turns. Rows follow the normalised schema ``{id, prompt, answer, task, source,
-operators}``.
+(``grpo_core.tools``', re-exported here) cut a completion into its model and tool turns (the SFT loss masks the
+tool's tokens, as the RL loss does); ``tool_use`` counts calls and error turns. Rows follow the normalised schema
+``{id, prompt, answer, task, source, operators}``.
 
 Held out by problem, not by spelling (``problem_key``): for ``+`` and ``*`` the unordered operand pair
 (``4831+2975=`` and ``2975+4831=`` are one problem), for ``-`` the ordered pair. Four digits make ~40.5 million
@@ -48,6 +48,8 @@ from grpo_core.tools.calls import (
     TOOL_CALL_OPEN,
     TOOL_RESPONSE_CLOSE,
     TOOL_RESPONSE_OPEN,
+    TOOL_TURN,
+    tool_response_spans,  # noqa: F401 (re-exported: a trace's tool turns, as this module's tests read them)
 )
 
 TASK = SOURCE = "calc"
@@ -64,7 +66,6 @@ ANSWER = re.compile(
     rf"^<think>(?:[^<]|{re.escape(TOOL_CALL_OPEN)}(?:(?!{_ANY_TAG}).)*{re.escape(TOOL_CALL_CLOSE)}"
     rf"|{re.escape(TOOL_RESPONSE_OPEN)}(?:(?!{_ANY_TAG}).)*{re.escape(TOOL_RESPONSE_CLOSE)})*"
     r"</think><answer>(-?\d+)</answer>$", re.DOTALL)
-_TOOL_TURN = re.compile(rf"{re.escape(TOOL_RESPONSE_OPEN)}(.*?)(?:{re.escape(TOOL_RESPONSE_CLOSE)}|\Z)", re.DOTALL)
 
 
 def format_prompt(a: int, op: str, b: int) -> str:
@@ -174,12 +175,6 @@ def calc_accuracy(completions: list[Any], prompts: list[Any] | None = None, **kw
     return scores
 
 
-def tool_response_spans(text: str) -> list[tuple[int, int]]:
-    """``(start, end)`` character spans of the tool turns in a completion, tags included (the tokens a rollout's
-    ``tool_mask`` covers); a tool turn left open at the end runs to the end of the text."""
-    return [m.span() for m in _TOOL_TURN.finditer(text)]
-
-
 def split_turns(text: str) -> list[tuple[str, str]]:
     """A completion as its turns in order: ``("assistant", text)`` for the model's, ``("tool", content)`` for each
     tool turn (the content inside the tags; one left open at the end runs to the end); empty model turns are left
@@ -187,7 +182,7 @@ def split_turns(text: str) -> list[tuple[str, str]]:
     tool chat template renders a tool message after an open assistant turn) they give back ``text``."""
     turns: list[tuple[str, str]] = []
     position = 0
-    for m in _TOOL_TURN.finditer(text):
+    for m in TOOL_TURN.finditer(text):
         if m.start() > position:
             turns.append(("assistant", text[position:m.start()]))
         turns.append(("tool", m.group(1)))

@@ -42,14 +42,18 @@ class PromptStream:
         return self._perms[epoch]
 
 
-def encode_prompt(tokenizer: Any, prompt: Any, max_prompt_length: int | None = None) -> list[int]:
+def encode_prompt(tokenizer: Any, prompt: Any, max_prompt_length: int | None = None, *,
+                  tools: list[dict[str, Any]] | None = None) -> list[int]:
     """Token ids of a prompt: chat messages (a list or tuple) through the chat template (with the
     generation prompt), plain text as is (no special tokens added, as TRL); left-truncated to
-    ``max_prompt_length`` (None: not truncated)."""
+    ``max_prompt_length`` (None: not truncated). ``tools``: function schemas (``grpo_core.tools.ToolSet.schemas``)
+    the chat template renders for the model (Qwen2.5's in its system prompt; a template that does not read them,
+    the tiny model's, renders the prompt as without); a plain-text prompt carries none."""
     if isinstance(prompt, tuple):
         prompt = list(prompt)
     if is_conversational(prompt):
-        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False,
+                                             **({"tools": tools} if tools else {}))
     elif isinstance(prompt, str):
         text = prompt
     else:
@@ -79,15 +83,16 @@ class EncodedPrompts:
 
 
 def encode_prompts(tokenizer: Any, prompts: Sequence[Any], max_prompt_length: int | None,
-                   long_prompts: LongPrompts = "truncate") -> EncodedPrompts:
-    """Encode ``prompts`` (``encode_prompt``) and apply the over-long prompt policy: ``truncate`` keeps the
-    last ``max_prompt_length`` tokens (the question and the generation prompt), ``drop`` skips the prompt.
-    ``max_prompt_length`` None: no limit."""
+                   long_prompts: LongPrompts = "truncate", *, tools: list[dict[str, Any]] | None = None
+                   ) -> EncodedPrompts:
+    """Encode ``prompts`` (``encode_prompt``, with the ``tools`` schemas when given) and apply the over-long
+    prompt policy: ``truncate`` keeps the last ``max_prompt_length`` tokens (the question and the generation
+    prompt), ``drop`` skips the prompt. ``max_prompt_length`` None: no limit."""
     if long_prompts not in ("truncate", "drop"):
         raise ValueError(f"long_prompts must be 'truncate' or 'drop', got {long_prompts!r}")
     out = EncodedPrompts([], [], [], 0)
     for i, prompt in enumerate(prompts):
-        ids = encode_prompt(tokenizer, prompt)
+        ids = encode_prompt(tokenizer, prompt, tools=tools)
         over = max_prompt_length is not None and len(ids) > max_prompt_length
         if over and long_prompts == "drop":
             out.num_dropped += 1

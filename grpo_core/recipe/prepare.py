@@ -253,12 +253,13 @@ def prepare_datasets(config: DataConfig) -> PreparedData:
         if config.pretrain_size:  # other problems than the cold start's, none held out, every one worked in full
             pretrain = synthetic.make_cold_start_rows(synthetic.make_chain_rows(
                 config.pretrain_size, seed=30_000 + config.seed, exclude=held_out, **kw), direct_fraction=0.0)
+    # beside the chain task its pretraining corpus (data.pretrain_size) gates the others'; without it their own sizes
+    with_pretrain = bool(config.pretrain_size) or config.builtin_task is None
     if config.countdown is not None:
-        c_train, c_eval, c_cold, c_pretrain = countdown_rows(config.countdown, config.seed,
-                                                             pretrain=bool(config.pretrain_size))
+        c_train, c_eval, c_cold, c_pretrain = countdown_rows(config.countdown, config.seed, pretrain=with_pretrain)
         train, eval_rows, cold, pretrain = train + c_train, eval_rows + c_eval, cold + c_cold, pretrain + c_pretrain
     if config.calc is not None:
-        k_train, k_eval, k_cold, k_pretrain = calc_rows(config.calc, config.seed, pretrain=bool(config.pretrain_size))
+        k_train, k_eval, k_cold, k_pretrain = calc_rows(config.calc, config.seed, pretrain=with_pretrain)
         train, eval_rows, cold, pretrain = train + k_train, eval_rows + k_eval, cold + k_cold, pretrain + k_pretrain
     preferences: list[dict[str, Any]] = []
     for name in config.builtin_general:  # grpo_core.data.general: prompts, cold-start answers, rule-made pairs

@@ -17,13 +17,15 @@ from grpo_core.tools.calls import (
     TOOL_CALL_OPEN,
     TOOL_RESPONSE_CLOSE,
     TOOL_RESPONSE_OPEN,
+    TOOL_TURN,
     ToolCall,
     ToolResult,
     format_tool_response,
     parse_tool_call,
+    tool_response_spans,
 )
 from grpo_core.tools.schema import Tool, check_arguments, json_schema_of, tool_from_function
-from grpo_core.tools.toolset import ToolSet, load_tool
+from grpo_core.tools.toolset import ToolSet, load_tool, tool_spec_problem
 
 __all__ = [
     "BUILTIN_TOOLS",
@@ -31,6 +33,7 @@ __all__ = [
     "TOOL_CALL_OPEN",
     "TOOL_RESPONSE_CLOSE",
     "TOOL_RESPONSE_OPEN",
+    "TOOL_TURN",
     "Tool",
     "ToolCall",
     "ToolResult",
@@ -45,4 +48,6 @@ __all__ = [
     "python_tool",
     "run_python",
     "tool_from_function",
+    "tool_response_spans",
+    "tool_spec_problem",
 ]

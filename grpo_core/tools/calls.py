@@ -8,6 +8,7 @@ A rollout stops on ``</tool_call>``, so the call that matters is the last one in
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,9 @@ TOOL_CALL_CLOSE = "</tool_call>"
 TOOL_RESPONSE_OPEN = "<tool_response>"
 TOOL_RESPONSE_CLOSE = "</tool_response>"
 _QUOTE_CHARS = 200  # how much of a malformed call an error message quotes back to the model
+# A tool turn in a completion's text, tags included, its content in group 1; one left open at the end (a trajectory
+# cut by its token budget) runs to the end of the text
+TOOL_TURN = re.compile(rf"{re.escape(TOOL_RESPONSE_OPEN)}(.*?)(?:{re.escape(TOOL_RESPONSE_CLOSE)}|\Z)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,13 @@ def format_tool_response(content: str) -> str:
     """``content`` wrapped as Qwen2.5's chat template wraps a tool turn's content (for code that writes the turn
     itself instead of calling ``apply_chat_template`` with a ``{"role": "tool"}`` message)."""
     return f"{TOOL_RESPONSE_OPEN}\n{content}\n{TOOL_RESPONSE_CLOSE}"
+
+
+def tool_response_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` character spans of the tool turns in a completion, tags included (what a rollout's
+    ``tool_mask`` covers in the tiny model's format, and what SFT leaves out of the loss); a tool turn left open at
+    the end runs to the end of the text."""
+    return [m.span() for m in TOOL_TURN.finditer(text)]
 
 
 def truncate(text: str, max_chars: int) -> str:

@@ -54,6 +54,19 @@ def load_tool(spec: str) -> Tool:
     return tool_from_function(target)
 
 
+def tool_spec_problem(spec: str) -> str | None:
+    """Why ``spec`` cannot be loaded (``load_tool``'s message), None when it can: for checking a config before
+    anything runs. A built-in name is checked by name only, so ``python``'s sandbox check runs where the rollouts
+    run, not where the config is read; an import path is imported."""
+    if spec.strip() in BUILTIN_TOOLS:
+        return None
+    try:
+        load_tool(spec)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 class ToolSet:
     """Named tools, their schemas for the chat template, and ``respond`` for the model's last call. Safe to call
     from several threads at once (rollouts answered in parallel share the counters)."""

@@ -16,6 +16,9 @@ ends with the same weights as one that never stopped, and N processes give the c
 
 ``async_rollouts``: the sampler runs in its own process one step behind (``trainer/async_rollouts.py``).
 
+``sampling.tools``: each completion is a multi-turn trajectory whose tool calls the loaded tools answer
+(``trainer/rollouts.py``, ``generation/trajectory.py``), logged per step as ``tools/...``.
+
 Over-long prompts (``generation.prompts.encode_prompts``): under ``long_prompts: truncate`` each step logs
 ``prompts/truncated``, its generated prompts cut to ``max_prompt_length``; under ``drop`` the rows over the
 limit are removed before the prompt stream is built (so every step keeps whole groups, and a resumed run
@@ -37,9 +40,11 @@ from grpo_core.generation import GenerationBackend, backend_kind, backend_option
 from grpo_core.generation.process import ProcessBackend
 from grpo_core.generation.prompts import all_dropped_error, encode_prompts
 from grpo_core.generation.server_client import connect_server
+from grpo_core.generation.trajectory import tool_call_close_id
 from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.rewards.reward_model import share_moments
 from grpo_core.rewards.scoring import resolve_reward
+from grpo_core.tools import ToolSet, tool_spec_problem
 from grpo_core.trainer.async_rollouts import NextRollouts, ReferenceLogps, sampler_placement, split_cpus
 from grpo_core.trainer.distributed import DistContext
 from grpo_core.trainer.during_rl import heldout_slice, rl_eval_config
@@ -82,13 +87,15 @@ def resolve_rewards(config: GRPOConfig, reward_funcs: RewardFuncs | None) -> tup
     return funcs, names, weights
 
 
-def drop_long_prompts(tokenizer: Any, rows: list[dict[str, Any]], config: GRPOConfig
+def drop_long_prompts(tokenizer: Any, rows: list[dict[str, Any]], config: GRPOConfig, tools: ToolSet | None = None
                       ) -> tuple[list[dict[str, Any]], int]:
-    """``(rows, num_dropped)``: under ``long_prompts: drop`` the rows whose prompt is longer than
-    ``max_prompt_length`` removed (the same for every rank and every restart); else ``rows`` as given."""
+    """``(rows, num_dropped)``: under ``long_prompts: drop`` the rows whose prompt (with the ``tools``' schemas, as
+    rollouts encode it) is longer than ``max_prompt_length`` removed (the same for every rank and every restart);
+    else ``rows`` as given."""
     if config.sampling.long_prompts != "drop":
         return rows, 0
-    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], config.sampling.max_prompt_length, "drop")
+    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], config.sampling.max_prompt_length, "drop",
+                             tools=tools.schemas() if tools is not None else None)
     if not encoded.kept:
         raise all_dropped_error("train_grpo", len(rows), config.sampling.max_prompt_length)
     if encoded.num_dropped:
@@ -114,6 +121,17 @@ def check_inputs(config: GRPOConfig, ctx: DistContext, train_rows: list[dict[str
         )
     if not train_rows:
         raise ValueError("train_rows is empty: GRPO needs at least one prompt")
+
+
+def load_rollout_tools(config: GRPOConfig) -> ToolSet | None:
+    """The tools of multi-turn rollouts (``sampling.tools``), loaded before any model so that a spec that does not
+    load fails in seconds, naming the field; None without tools (single-turn rollouts, as before)."""
+    if not config.sampling.tools:
+        return None
+    for i, spec in enumerate(config.sampling.tools):
+        if (problem := tool_spec_problem(spec)) is not None:
+            raise ValueError(f"sampling.tools[{i}]: {problem}")
+    return ToolSet.from_specs(config.sampling.tools)  # python's sandbox check runs here, where rollouts run
 
 
 def build_mixture(config: GRPOConfig, train_rows: list[dict[str, Any]], reward_funcs: RewardFuncs | None,
@@ -263,7 +281,8 @@ def train_grpo(
     Raises:
         ValueError: inputs that cannot train, before any model loads: no rows or no reward functions,
             ``eval_steps`` without ``eval_rows``, ``prompts_per_step`` not divisible by the number of processes,
-            ``reward_funcs`` beside ``config.sources``, or every prompt dropped by ``long_prompts: drop``.
+            ``reward_funcs`` beside ``config.sources``, every prompt dropped by ``long_prompts: drop``, a
+            ``sampling.tools`` spec that does not load, or tools with a tokenizer that splits ``</tool_call>``.
         FloatingPointError: a non-finite loss (not retried by the pipeline).
     """
     ctx = start_process(config)
@@ -280,8 +299,11 @@ def train_grpo(
     prepare_output_dir(output_dir, ctx, resume)
     seed_everything(config.seed)
     configure_verifier(timeout=config.reward_timeout, num_workers=config.reward_num_workers)  # math_accuracy's pool
+    tools = load_rollout_tools(config)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    train_rows, num_dropped = drop_long_prompts(tokenizer, train_rows, config)
+    if tools is not None:  # a tool call must end a model turn: </tool_call> one token (a clear error otherwise)
+        tool_call_close_id(tokenizer)
+    train_rows, num_dropped = drop_long_prompts(tokenizer, train_rows, config, tools)
     mixture = build_mixture(config, train_rows, reward_funcs, ctx)
 
     if heldout is not None:  # the reward-hacking monitor on the general sources' held-out rows
@@ -305,7 +327,8 @@ def train_grpo(
             next_rollouts = NextRollouts(backend, tokenizer, mixture, config, ctx)  # type: ignore[arg-type]
             next_rollouts.load_state(state.pop("next_rollouts", []))
         steps = GRPOSteps(config, ctx, run, model, ref_model, tokenizer, mixture, backend, next_rollouts,
-                          sampling_correction=sampling_correction, num_dropped=num_dropped, heldout=heldout)
+                          sampling_correction=sampling_correction, num_dropped=num_dropped, heldout=heldout,
+                          tools=tools)
         metrics: dict[str, Any] = state["log_history"][-1] if state["log_history"] else {}
         try:
             for step in range(state["step"] + 1, config.max_steps + 1):

@@ -16,6 +16,11 @@ generated completions, with the phrase lists of ``GRPOConfig.emergence``; the re
 off ``completions/reflection_rate``. A step over several sources also logs ``completions/{source}/reflection_rate``,
 ``/mean_steps`` and ``/mean_length`` per source.
 
+Multi-turn tool rollouts (``sampling.tools``): ``completions/mean_length`` and the other lengths count a trajectory's
+tokens as its sequence holds them, tool turns included (what ``max_completion_length`` bounds and
+``completions/clipped_ratio`` refers to); ``completions/mean_model_length`` counts the policy's own tokens, tool
+turns left out (the length the loss trains on). ``tools/...`` (``tool_metrics``) are the step's tool use.
+
 ``completions/count`` is the step's generated completions and, given each completion's correctness (the trainer:
 its source's first reward function passes, >= 1), ``completions/accuracy`` their share that is right; a step over
 several sources logs both per source too (``completions/{source}/count``, ``/accuracy``). For completions of a task
@@ -28,6 +33,7 @@ pays: ``completions/checking_rate``, ``/miss_retry_rate``, ``/hit_stop_rate``, `
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -41,6 +47,7 @@ from grpo_core.config import BACKTRACK_PHRASES, REFLECTION_PHRASES, TrackingInfo
 from grpo_core.evaluation.checking import CHECKING_KEYS, checking_stats, has_tries
 from grpo_core.evaluation.emergence import emergence_metrics
 from grpo_core.generation import Rollout
+from grpo_core.generation.trajectory import TrajectoryStats
 from grpo_core.trainer.trackers import Table, Trackers
 
 logger = logging.getLogger(__name__)
@@ -73,12 +80,29 @@ def completion_metrics(rollouts: list[Rollout], reflection_phrases: Sequence[str
         "completions/clipped_ratio": sum(r.truncated for r in rollouts) / len(rollouts),
         "completions/count": float(len(rollouts)),
     }
+    if any(r.tool_mask is not None for r in rollouts):  # multi-turn: the lengths above count the tool turns too
+        model = [len(r.completion_ids) - sum(r.tool_mask or []) for r in rollouts]
+        out["completions/mean_model_length"] = sum(model) / len(model)
     if correct is not None:
         out["completions/accuracy"] = sum(map(bool, correct)) / len(correct) if correct else math.nan
     if prompts is not None and has_tries(prompts):
         checking = checking_stats([r.text for r in rollouts], prompts, reflection_phrases)
         out.update({f"completions/{k}": checking[k] for k in CHECKING_KEYS})
     return out
+
+
+def tool_metrics(parts: Sequence[tuple[TrajectoryStats, dict[str, float]]]) -> dict[str, float]:
+    """``tools/...`` of a step's multi-turn rollouts over every rank's ``(TrajectoryStats, ToolSet.stats())``:
+    turns, calls and errors per trajectory, budget and turn-limit endings (``TrajectoryStats.metrics``), and the
+    tool set's counts summed (calls, errors, timeouts, seconds per tool; malformed calls, unknown tools)."""
+    merged = TrajectoryStats()
+    counts: dict[str, float] = {}
+    for stats, tool_counts in parts:
+        for f in dataclasses.fields(TrajectoryStats):
+            setattr(merged, f.name, getattr(merged, f.name) + getattr(stats, f.name))
+        for key, value in tool_counts.items():
+            counts[key] = counts.get(key, 0.0) + value
+    return {**merged.metrics(), **counts}
 
 
 def source_completion_metrics(rollouts: list[Rollout], labels: Sequence[str],

@@ -5,6 +5,10 @@ Each rank generates and scores its whole groups (``distributed.shard`` by prompt
 receives every group (``gather_objects``), so what follows (advantages, DAPO filtering, metrics) is
 the same computation whatever the number of processes.
 
+With ``sampling.tools`` a completion is a multi-turn trajectory (``generation/trajectory.py``): the model's turns
+and the tool turns that answer its calls, scored on its whole text (the final answer after the last tool turn,
+``calc_accuracy``), its tool tokens in the sequence but out of the loss (``update.build_train_batch``).
+
 DAPO dynamic sampling (Yu et al. 2025, sec. 3.2): groups whose G rewards are flat (``loss.flat_groups``)
 carry no advantage; they are dropped and further rounds are generated until the step has
 ``prompts_per_step`` informative groups or ``max_dynamic_sampling_rounds`` extra rounds were spent.
@@ -25,8 +29,10 @@ import torch
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import GenerationBackend, GenerationRequest, Rollout
 from grpo_core.generation.prompts import encode_prompts
+from grpo_core.generation.trajectory import TrajectoryStats, generate_trajectories
 from grpo_core.rewards.scoring import score_completions
 from grpo_core.seeds import derive_seed
+from grpo_core.tools import ToolSet
 from grpo_core.trainer.distributed import DistContext, gather_objects, shard
 from grpo_core.trainer.loss import flat_groups
 from grpo_core.trainer.mixture import Mixture
@@ -73,26 +79,41 @@ def generate_groups(
     config: GRPOConfig,
     ctx: DistContext,
     timings: dict[str, float],
+    *,
+    tools: ToolSet | None = None,
+    stats: TrajectoryStats | None = None,
 ) -> ScoredGroups:
     """Generate and score the groups of stream positions ``position .. position + num_prompts - 1``; each row
-    is scored by its own source's reward functions (``mixture.routes``)."""
-    prompt_ids, request, truncated = group_request(tokenizer, mixture, position, num_prompts, step, config, ctx)
+    is scored by its own source's reward functions (``mixture.routes``). ``tools`` (``sampling.tools``): multi-turn
+    rollouts whose tool calls ``tools`` answers (``generate_trajectories``; ``stats`` gets their counts), of at most
+    ``sampling.max_turns`` model turns and ``max_completion_length`` tokens in all, tool turns included, so a
+    trajectory fits the context a single-turn completion does."""
+    prompt_ids, request, truncated = group_request(tokenizer, mixture, position, num_prompts, step, config, ctx,
+                                                   tools=tools)
     start = time.perf_counter()
-    rollouts = backend.generate(prompt_ids, request)
+    if tools is None:
+        rollouts = backend.generate(prompt_ids, request)
+    else:
+        rollouts = generate_trajectories(backend, tokenizer, prompt_ids, request, tools,
+                                         max_turns=config.sampling.max_turns,
+                                         max_total_tokens=config.sampling.max_completion_length, stats=stats)
     timings["time/generate"] = timings.get("time/generate", 0.0) + time.perf_counter() - start
     return score_groups(rollouts, truncated, mixture, position, num_prompts, config, ctx, timings)
 
 
 def group_request(tokenizer: Any, mixture: Mixture, position: int, num_prompts: int, step: int, config: GRPOConfig,
-                  ctx: DistContext) -> tuple[list[list[int]], GenerationRequest, list[bool]]:
-    """``(prompt_ids, the generate request, truncated)`` of this rank's share of the groups at ``position``."""
+                  ctx: DistContext, *, tools: ToolSet | None = None
+                  ) -> tuple[list[list[int]], GenerationRequest, list[bool]]:
+    """``(prompt_ids, the generate request, truncated)`` of this rank's share of the groups at ``position``; chat
+    prompts carry the ``tools``' schemas when given."""
     G = config.sampling.num_generations
     positions = list(range(position, position + num_prompts))
     rows = [mixture.rows[i] for i in mixture.rows_at(position, num_prompts)]
     local_positions, local_rows = shard(positions, ctx), shard(rows, ctx)
     # under long_prompts "drop" train_grpo removed the over-long rows before the stream was built (a prompt
     # skipped here would leave the step a group short), so here the policy can only truncate
-    encoded = encode_prompts(tokenizer, [row["prompt"] for row in local_rows], config.sampling.max_prompt_length, "truncate")
+    encoded = encode_prompts(tokenizer, [row["prompt"] for row in local_rows], config.sampling.max_prompt_length,
+                             "truncate", tools=tools.schemas() if tools is not None else None)
     seeds = [derive_seed(config.seed, step, p, j) for p in local_positions for j in range(G)]
     s = config.sampling
     request = GenerationRequest(n=G, max_tokens=s.max_completion_length, temperature=s.temperature, top_p=s.top_p,

@@ -3,7 +3,8 @@
     python -c "from grpo_core.trainer.sft import train_sft; ..."   (the Prefect tasks call train_sft)
 
 The loss is the mean next-token cross-entropy over completion tokens only (TRL's
-``completion_only_loss``): prompt and padding positions get label -100. A prompt is rendered with the
+``completion_only_loss``): prompt and padding positions get label -100, and so do a completion's tool turns
+(``<tool_response>...</tool_response>``: the tool wrote them, not the model; ``encode_completion``). A prompt is rendered with the
 tokenizer's chat template and its generation prompt, the completion follows and ends with EOS, the
 same token layout generation and GRPO see. An optimiser step averages over every completion token of
 its ``per_device_train_batch_size x gradient_accumulation_steps`` rows (token-weighted, not
@@ -39,6 +40,7 @@ from transformers import AutoTokenizer
 
 from grpo_core.config import SFTConfig, TrackingInfo
 from grpo_core.generation.prompts import PromptStream, encode_prompt
+from grpo_core.tools import tool_response_spans
 from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
 from grpo_core.trainer.fsdp import is_sharded
 from grpo_core.trainer.logprobs import compute_packed_logps, compute_token_logps
@@ -59,13 +61,41 @@ IGNORE_INDEX = -100
 
 def encode_sft_row(tokenizer: Any, row: dict[str, Any], max_length: int, completion_only_loss: bool = True
                    ) -> tuple[list[int], list[int]]:
-    """``(input_ids, labels)`` of one row; labels are -100 on prompt tokens; right-truncated."""
+    """``(input_ids, labels)`` of one row; labels are -100 on prompt tokens and on the completion's tool turns
+    (``encode_completion``); right-truncated."""
     prompt_ids = encode_prompt(tokenizer, row["prompt"])
-    completion_ids = tokenizer(row["completion"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    input_ids = (prompt_ids + completion_ids)[:max_length]
+    completion_ids, completion_labels = encode_completion(tokenizer, row["completion"])
+    eos = [tokenizer.eos_token_id]
+    input_ids = (prompt_ids + completion_ids + eos)[:max_length]
     prompt_labels = [IGNORE_INDEX] * len(prompt_ids) if completion_only_loss else list(prompt_ids)
-    labels = (prompt_labels + completion_ids)[:max_length]
+    labels = (prompt_labels + completion_labels + eos)[:max_length]
     return input_ids, labels
+
+
+def encode_completion(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
+    """``(ids, labels)`` of a completion (no EOS). A completion with tool turns (``<tool_response>...
+    </tool_response>``, tags included: ``grpo_core.tools.tool_response_spans``) is tokenized piece by piece, model
+    text and tool text in turn, so each turn's edges are token edges, as in a multi-turn rollout (its tool turns are
+    tokenized on their own, ``generation/trajectory.py``); the tool turns' labels are -100, so SFT trains on the
+    model's turns only, as GRPO's loss does. Without tool turns: the whole text at once, labels = ids.
+
+    Departure: the span masked is the tiny model's tool turn; a chat template that wraps it in more text (Qwen2.5's
+    ``<|im_end|>\\n<|im_start|>user\\n`` around it) leaves that text in the model's labels."""
+    spans = tool_response_spans(text)
+    if not spans:
+        whole = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return whole, list(whole)
+    ids: list[int] = []
+    labels: list[int] = []
+    position = 0
+    for start, end in [*spans, (len(text), len(text))]:
+        for piece, tool in ((text[position:start], False), (text[start:end], True)):
+            if piece:
+                piece_ids = tokenizer(piece, add_special_tokens=False)["input_ids"]
+                ids += piece_ids
+                labels += [IGNORE_INDEX] * len(piece_ids) if tool else piece_ids
+        position = end
+    return ids, labels
 
 
 def collate(examples: list[tuple[list[int], list[int]]], pad_token_id: int) -> dict[str, torch.Tensor]:

@@ -20,14 +20,16 @@ import torch
 
 from grpo_core.config import EvalConfig, GRPOConfig
 from grpo_core.generation import GenerationBackend, release_memory
+from grpo_core.generation.trajectory import TrajectoryStats
 from grpo_core.rewards import pop_reward_stats
 from grpo_core.rewards.scoring import load_reward_states, passes, reward_states
+from grpo_core.tools import ToolSet
 from grpo_core.trainer.async_rollouts import NextRollouts
 from grpo_core.trainer.distributed import DistContext, gather_objects
 from grpo_core.trainer.during_rl import evaluate_during_rl
 from grpo_core.trainer.loss import combine_rewards, compute_group_advantages
 from grpo_core.trainer.metrics import (completion_metrics, completion_table, reward_metrics,
-                                      source_completion_metrics)
+                                      source_completion_metrics, tool_metrics)
 from grpo_core.trainer.mixture import (
     Mixture,
     per_source_scale,
@@ -81,8 +83,9 @@ class GRPOSteps:
     def __init__(self, config: GRPOConfig, ctx: DistContext, run: TrainingRun, model: torch.nn.Module,
                  ref_model: torch.nn.Module | None, tokenizer: Any, mixture: Mixture, backend: GenerationBackend,
                  next_rollouts: NextRollouts | None, *, sampling_correction: bool, num_dropped: int,
-                 heldout: HeldOut | None = None) -> None:
+                 heldout: HeldOut | None = None, tools: ToolSet | None = None) -> None:
         self.config, self.ctx, self.run = config, ctx, run
+        self.tools, self.trajectory_stats = tools, TrajectoryStats()  # sampling.tools: multi-turn rollouts
         self.model, self.ref_model, self.tokenizer = model, ref_model, tokenizer
         self.mixture, self.backend, self.next_rollouts = mixture, backend, next_rollouts
         self.sampling_correction, self.num_dropped, self.heldout = sampling_correction, num_dropped, heldout
@@ -113,6 +116,9 @@ class GRPOSteps:
         """The step's groups: ``prompts_per_step`` prompts x ``num_generations`` completions, each scored by its
         source's reward functions (more rounds under DAPO dynamic sampling); under ``async_rollouts`` the first
         round was generated earlier, and the rounds of the steps ahead are submitted here."""
+        if self.tools is not None:  # the step's tool counts start at 0 (every round of the step adds to them)
+            self.tools.reset_stats()
+            self.trajectory_stats = TrajectoryStats()
         planned = self.next_rollouts.take(step) if self.next_rollouts is not None else None  # async: made earlier
         first, staleness = (planned[0], step - 1 - planned[1]) if planned else (None, 0)
         generate_round = functools.partial(self._generate_round, step=step, timings=timings)
@@ -143,7 +149,7 @@ class GRPOSteps:
         if self.next_rollouts is not None:  # the sampler answers in order: the rounds in flight first
             self.next_rollouts.collect(timings)
         return generate_groups(self.backend, self.tokenizer, self.mixture, position, count, step, self.config,
-                               self.ctx, timings)
+                               self.ctx, timings, tools=self.tools, stats=self.trajectory_stats)
 
     def _submit_ahead(self, step: int, position: int) -> int:
         """Submit the first rounds of the steps up to ``async_max_staleness`` ahead, with the weights the sampler
@@ -221,6 +227,7 @@ class GRPOSteps:
                                    rollouts.short if config.dynamic_sampling else None,
                                    fell_back=config.dynamic_sampling and rollouts.informative == 0),
             **self._reward_events(),
+            **self._tool_metrics(),
             **completion_metrics(generated.rollouts, config.emergence.reflection_phrases,
                                  config.emergence.backtrack_phrases, prompts=prompts if single else None,
                                  correct=correct),
@@ -245,6 +252,12 @@ class GRPOSteps:
             metrics["dynamic_sampling/rounds"] = float(rollouts.rounds)
             metrics["dynamic_sampling/kept_groups"] = float(rollouts.informative)
         return metrics
+
+    def _tool_metrics(self) -> dict[str, float]:
+        """``tools/...`` of the step's trajectories on every rank (``metrics.tool_metrics``); {} without tools."""
+        if self.tools is None:
+            return {}
+        return tool_metrics(gather_objects([(self.trajectory_stats, self.tools.stats())], self.ctx))
 
     def _correct(self, generated: ScoredGroups) -> list[bool]:
         """``[P*G]`` whether each completion passes its source's first reward function (``scoring.passes``: >= 1; a

@@ -36,6 +36,7 @@ from tasks.config.limits import position_problems
 from tasks.config.paths import resolve_data_paths
 from tasks.config.sections import ConsolidateConfig, RewardModelStageConfig  # noqa: F401 - the stage sections' home
 from tasks.config.stages import Stage, entries
+from tasks.config.tool_specs import tool_problems
 from tasks.config.yaml_file import YAMLProblem, read_config_yaml
 
 _UNION_TAGS = ("file", "traces", "teacher")  # data.cold_start_sources' kinds (grpo_core.config.ColdStartSource)
@@ -61,6 +62,10 @@ class TinyModelConfig(_Strict):
     max_position_embeddings: int = Field(256, gt=0, description="positions of the model and its tokenizer's "
                                          "model_max_length: each generating section's sampling.max_completion_length "
                                          "must fit in it (checked at load, tasks/config/limits.py)")
+    tool_tokens: bool = Field(
+        False, description="the tokenizer also has <tool_call> </tool_call> <tool_response> </tool_response> as "
+        "single tokens and a chat template with a tool role (build_tiny_model(tool_tokens=True)): what multi-turn "
+        "tool rollouts (grpo_train.sampling.tools) need; false keeps the default vocabulary and weights")
     pretrain: SFTConfig | None = Field(
         None, description="pretraining of the built model on data.pretrain_size worked solutions (one operation a "
         "step; no held-out problem); None: the base model is the random init")
@@ -132,10 +137,13 @@ class PipelineSections(_Strict):
 
     @model_validator(mode="after")
     def _check_pretrain(self) -> "PipelineConfig":
-        if self.model.tiny is not None and self.model.tiny.pretrain is not None and not (
-                self.data.builtin_task == "chain" and self.data.pretrain_size > 0):
+        data = self.data
+        corpus = data.pretrain_size > 0 if data.builtin_task == "chain" else any(
+            task is not None and task.pretrain_size > 0 for task in (data.countdown, data.calc))
+        if self.model.tiny is not None and self.model.tiny.pretrain is not None and not corpus:
             raise ValueError("model.tiny.pretrain needs a pretraining corpus: set data.builtin_task: chain and "
-                             "data.pretrain_size > 0, or remove model.tiny.pretrain")
+                             "data.pretrain_size > 0 (without the chain task: data.calc.pretrain_size or "
+                             "data.countdown.pretrain_size > 0), or remove model.tiny.pretrain")
         return self
 
     @model_validator(mode="after")
@@ -432,7 +440,8 @@ class ConfigError(ValueError):
 def parse_config(data: dict, source: str = "<config>", lines: dict[tuple, int] | None = None) -> PipelineConfig:
     """Validate a mapping as a ``PipelineConfig``; errors read ``file:line: grpo_train.beta: Input should be ...``.
     The lengths that generate are checked against the base model's positions here too (``tasks.config.limits``),
-    and a ``scope: summary`` reward-model entry whose pairs are whole responses is warned about.
+    the RL sections' tools are loaded (``tasks.config.tool_specs``), and a ``scope: summary`` reward-model entry
+    whose pairs are whole responses is warned about.
 
     Args:
         data: the config as a mapping (a parsed YAML file, or a saved run's config).
@@ -444,7 +453,8 @@ def parse_config(data: dict, source: str = "<config>", lines: dict[tuple, int] |
 
     Raises:
         ConfigError: every field that does not validate (unknown fields, out-of-range values, unregistered
-            reward names, lengths past the model's positions), one ``file:line: field: problem`` each.
+            reward names, lengths past the model's positions, tools that do not load), one ``file:line: field:
+            problem`` each.
     """
 
     try:
@@ -466,9 +476,11 @@ def parse_config(data: dict, source: str = "<config>", lines: dict[tuple, int] |
             msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
             problems.append(f"{source}{f':{line}' if line else ''}: {where}: {msg}{got}")
         raise ConfigError("; ".join(problems)) from None
-    too_long = position_problems(config)  # lengths against the model's positions (tasks/config/limits.py)
-    if too_long:
-        raise ConfigError("; ".join(f"{source}{_at(lines, loc)}: {'.'.join(loc)}: {msg}" for loc, msg in too_long))
+    # lengths against the model's positions (tasks/config/limits.py), tools that do not load (tool_specs.py)
+    problems = position_problems(config) + tool_problems(config)
+    if problems:
+        raise ConfigError("; ".join(f"{source}{_at(lines, loc)}: {'.'.join(map(str, loc))}: {msg}"
+                                    for loc, msg in problems))
     for loc, msg in summary_scope_warnings(config):
         warnings.warn(f"{source}{_at(lines, loc)}: {'.'.join(map(str, loc))}: {msg}", UserWarning, stacklevel=2)
     return config
