@@ -15,7 +15,8 @@ floor):
 - ``base``: the strict base model, the optimiser and schedule fields (``OptimConfig``), packed micro-batches
   (``PaddingFreeConfig``), the trackers' ``TrackingInfo``, help strings several sections share;
 - ``sampling``: ``SamplingConfig`` and its per-use subclasses (``GRPOSampling``, ``EvalSampling``,
-  ``RejectionSampling``, ``TeacherSampling``), the flat spellings of older configs (``SAMPLING_RENAMES``);
+  ``RejectionSampling``, ``TeacherSampling``), the tool fields three of them share (``ToolSampling``), the flat
+  spellings of older configs (``SAMPLING_RENAMES``);
 - ``emergence``: the phrase lists of the emergence features (``REFLECTION_PHRASES``, ``BACKTRACK_PHRASES``,
   ``EmergenceConfig``);
 - ``rewards``: ``reward_funcs`` entries (``RewardModelSpec``, ``JudgeSpec``) and a mixture's sources
@@ -37,7 +38,7 @@ from grpo_core.config.rewards import (REWARD_MODEL_STAGE, SCOPE_HELP, JudgeSpec,
                                       RewardSpec, Scope, SourceMix, SourceWeight, check_shared_reward_names,
                                       normalize_reward_entry, reward_entry_name)
 from grpo_core.config.sampling import (SAMPLING_RENAMES, BatchedSampling, EvalSampling, GRPOSampling,
-                                       RejectionSampling, SamplingConfig, TeacherSampling)
+                                       RejectionSampling, SamplingConfig, TeacherSampling, ToolSampling)
 from grpo_core.config.training import GRPOConfig, RewardConfig, SFTConfig, needs_reference
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "EmergenceConfig", "EvalConfig", "EvalSampling", "FewShotExample", "GRPOConfig", "GRPOSampling", "JudgeSpec",
     "OptimConfig", "PaddingFreeConfig", "ReadabilityConfig", "RejectionSampling", "RejectionSamplingConfig",
     "RejectionSource", "RewardConfig", "RewardEntry", "RewardModelSpec", "RewardSpec", "SFTConfig",
-    "SamplingConfig", "Scope", "SourceMix", "SourceWeight", "TeacherSampling", "TeacherSource", "TraceSource",
-    "TrackingInfo", "check_shared_reward_names", "needs_reference", "normalize_reward_entry", "reward_entry_name",
+    "SamplingConfig", "Scope", "SourceMix", "SourceWeight", "TeacherSampling", "TeacherSource", "ToolSampling",
+    "TraceSource", "TrackingInfo", "check_shared_reward_names", "needs_reference", "normalize_reward_entry",
+    "reward_entry_name",
 ]

@@ -73,7 +73,56 @@ class SamplingConfig(_Strict):
         return data
 
 
-class GRPOSampling(SamplingConfig):
+class ToolSampling(_Strict):
+    """The tool fields of a use whose completions may be multi-turn trajectories with tool calls
+    (``grpo_core/generation/trajectory.py``, ``grpo_core/tools``): GRPO's rollouts (``GRPOSampling``), evaluation
+    (``EvalSampling``) and rejection sampling (``RejectionSampling``) take them from here, so the fields and their
+    check are written once. Mixed in before the ``SamplingConfig`` subclass (``class GRPOSampling(ToolSampling,
+    SamplingConfig)``); its check reads that class's ``use_vllm`` (and ``vllm_mode`` where the use has one)."""
+
+    tools: list[str] = Field(
+        default_factory=list, description="tools the model may call while it samples: built-in names (calculator, "
+        "python) or import paths package.module:function (grpo_core.tools.load_tool). A model turn that ends in "
+        "<tool_call>...</tool_call> is answered in a tool turn and the model continues; chat prompts get the tools' "
+        "schemas (apply_chat_template(tools=)); in training the tool turns' tokens stay in the sequence but out of "
+        "the loss. Transformers sampler only so far (use_vllm: false; no async_rollouts in GRPO); empty = "
+        "single-turn completions",
+        json_schema_extra={"trl": "GRPOTrainer(tools=[...]), an argument of the trainer"})
+    max_turns: int = Field(
+        4, ge=1, description="with tools: model turns per completion at most, so at most max_turns - 1 tool calls "
+        "are answered; the turns and tool turns of a completion share its max_completion_length tokens",
+        json_schema_extra={"trl": "max_tool_calling_iterations (counts tool calls: max_turns - 1)"})
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> "ToolSampling":
+        """Tool rollouts on the sampler they are built for; ``max_turns`` only with tools (it would be ignored).
+        Whether each tool loads is checked where it is loaded (``tool_spec_problem``: ``r1``'s config loader, the
+        trainer, evaluation and rejection sampling before any model)."""
+        if not self.tools:
+            if self.max_turns != type(self).model_fields["max_turns"].default:  # a dumped config carries the default
+                raise ValueError(f"sampling.max_turns ({self.max_turns}) bounds the model turns of tool rollouts, but "
+                                 "sampling.tools is empty; set sampling.tools (e.g. [calculator]) or remove "
+                                 "sampling.max_turns")
+            return self
+        blank = [i for i, spec in enumerate(self.tools) if not spec.strip()]
+        if blank:
+            raise ValueError(f"sampling.tools[{blank[0]}] is empty; write a built-in tool name (calculator, python) "
+                             "or an import path package.module:function")
+        twice = sorted({spec for spec in self.tools if self.tools.count(spec) > 1})
+        if twice:
+            raise ValueError(f"sampling.tools names {', '.join(twice)} more than once; give each tool once")
+        server = getattr(self, "vllm_mode", None) == "server"
+        if getattr(self, "use_vllm", None) is not False or server:
+            if "vllm_mode" in type(self).model_fields:  # GRPO's rollouts: a generation server and async ones too
+                raise ValueError("sampling.tools: multi-turn tool rollouts run on the transformers sampler only so "
+                                 "far (vLLM, its generation server and async_rollouts are not supported with tools "
+                                 "yet); set sampling.use_vllm: false (and sampling.vllm_mode: colocate)")
+            raise ValueError("sampling.tools: multi-turn tool rollouts run on the transformers sampler only so far "
+                             "(vLLM is not supported with tools yet); set sampling.use_vllm: false")
+        return self
+
+
+class GRPOSampling(ToolSampling, SamplingConfig):
     """A GRPO stage's rollouts (seed: G = 8-16, max_new_tokens 1024-2048); vLLM shares the GPU with the trainer."""
 
     num_generations: int = Field(8, ge=2, description="G: completions sampled per prompt")
@@ -85,19 +134,6 @@ class GRPOSampling(SamplingConfig):
         False, description="GPU only: the engine releases its weights and KV cache (sleep level 1) while the trainer "
         "runs and takes them back before generating (TRL's name); the memory planner then counts no vLLM share there",
     )
-
-    # --- multi-turn rollouts with tool calls (grpo_core/generation/trajectory.py, grpo_core/tools) ---
-    tools: list[str] = Field(
-        default_factory=list, description="tools the policy may call in its rollouts: built-in names (calculator, "
-        "python) or import paths package.module:function (grpo_core.tools.load_tool). A model turn that ends in "
-        "<tool_call>...</tool_call> is answered in a tool turn and the model continues; the tool turns' tokens stay "
-        "in the sequence but out of the loss; chat prompts get the tools' schemas (apply_chat_template(tools=)). "
-        "Transformers sampler only so far (use_vllm: false, no async_rollouts); empty = single-turn rollouts",
-        json_schema_extra={"trl": "GRPOTrainer(tools=[...]), an argument of the trainer"})
-    max_turns: int = Field(
-        4, ge=1, description="with tools: model turns per rollout at most, so at most max_turns - 1 tool calls are "
-        "answered; the turns and tool turns of a rollout share its max_completion_length tokens",
-        json_schema_extra={"trl": "max_tool_calling_iterations (counts tool calls: max_turns - 1)"})
 
     # --- rollouts on a dedicated generation server (TRL's vllm_mode: server; grpo_core/generation/server_client.py) ---
     vllm_mode: Literal["colocate", "server"] = Field(
@@ -125,30 +161,6 @@ class GRPOSampling(SamplingConfig):
         if self.vllm_mode != "server" or self.vllm_server_base_url is not None or not self.vllm_server_devices:
             return []
         return sorted({int(d) for d in self.vllm_server_devices.split(",") if d.strip().isdigit()})
-
-    @model_validator(mode="after")
-    def _check_tools(self) -> "GRPOSampling":
-        """Tool rollouts on the sampler they are built for; ``max_turns`` only with tools (it would be ignored).
-        Whether each tool loads is checked where it is loaded (``tool_spec_problem``: ``r1``'s config loader, the
-        trainer before any model)."""
-        if not self.tools:
-            if self.max_turns != type(self).model_fields["max_turns"].default:  # a dumped config carries the default
-                raise ValueError(f"sampling.max_turns ({self.max_turns}) bounds the model turns of tool rollouts, but "
-                                 "sampling.tools is empty; set sampling.tools (e.g. [calculator]) or remove "
-                                 "sampling.max_turns")
-            return self
-        blank = [i for i, spec in enumerate(self.tools) if not spec.strip()]
-        if blank:
-            raise ValueError(f"sampling.tools[{blank[0]}] is empty; write a built-in tool name (calculator, python) "
-                             "or an import path package.module:function")
-        twice = sorted({spec for spec in self.tools if self.tools.count(spec) > 1})
-        if twice:
-            raise ValueError(f"sampling.tools names {', '.join(twice)} more than once; give each tool once")
-        if self.use_vllm is not False or self.vllm_mode == "server":
-            raise ValueError("sampling.tools: multi-turn tool rollouts run on the transformers sampler only so far "
-                             "(vLLM, its generation server and async_rollouts are not supported with tools yet); set "
-                             "sampling.use_vllm: false (and sampling.vllm_mode: colocate)")
-        return self
 
     @model_validator(mode="after")
     def _check_sleep(self) -> "GRPOSampling":
@@ -191,7 +203,7 @@ class BatchedSampling(SamplingConfig):
                                                "engine takes (weights and KV cache); it has the GPU to itself")
 
 
-class EvalSampling(BatchedSampling):
+class EvalSampling(ToolSampling, BatchedSampling):
     """evaluate's sampling: the R1 protocol's temperature 0.6 / top-p 0.95."""
 
     num_generations: int = Field(4, ge=0, description="n sampled completions per prompt for pass@1; 0 = greedy only")
@@ -201,10 +213,10 @@ class EvalSampling(BatchedSampling):
     use_vllm: bool | None = Field(
         None, description="sample with vLLM (true) or transformers (false); None = as the evaluated stage samples: "
         "an RL stage's own sampling.use_vllm, grpo_train's for the SFT stages (tasks/stages/evaluate.py: eval_use_vllm); "
-        "transformers for a model folder (r1 eval DIR)")
+        "transformers for a model folder (r1 eval DIR); false with sampling.tools")
 
 
-class RejectionSampling(BatchedSampling):
+class RejectionSampling(ToolSampling, BatchedSampling):
     """rejection_sample's sampling: its own backend settings (it runs alone, after grpo_train)."""
 
     num_generations: int = Field(4, ge=1, description="n completions sampled per prompt")

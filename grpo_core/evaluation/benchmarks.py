@@ -21,7 +21,9 @@ Protocol (DeepSeek-R1, section 3.1 "Evaluation Setup"): sampling at temperature 
 recommendation). pass@1 is the mean correctness of the n samples; pass@k and maj@k (``grpo_core.evaluation.passk``)
 for each configured k. maj@k votes over the answers ``extract_answer`` finds, grouped by math-verify
 equivalence (``answers_equivalent``); correctness is the benchmark's reward (``math_accuracy`` by default),
-scored through ``score_completions`` as training scores. Greedy accuracy is a separate column.
+scored through ``score_completions`` as training scores. Greedy accuracy is a separate column. With
+``sampling.tools`` the samples and the greedy completion are multi-turn trajectories with the tools' answers
+(``evaluation.tool_use``), as on the held-out set.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from grpo_core.config import BENCHMARKS, BenchmarkSource, EvalConfig
 from grpo_core.data.rows import load_prompt_rows
 from grpo_core.evaluation.heldout import _generate, _mean, completion_length, sample, sample_seed
+from grpo_core.evaluation.tool_use import ToolSampler
 from grpo_core.evaluation.passk import maj_at_k, pass_at_k
 from grpo_core.generation import make_backend
 from grpo_core.generation.prompts import all_dropped_error, encode_prompts
@@ -98,13 +101,15 @@ def evaluate_benchmark(
     s = config.sampling
     n, ks = s.num_generations, config.ks
     fn, name = resolve_reward(reward_func)
-    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], s.max_prompt_length, s.long_prompts)
+    tools = ToolSampler.of(s, tokenizer)  # sampling.tools: multi-turn completions, as on the held-out set
+    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], s.max_prompt_length, s.long_prompts,
+                             tools=tools.schemas() if tools is not None else None)
     if not encoded.kept:
         raise all_dropped_error("benchmark evaluation", len(rows), s.max_prompt_length)
     row_ids = [str(rows[i].get("id", i)) for i in encoded.kept]
     rows, prompt_ids = [rows[i] for i in encoded.kept], encoded.ids
     seeds = [sample_seed(config.seed, row_id, j) for row_id in row_ids for j in range(n)]
-    sampled = sample(backend, prompt_ids, s, seeds)
+    sampled = sample(backend, prompt_ids, s, seeds, tools=tools)
     correct = passes(score_completions([fn], [name], rows, sampled, n, s.max_completion_length)[:, 0])
     answers = [extract_answer(s.text) for s in sampled]
     results: list[dict[str, Any]] = []
@@ -125,7 +130,7 @@ def evaluate_benchmark(
         metrics[f"maj@{k}"] = _mean([r[f"maj@{k}"] for r in results])
     if greedy:
         greedy_out = _generate(backend, prompt_ids, n=1, max_tokens=s.max_completion_length, greedy=True,
-                               batch=s.batch_size)
+                               batch=s.batch_size, tools=tools)
         greedy_ok = passes(score_completions([fn], [name], rows, greedy_out, 1, s.max_completion_length)[:, 0])
         for result, g, ok in zip(results, greedy_out, greedy_ok):
             result.update(greedy=g.text, greedy_correct=ok)

@@ -25,6 +25,13 @@ Metrics (all over the same held-out rows):
   over the same completions as the emergence features: ``eval/{source}/checking_rate``, ``/miss_retry_rate``,
   ``/hit_stop_rate``, ``/first_try_hit_rate``, ``/retry_hit_rate``, ``/reflection_after_hit_rate``,
   ``/reflection_without_try_rate`` for each source with tries, ``eval/checking_rate`` ... when it is the only source.
+- With ``sampling.tools`` (``grpo_core.evaluation.tool_use``): every completion is a multi-turn trajectory whose tool
+  calls the tools answer, as in GRPO's rollouts (the prompts carry the tools' schemas), and the tool use is reported
+  beside the accuracy: ``eval/tools/call_rate`` (share of completions with a tool call),
+  ``eval/tools/calls_per_response`` and ``eval/tools/error_rate`` (error turns per call) of the greedy completions, the
+  same with ``_sampled`` of the sampled ones, per source too where accuracy is; each row of ``rows`` has its greedy
+  completion's ``tool_calls`` and ``tool_errors``. Without tools none of these keys is there and generation is
+  single-turn, as before.
 
 General sources (``general_sources``: rows with no verifiable answer, e.g. the built-in helpful/unsafe
 prompts) are measured apart, on greedy completions: ``eval/rm_score`` is the reward model's mean score
@@ -60,8 +67,10 @@ import torch
 from grpo_core.config import BatchedSampling, EvalConfig
 from grpo_core.evaluation.checking import CHECKING_KEYS, checking_stats, has_tries
 from grpo_core.evaluation.emergence import emergence_metrics, is_direct
+from grpo_core.evaluation.tool_use import ToolSampler, tool_use_metrics
 from grpo_core.generation import GenerationBackend, GenerationRequest, Rollout, make_backend
 from grpo_core.generation.prompts import all_dropped_error, encode_prompts
+from grpo_core.generation.trajectory import TrajectoryStats
 from grpo_core.rewards import get_reward_funcs
 from grpo_core.rewards.base import RewardFunc
 from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
@@ -140,25 +149,30 @@ def evaluate_verifiable(config: EvalConfig, module: torch.nn.Module | None, toke
     also given per source (``eval/{source}/...``)."""
     s = config.sampling
     format_fn = get_reward_funcs(["format"])[0]
-    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], s.max_prompt_length, s.long_prompts)
+    tools = ToolSampler.of(s, tokenizer)  # None: single-turn completions
+    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], s.max_prompt_length, s.long_prompts,
+                             tools=tools.schemas() if tools is not None else None)
     if not encoded.kept:
         raise all_dropped_error("evaluate", len(rows), s.max_prompt_length)
     row_ids = [str(rows[i].get("id", i)) for i in encoded.kept]  # seeds keep the row's original index
     rows, prompt_ids = [rows[i] for i in encoded.kept], encoded.ids
     correct = SourceRewards(config.source_rewards, reward, rows)
 
-    greedy = _generate(backend, prompt_ids, n=1, max_tokens=s.max_completion_length, greedy=True, batch=s.batch_size)
+    greedy_use, sampled_use = TrajectoryStats(), TrajectoryStats()  # tool calls per completion, in order
+    greedy = _generate(backend, prompt_ids, n=1, max_tokens=s.max_completion_length, greedy=True, batch=s.batch_size,
+                       tools=tools, stats=greedy_use)
     greedy_ok = correct(greedy, 1, s.max_completion_length)
     formatted = passes(score_completions([format_fn], ["format"], rows, greedy, 1, s.max_completion_length)[:, 0])
     texts = [g.text for g in greedy]
     sampled, sampled_ok = [], []
     if s.num_generations > 0:
         seeds = [sample_seed(config.seed, row_id, j) for row_id in row_ids for j in range(s.num_generations)]
-        sampled = sample(backend, prompt_ids, s, seeds)
+        sampled = sample(backend, prompt_ids, s, seeds, tools=tools, stats=sampled_use)
         sampled_ok = correct(sampled, s.num_generations, s.max_completion_length)
     forced, forced_ok = None, greedy_ok
     if config.forced_reasoning:
-        forced = force_reasoning(module, tokenizer, backend, prompt_ids, greedy, s.max_completion_length, s.batch_size)
+        forced = force_reasoning(module, tokenizer, backend, prompt_ids, greedy, s.max_completion_length, s.batch_size,
+                                 tools=tools)
         if forced is not None:
             forced_ok = correct(forced, 1, s.max_completion_length)
     forced_texts = [f.text for f in forced] if forced is not None else texts
@@ -192,6 +206,14 @@ def evaluate_verifiable(config: EvalConfig, module: torch.nn.Module | None, toke
             out.update({k_: tries[k_] for k_ in CHECKING_KEYS})
         if config.forced_reasoning:
             out["accuracy_forced_reasoning"] = math.nan if forced is None else _mean([forced_ok[i] for i in idx])
+        if tools is not None:
+            out.update(tool_use_metrics([greedy_use.tool_calls[i] for i in idx],
+                                        [greedy_use.tool_errors[i] for i in idx]))
+            if sampled:
+                mine = [i * k + j for i in idx for j in range(k)]
+                rates = tool_use_metrics([sampled_use.tool_calls[m] for m in mine],
+                                         [sampled_use.tool_errors[m] for m in mine])
+                out.update({f"{key}_sampled": value for key, value in rates.items()})
         return {f"{prefix}{key}": value for key, value in out.items()}
 
     sources = [str(r.get("source")) for r in rows]
@@ -206,7 +228,8 @@ def evaluate_verifiable(config: EvalConfig, module: torch.nn.Module | None, toke
              "greedy": texts[i],
              "correct": greedy_ok[i],
              "format": formatted[i], "forced": forced_texts[i], "forced_correct": forced_ok[i],
-             "pass@1": _mean(sampled_ok[i * k:(i + 1) * k]) if sampled_ok else math.nan}
+             "pass@1": _mean(sampled_ok[i * k:(i + 1) * k]) if sampled_ok else math.nan,
+             **({"tool_calls": greedy_use.tool_calls[i], "tool_errors": greedy_use.tool_errors[i]} if tools else {})}
             for i, r in enumerate(rows)
         ]
     return metrics
@@ -237,11 +260,14 @@ def evaluate_general(backend: GenerationBackend, tokenizer: Any, rows: list[dict
     gap between the two); both also per source. NaN scores (the reward failed or does not apply) are left out
     of the mean and counted in ``eval/rm_unscored``."""
     s = config.sampling
-    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], s.max_prompt_length, s.long_prompts)
+    tools = ToolSampler.of(s, tokenizer)  # with sampling.tools, general rows are answered with them too
+    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], s.max_prompt_length, s.long_prompts,
+                             tools=tools.schemas() if tools is not None else None)
     if not encoded.kept:
         raise all_dropped_error("evaluate", len(rows), s.max_prompt_length)
     rows = [rows[i] for i in encoded.kept]
-    greedy = _generate(backend, encoded.ids, n=1, max_tokens=s.max_completion_length, greedy=True, batch=s.batch_size)
+    greedy = _generate(backend, encoded.ids, n=1, max_tokens=s.max_completion_length, greedy=True, batch=s.batch_size,
+                       tools=tools)
     sources = [str(r.get("source")) for r in rows]
     metrics: dict[str, Any] = {"eval/general_num_rows": len(rows), "eval/general_mean_length":
                                _mean([completion_length(g) for g in greedy])}
@@ -276,9 +302,10 @@ def first_rows_per_source(rows: list[dict[str, Any]], max_rows: int) -> list[dic
 
 
 def force_reasoning(model: torch.nn.Module | None, tokenizer: Any, backend: GenerationBackend,
-                    prompt_ids: list[list[int]], greedy: list[Rollout], max_new_tokens: int, batch_size: int
-                    ) -> list[Rollout] | None:
-    """Greedy rollouts with an empty think block banned (see module docstring); None if not applicable."""
+                    prompt_ids: list[list[int]], greedy: list[Rollout], max_new_tokens: int, batch_size: int, *,
+                    tools: ToolSampler | None = None) -> list[Rollout] | None:
+    """Greedy rollouts with an empty think block banned (see module docstring); None if not applicable. With
+    ``tools`` the redone completions go on as trajectories, as the greedy ones did."""
     think, end_think = (_single_token_id(tokenizer, t) for t in ("<think>", "</think>"))
     if model is None or think is None or end_think is None or max_new_tokens < 3:
         return None
@@ -290,10 +317,11 @@ def force_reasoning(model: torch.nn.Module | None, tokenizer: Any, backend: Gene
     prefixes = [prompt_ids[i] + [think] for i in redo]
     first = _argmax_next_token(model, prefixes, banned, tokenizer.pad_token_id or 0)
     continued = _generate(backend, [p + [t] for p, t in zip(prefixes, first)], n=1, max_tokens=max_new_tokens - 2,
-                          greedy=True, batch=batch_size)
+                          greedy=True, batch=batch_size, tools=tools)
     for i, t, c in zip(redo, first, continued):
         head = tokenizer.decode([think, t], skip_special_tokens=True)
-        out[i] = Rollout(prompt_ids[i], [think, t] + c.completion_ids, None, c.truncated, head + c.text)
+        out[i] = Rollout(prompt_ids[i], [think, t] + c.completion_ids, None, c.truncated, head + c.text,
+                         tool_mask=[0, 0] + c.tool_mask if c.tool_mask is not None else None)
     return out
 
 
@@ -322,23 +350,27 @@ def _single_token_id(tokenizer: Any, text: str) -> int | None:
     return ids[0] if len(ids) == 1 else None
 
 
-def sample(backend: GenerationBackend, prompt_ids: list[list[int]], sampling: BatchedSampling, seeds: list[int]
-           ) -> list[Rollout]:
+def sample(backend: GenerationBackend, prompt_ids: list[list[int]], sampling: BatchedSampling, seeds: list[int], *,
+           tools: ToolSampler | None = None, stats: TrajectoryStats | None = None) -> list[Rollout]:
     """``sampling.num_generations`` seeded samples per prompt with ``sampling``'s temperature, top-p/k and
-    length, ``sampling.batch_size`` sequences per transformers call (evaluation, rejection sampling, a teacher)."""
+    length, ``sampling.batch_size`` sequences per transformers call (evaluation, rejection sampling, a teacher);
+    with ``tools``, multi-turn trajectories (``ToolSampler``; ``stats`` gets their counts)."""
     n = sampling.num_generations
     return _generate(backend, prompt_ids, n=n, max_tokens=sampling.max_completion_length, greedy=False,
                      batch=max(1, sampling.batch_size // n),
-                     temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, seeds=seeds)
+                     temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, seeds=seeds,
+                     tools=tools, stats=stats)
 
 
 def _generate(backend: GenerationBackend, prompt_ids: list[list[int]], *, n: int, max_tokens: int, greedy: bool,
               batch: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-              seeds: list[int] | None = None) -> list[Rollout]:
+              seeds: list[int] | None = None, tools: ToolSampler | None = None,
+              stats: TrajectoryStats | None = None) -> list[Rollout]:
     """``n`` rollouts per prompt, ``batch`` prompts per ``generate`` call, or all of them in one call when the
     backend schedules its own batches (vLLM's continuous batching: ``batches_itself``); the transformers
     sampler's memory grows with its batch, so it keeps ``batch``. Seeds are per completion, so the results
-    do not depend on the split."""
+    do not depend on the split. ``tools``: multi-turn trajectories of ``max_tokens`` tokens in all, their counts
+    appended to ``stats`` in order."""
     if getattr(backend, "batches_itself", False):
         batch = max(1, len(prompt_ids))
     out: list[Rollout] = []
@@ -347,7 +379,7 @@ def _generate(backend: GenerationBackend, prompt_ids: list[list[int]], *, n: int
         chunk_seeds = seeds[start * n: (start + len(chunk)) * n] if seeds is not None else [0] * (len(chunk) * n)
         request = GenerationRequest(n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                     seeds=chunk_seeds, greedy=greedy, logprobs=False)
-        out += backend.generate(chunk, request)
+        out += backend.generate(chunk, request) if tools is None else tools.generate(backend, chunk, request, stats)
     return out
 
 

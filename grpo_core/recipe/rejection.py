@@ -16,6 +16,14 @@ Generation (``sampling``, the section's own ``RejectionSampling``: n, temperatur
 every prompt in one call and schedules them itself; the transformers sampler gets ``sampling.batch_size``
 sequences per call (``evaluation.heldout.sample``).
 
+With ``sampling.tools`` a sample is a multi-turn trajectory (``evaluation.tool_use.ToolSampler``, the prompts with the
+tools' schemas): the model's turns and the tool turns that answer its calls. It passes when its final answer does:
+the rewards read the whole text (``calc_accuracy`` never reads a tool turn's content as the answer). The readability
+filters read the model's turns only (its own tokens, ``Rollout.tool_mask`` 0: a tool's output is not the model's
+chain of thought), their token count too. The kept completion keeps its tool turns in the text, so consolidation's
+SFT trains on the model's turns with the tool turns masked out of the loss (``trainer/sft.py``). The tool use is
+counted in ``rs/tools/calls``, ``rs/tools/errors``, ``rs/tools/samples_with_call`` and ``rs/tools/kept_with_call``.
+
 Prompts longer than ``max_prompt_length`` are truncated or dropped by ``long_prompts``
 (``generation.prompts.encode_prompts``, the call training and evaluation make), counted in
 ``rs/prompts_truncated`` and ``rs/prompts_dropped``; a dropped prompt is not sampled and has no ``per_prompt`` entry.
@@ -37,8 +45,10 @@ from typing import Any
 from grpo_core.config import RejectionSamplingConfig, RejectionSource, RewardEntry
 from grpo_core.data.readability import FILTERS, readability_reason
 from grpo_core.evaluation.heldout import completion_length, sample, sample_seed
+from grpo_core.evaluation.tool_use import ToolSampler
 from grpo_core.generation.base import GenerationBackend, Rollout
 from grpo_core.generation.prompts import EncodedPrompts, all_dropped_error, encode_prompts
+from grpo_core.generation.trajectory import TrajectoryStats
 from grpo_core.rewards import get_reward_funcs
 from grpo_core.rewards.base import RewardFunc
 from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
@@ -82,6 +92,9 @@ class _Scored:
     score: list[float]  # -inf where the reward gave no score
     formatted: list[bool]
     lang_ok: list[bool]
+    model_texts: list[str]  # the model's turns (the text, for a sample without tool turns): what readability reads
+    model_lengths: list[int]  # their tokens (completion_length, less the tool turns' tokens)
+    use: TrajectoryStats | None  # with tools: each sample's tool calls and error turns
 
 
 def rejection_sample(config: RejectionSamplingConfig, backend: GenerationBackend, tokenizer: Any,
@@ -121,7 +134,9 @@ def sample_and_filter(config: RejectionSamplingConfig, rule: KeepRule, backend: 
 
     ``stats`` has ``rs/num_prompts``, ``rs/num_samples``, ``rs/num_kept``, ``rs/mean_pass_rate``,
     ``rs/prompts_with_kept``, ``rs/prompts_truncated``, ``rs/prompts_dropped`` and ``rs/rejected/{reason}``
-    counts, and ``per_prompt``: one ``{"id", "pass_rate", "kept"}`` per prompt sampled."""
+    counts, with ``sampling.tools`` the tool-use counts (``rs/tools/calls``, ``rs/tools/errors``,
+    ``rs/tools/samples_with_call``, ``rs/tools/kept_with_call``), and ``per_prompt``: one ``{"id", "pass_rate",
+    "kept"}`` per prompt sampled."""
     if not rows:
         raise ValueError("rejection_sample got no prompt rows")
     n = config.sampling.num_generations
@@ -129,6 +144,7 @@ def sample_and_filter(config: RejectionSamplingConfig, rule: KeepRule, backend: 
     rejected: Counter[str] = Counter()
     kept_rows: list[dict[str, Any]] = []
     per_prompt = []
+    kept_with_call = 0
     for i, row in enumerate(scored.rows):
         kept_texts: list[str] = []
         order = range(n) if rule.min_score is None else sorted(range(n), key=lambda j: -scored.score[i * n + j])
@@ -138,6 +154,7 @@ def sample_and_filter(config: RejectionSamplingConfig, rule: KeepRule, backend: 
                 rejected[reason] += 1
             else:
                 kept_texts.append(scored.rollouts[k].text)
+                kept_with_call += scored.use is not None and scored.use.tool_calls[k] > 0
         kept_rows += [{"prompt": row["prompt"], "completion": t, "id": f"{scored.row_ids[i]}-rs{m}"}
                       for m, t in enumerate(kept_texts)]
         per_prompt.append({"id": row.get("id", scored.row_ids[i]),
@@ -155,6 +172,10 @@ def sample_and_filter(config: RejectionSamplingConfig, rule: KeepRule, backend: 
            for reason in REJECT_REASONS + (FILTERS if config.readability is not None else ())},
         "per_prompt": per_prompt,
     }
+    if scored.use is not None:  # counts, so that the totals over sources add up (_merge_stats)
+        stats.update({"rs/tools/calls": sum(scored.use.tool_calls), "rs/tools/errors": sum(scored.use.tool_errors),
+                      "rs/tools/samples_with_call": sum(c > 0 for c in scored.use.tool_calls),
+                      "rs/tools/kept_with_call": kept_with_call})
     return kept_rows, stats
 
 
@@ -170,12 +191,16 @@ def _sample_and_score(config: RejectionSamplingConfig, rule: KeepRule, backend: 
         funcs, names = funcs + get_reward_funcs(["format"]), names + ["format"]
     if config.language_consistency_threshold is not None:
         funcs, names = funcs + get_reward_funcs(["language_consistency"]), names + ["language_consistency"]
-    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], s.max_prompt_length, s.long_prompts)
+    tools = ToolSampler.of(s, tokenizer)  # None: single-turn samples
+    use = TrajectoryStats() if tools is not None else None
+    encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], s.max_prompt_length, s.long_prompts,
+                             tools=tools.schemas() if tools is not None else None)
     if not encoded.kept:
         raise all_dropped_error("rejection_sample", len(rows), s.max_prompt_length)
     row_ids = [str(rows[i].get("id", i)) for i in encoded.kept]  # ids and seeds keep the row's original index
     rows = [rows[i] for i in encoded.kept]
-    rollouts = sample(backend, encoded.ids, s, [sample_seed(config.seed, r, j) for r in row_ids for j in range(n)])
+    rollouts = sample(backend, encoded.ids, s, [sample_seed(config.seed, r, j) for r in row_ids for j in range(n)],
+                      tools=tools, stats=use)
     scores = score_completions(funcs, names, rows, rollouts, n, s.max_completion_length)  # [N*n, R]
     correct = passes(scores[:, 0], rule.reward_threshold if rule.min_score is None else rule.min_score)
     formatted = passes(scores[:, 1]) if rule.require_format else [True] * len(rollouts)
@@ -185,7 +210,19 @@ def _sample_and_score(config: RejectionSamplingConfig, rule: KeepRule, backend: 
         lang_ok = [math.isnan(v) or ok for v, ok in zip(lang.tolist(),
                                                          passes(lang, config.language_consistency_threshold))]
     score = [-math.inf if math.isnan(v) else v for v in scores[:, 0].tolist()]
-    return _Scored(rows, row_ids, encoded, rollouts, correct, score, formatted, lang_ok)
+    model_texts = [model_turns_text(r, tokenizer) for r in rollouts]
+    model_lengths = [completion_length(r) - sum(r.tool_mask or []) for r in rollouts]
+    return _Scored(rows, row_ids, encoded, rollouts, correct, score, formatted, lang_ok, model_texts, model_lengths,
+                   use)
+
+
+def model_turns_text(rollout: Rollout, tokenizer: Any) -> str:
+    """The model's turns of a sample: its own tokens decoded (the tool turns' left out, whatever the chat template
+    wraps them in); the text itself for a sample without tool turns."""
+    if not any(rollout.tool_mask or []):
+        return rollout.text
+    own = [t for t, tool in zip(rollout.completion_ids, rollout.tool_mask or []) if not tool]
+    return tokenizer.decode(own, skip_special_tokens=True)
 
 
 def _reject_reason(config: RejectionSamplingConfig, rule: KeepRule, scored: _Scored, k: int, prompt: Any,
@@ -202,8 +239,8 @@ def _reject_reason(config: RejectionSamplingConfig, rule: KeepRule, scored: _Sco
         return "too_long"
     if not scored.lang_ok[k]:
         return "language"
-    if config.readability is not None and (why := readability_reason(r.text, prompt, config.readability,
-                                                                     completion_length(r))):
+    if config.readability is not None and (why := readability_reason(scored.model_texts[k], prompt, config.readability,
+                                                                     scored.model_lengths[k])):
         return why.split(":", 1)[0]  # a readability filter's name (grpo_core.data.readability.FILTERS)
     if r.text in kept_texts:
         return "duplicate"

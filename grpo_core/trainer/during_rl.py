@@ -5,9 +5,10 @@ same slice each time: ``eval/accuracy`` (greedy), ``eval/pass@1`` (``sampling.nu
 prompt, seeded by row and sample index, so every evaluation draws the same seeds), the emergence features
 (``eval/reflection_rate``, ``eval/mean_steps``, ...) with, on a task with tries (countdown), whether reflection is
 checking that pays (``eval/{source}/checking_rate``, ...: ``evaluation/checking.py``), lengths and the format
-rate. Departures from the stage evaluation, for cost: no forced-reasoning pass, verifiable rows only (general
-sources need a reward model's forward), the GRPO stage's own prompt/completion lengths, and generation on the
-trainer's sampler (its weights are the policy's at that step). ``time/eval`` is the seconds it took.
+rate; with the ``evaluate`` section's ``sampling.tools``, multi-turn completions and ``eval/tools/...``. Departures
+from the stage evaluation, for cost: no forced-reasoning pass, verifiable rows only (general sources need a reward
+model's forward), the GRPO stage's own prompt/completion lengths, and generation on the trainer's sampler (its
+weights are the policy's at that step). ``time/eval`` is the seconds it took.
 
 Exact resume: evaluation must not change what training computes next, so the Python, NumPy, torch (and CUDA)
 RNG states are saved before and restored after, and the reward functions' event counters of the training step
@@ -32,7 +33,8 @@ from grpo_core.trainer.checkpoint import rng_state, set_rng_state
 def rl_eval_config(config: GRPOConfig, base: EvalConfig | None = None) -> EvalConfig:
     """The evaluation ``config.eval_steps`` runs: ``base`` (the pipeline's ``evaluate`` section: reward, sample
     count, temperature, phrase lists, seed; default ``EvalConfig`` scored by the stage's first named reward) with
-    the GRPO stage's prompt/completion lengths, no forced reasoning and no general sources."""
+    the GRPO stage's prompt/completion lengths, no forced reasoning and no general sources. Its ``sampling.tools``
+    (multi-turn evaluation) stay: the trainer's sampler must then be transformers, as GRPO's own tool rollouts need."""
     if base is None:
         entries = config.sources[0].reward_funcs if config.sources else config.reward_funcs
         named = [e for e in entries if isinstance(e, str)]
@@ -41,6 +43,11 @@ def rl_eval_config(config: GRPOConfig, base: EvalConfig | None = None) -> EvalCo
                              "(an EvalConfig with reward_func) or name a registered reward first in reward_funcs")
         base = EvalConfig(reward_func=named[0], emergence=config.emergence, seed=config.seed)
     g = config.sampling
+    if base.sampling.tools and (g.use_vllm is not False or g.vllm_mode == "server" or config.async_rollouts):
+        raise ValueError(f"eval_steps: evaluate.sampling.tools ({', '.join(base.sampling.tools)}) makes evaluation "
+                         "multi-turn, and evaluation during RL samples on the trainer's own sampler, which is vLLM "
+                         "(or async) here; multi-turn tool rollouts run on the transformers sampler only so far: set "
+                         "this stage's sampling.use_vllm: false (no async_rollouts), or remove eval_steps")
     sampling = base.sampling.model_copy(update={"max_prompt_length": g.max_prompt_length, "long_prompts":
                                                 g.long_prompts, "max_completion_length": g.max_completion_length})
     return base.model_copy(update={"sampling": sampling, "forced_reasoning": False, "general_sources": [],

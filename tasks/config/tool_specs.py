@@ -1,8 +1,10 @@
-"""The tools a config's RL sections give their rollouts (``sampling.tools``), checked when the config is loaded
-(``parse_config``): each spec must load (``grpo_core.tools.tool_spec_problem``: a built-in name, or an import path
-``package.module:function`` that imports here), so a typo fails ``r1 run`` at its YAML line, not in grpo_train after
-the stages before it committed. A built-in tool is checked by name: ``python``'s sandbox check runs where the rollouts
-run. The trainer loads the tools again before any model (``grpo_core.trainer.loop.load_rollout_tools``).
+"""The tools a config's sections sample with (``sampling.tools``: the RL stages' rollouts, rejection_sample's samples,
+evaluate's completions), checked when the config is loaded (``parse_config``): each spec must load
+(``grpo_core.tools.tool_spec_problem``: a built-in name, or an import path ``package.module:function`` that imports
+here), so a typo fails ``r1 run`` at its YAML line, not in grpo_train after the stages before it committed. A
+built-in tool is checked by name: ``python``'s sandbox check runs where the rollouts run. The trainer, evaluation and
+rejection sampling load the tools again before they sample (``grpo_core.trainer.loop.load_rollout_tools``,
+``grpo_core.evaluation.tool_use.ToolSampler``).
 """
 
 from __future__ import annotations

@@ -3,14 +3,16 @@ its own.
 
 Held-out set: greedy accuracy, pass@1 over k samples, mean completion length, format rate and the rest of
 grpo_core.evaluation.heldout's metrics (``eval/...``), per source too when the set has several
-(``eval/{source}/accuracy``, computed there). Benchmarks (``evaluate.benchmarks``, grpo_core.evaluation.benchmarks): the R1
-protocol's ``eval/{benchmark}/pass@1``, ``pass@{k}``, ``maj@{k}`` and ``greedy``. The output lives at
-``{run}/evaluate/{stage}/{version}/`` with ``results.jsonl`` (held-out, per prompt), ``benchmarks/{name}.jsonl``
-(per problem: samples, extracted answers, verdicts) and a manifest whose parents are the model it scored and
-the eval set; the scored stage's own manifest is never touched (a committed manifest is written once). The
-fingerprint (eval config + model version + eval set version + each benchmark's rows) makes a second evaluation
-of the same model a cache hit. It is the stage table's evaluation entry (name, section, seed, reward fields, its
-inputs: ``flows/stages.py`` hands it those its entry names) and runs through the same fingerprint / reuse / clean-up
+(``eval/{source}/accuracy``, computed there). Benchmarks (``evaluate.benchmarks``, grpo_core.evaluation.benchmarks): the
+R1 protocol's ``eval/{benchmark}/pass@1``, ``pass@{k}``, ``maj@{k}`` and ``greedy``. With ``evaluate.sampling.tools``
+every completion is a multi-turn trajectory with the tools' answers, and the tool use is reported beside accuracy
+(``eval/tools/call_rate``, ``calls_per_response``, ``error_rate``, per source too; each ``results.jsonl`` row has its
+``tool_calls``). The output lives at ``{run}/evaluate/{stage}/{version}/`` with ``results.jsonl`` (held-out, per
+prompt), ``benchmarks/{name}.jsonl`` (per problem: samples, extracted answers, verdicts) and a manifest whose parents
+are the model it scored and the eval set; the scored stage's own manifest is never touched (a committed manifest is
+written once). The fingerprint (eval config + model version + eval set version + each benchmark's rows) makes a second
+evaluation of the same model a cache hit. It is the stage table's evaluation entry (name, section, seed, reward fields,
+its inputs: ``flows/stages.py`` hands it those its entry names) and runs through the same fingerprint / reuse / clean-up
 as every stage (``tasks.runner.common.reuse_or_build``).
 """
 

@@ -1,7 +1,9 @@
 """Stage 4, rejection_sample: sample N completions per training prompt from the GRPO model and keep the
 correct ones that pass the format, length and language filters, deduplicated, at most k per prompt
-(grpo_core.recipe.rejection); with ``sources`` each source by its own rule (a reward model / judge score for the
-non-verifiable ones; ``model: reward_model`` names the reward_model stage's output, then an input here).
+(grpo_core.recipe.rejection; with ``sampling.tools`` the samples are multi-turn trajectories, kept when the final
+answer is right, their tool turns kept in the text); with ``sources`` each source by its own rule (a reward model /
+judge score for the non-verifiable ones; ``model: reward_model`` names the reward_model stage's output, then an input
+here).
 Output: ``samples.parquet`` (SFT rows ``{prompt, completion, ...}``) and ``pass_rates.parquet`` (one row per
 prompt), with the keep/drop counts in the manifest.
 """

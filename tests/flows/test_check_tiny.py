@@ -11,7 +11,7 @@ import pytest
 
 from tests.flows.check_cases import ROOT, assert_check_passes
 
-CHECKED_HERE = ("tiny-cpu.yaml",)
+CHECKED_HERE = ("tiny-cpu.yaml", "tiny-tools.yaml")
 # Configs the suite runs in full (every stage, real Prefect, S3), a stronger check than the miniature one.
 RUN_IN_FULL = {"ci-tiny.yaml": Path(__file__).parent / "test_pipeline.py"}
 
