@@ -242,7 +242,9 @@ def main() -> None:
         derived.write_text(yaml.safe_dump(raw, sort_keys=False))
         for seed in args.seeds:
             if not Path(args.store, f"mix-seed{seed}").exists() and Path(source, f"mix-seed{seed}").exists():
-                shutil.copytree(Path(source, f"mix-seed{seed}"), Path(args.store, f"mix-seed{seed}"))
+                # not the run's lease: a copy of a run still being written would read as held by its writer
+                shutil.copytree(Path(source, f"mix-seed{seed}"), Path(args.store, f"mix-seed{seed}"),
+                                ignore=shutil.ignore_patterns("lease.json"))
         config, only = ["--config", str(derived)], ["--stages", "grpo_train"]
     rows, general, emerge, probes = [], {}, {}, {}  # probes: the base's pretraining seconds, the machine's speed
     for seed in args.seeds:
