@@ -28,7 +28,8 @@ from typing import Any
 
 from flows.report_emergence import emergence_section, measured_emergence
 from flows.report_plots import plot_histories, plot_reflection
-from flows.report_tables import benchmark_table, emergence_rows, emergence_table, source_rows, source_table
+from flows.report_tables import (benchmark_table, emergence_rows, emergence_table, source_rows, source_table,
+                                 tool_columns)
 from flows.run_status import latest_evaluations, latest_refs, stage_status
 from tasks.runner.common import artifact_key, in_prefect_run
 from tasks.runner.monitor import status_lines
@@ -69,7 +70,10 @@ def write_report(store: Store, run: str) -> Report:
             f"# R1 run `{run}`",
             "## Emergence table\nHeld-out rows: greedy accuracy, pass@1 over k samples at the eval temperature, mean "
             "completion length (tokens, greedy). GRPO rows: accuracy reward and mean length of the sampled "
-            "completions on training prompts at that step.",
+            "completions on training prompts at that step." + (
+                " Tool use (`sampling.tools`): tool-call rate = share of the greedy held-out completions with a "
+                "tool call answered, calls per answer = tool calls answered per completion (GRPO rows: per "
+                "rollout), tool error rate = error turns per call." if tool_columns(rows) else ""),
             emergence_table(rows),
             emergence_section(measured),
             *([f"## Benchmarks (R1 protocol)\nPer benchmark: pass@1 = mean correctness of n samples, pass@k "

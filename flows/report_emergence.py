@@ -27,6 +27,11 @@ MEASURED_COLUMNS = {"direct answers": ("eval/direct_rate",), "mean steps": ("eva
                     "hits that stop": ("eval/hit_stop_rate",), "first tries hit": ("eval/first_try_hit_rate",),
                     "retries hit": ("eval/retry_hit_rate",),
                     "reflection after a hit": ("eval/reflection_after_hit_rate",)}
+# tool use over the same sampled completions (the greedy ones' where no sample was drawn), per source too; columns of
+# the table only where a row has them, so a run without tools renders as before
+TOOL_COLUMNS = {"tool-call rate": ("eval/tools/call_rate_sampled", "eval/tools/call_rate"),
+                "calls per answer": ("eval/tools/calls_per_response_sampled", "eval/tools/calls_per_response"),
+                "tool error rate": ("eval/tools/error_rate_sampled", "eval/tools/error_rate")}
 NOT_MEASURED = "not measured (evaluated before the emergence features existed; `r1 run` this run again)"
 
 
@@ -50,6 +55,10 @@ def measured_emergence(evaluations: dict[str, StageRef | None], histories: dict[
                 row[column] = first_metric(evaluation.metrics, tuple(k.replace("eval/", prefix, 1) for k in keys))
             features = [row[c] for c in ("direct answers", "mean steps", "reflection", "backtracking")]
             row["phase"] = NOT_MEASURED if None in features else emergence.phase_label(*features)
+            for column, keys in TOOL_COLUMNS.items():  # only where measured: a row without tools keeps its keys
+                value = first_metric(evaluation.metrics, tuple(k.replace("eval/", prefix, 1) for k in keys))
+                if value is not None:
+                    row[column] = value
             rows.append(row)
     detail = {}
     for stage, hist in histories.items():
@@ -119,13 +128,15 @@ def reasoning_sources(metrics: dict[str, Any]) -> list[str]:
 
 def emergence_section(measured: dict[str, Any]) -> str:
     """The report's "Emergence, measured" section: the phase table, the rules, the aha verdict per RL stage."""
-    columns = ["stage", "phase", *MEASURED_COLUMNS]
+    tools = [c for c in TOOL_COLUMNS if any(r.get(c) is not None for r in measured["rows"])]
+    columns = ["stage", "phase", *MEASURED_COLUMNS, *tools]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in measured["rows"]:
         cells = [r["stage"], r["phase"]]
-        for c in MEASURED_COLUMNS:
+        for c in (*MEASURED_COLUMNS, *tools):
             v = r.get(c)
-            cells.append("" if v is None else f"{v:.1f}" if c in ("mean steps", "mean length") else f"{100 * v:.1f}%")
+            cells.append("" if v is None else f"{v:.1f}" if c in ("mean steps", "mean length") else
+                         f"{v:.2f}" if c == "calls per answer" else f"{100 * v:.1f}%")
         lines.append("| " + " | ".join(cells) + " |")
     details = measured.get("aha_detail", {})
     aha = [aha_line(label, step, details.get(label, {}), measured["rules"]) for label, step in measured["aha"].items()]
@@ -136,7 +147,10 @@ def emergence_section(measured: dict[str, Any]) -> str:
         "non-empty pieces of the reasoning between line breaks, `;` and sentence ends; reflection / backtracking "
         "= share whose reasoning holds a phrase of the configured lists (`emergence.reflection_phrases` / "
         "`backtrack_phrases`: whole English words, Chinese anywhere, case-insensitive); mean length in tokens; "
-        "accuracy split by whether the completion reflects.",
+        "accuracy split by whether the completion reflects." + (
+            " Tool use (`sampling.tools`) over the same completions: tool-call rate = share with at least one tool "
+            "call answered, calls per answer = tool calls answered per completion, tool error rate = error turns "
+            "per call." if tools else ""),
         "\n".join(lines),
         f"Phase rule (first that holds): direct answers >= {emergence.DIRECT_PHASE_MIN_DIRECT_RATE:.0%} or mean "
         f"steps < {emergence.LITTLE_REASONING_MAX_STEPS:g}: *{emergence.PHASES[0]}*; else reflection < "

@@ -26,8 +26,15 @@ EVAL_COLUMNS = {"greedy accuracy": ("eval/accuracy", "eval/greedy_accuracy"),
                 "direct answers": ("eval/direct_answer_rate",),
                 "rm score": ("eval/rm_score",),
                 "preferred rate": ("eval/preferred_rate",)}
+# Tool use (issue 43; grpo_core.evaluation.tool_use), columns of the table only where a row has them, so a run without
+# tools renders as before: held-out rows read the greedy completions' rates, GRPO rows the step's rollouts (which log
+# calls and errors per trajectory, no call rate)
+TOOL_COLUMNS = {"tool-call rate": ("eval/tools/call_rate",), "calls per answer": ("eval/tools/calls_per_response",),
+                "tool error rate": ("eval/tools/error_rate",)}
+TOOL_RATES = ("call_rate", "calls_per_response", "error_rate")  # eval/tools/{rate}, eval/{source}/tools/{rate}
+TRAIN_TOOL_COLUMNS = {"calls per answer": ("tools/calls_mean",), "tool error rate": ("tools/error_rate",)}
 PERCENT_COLUMNS = ("accuracy", "pass@1", "format rate", "forced-reasoning accuracy", "direct answers",
-                   "preferred rate")
+                   "preferred rate", "tool-call rate", "tool error rate")
 
 
 def first_metric(metrics: dict[str, Any], keys: tuple[str, ...]) -> float | None:
@@ -58,20 +65,33 @@ def emergence_rows(store: Store, run: str, curve_points: int = 5, refs: dict[str
                             for i in range(curve_points)}) if hist else []
             for h in (h for h in hist if h["step"] in picks):
                 rows.append({"stage / step": f"{stage} step {h['step']} (train samples)",
-                             "accuracy": first_metric(h, ACCURACY_KEYS), "mean length": first_metric(h, LENGTH_KEYS)})
+                             "accuracy": first_metric(h, ACCURACY_KEYS), "mean length": first_metric(h, LENGTH_KEYS),
+                             **tool_use(h, TRAIN_TOOL_COLUMNS)})
         row = {"stage / step": f"{stage} (held-out)"}
         evaluation = evaluations.get(stage)
         for column, keys in EVAL_COLUMNS.items():
             row["accuracy" if column == "greedy accuracy" else column] = (
                 first_metric(evaluation.metrics, keys) if evaluation is not None else None)
-        rows.append(row)
+        rows.append({**row, **(tool_use(evaluation.metrics, TOOL_COLUMNS) if evaluation is not None else {})})
     return rows, histories
 
 
+def tool_use(metrics: dict[str, Any], columns: dict[str, tuple[str, ...]]) -> dict[str, float]:
+    """The tool-use columns ``metrics`` holds (``TOOL_COLUMNS``, ``TRAIN_TOOL_COLUMNS``); none without tools, so a
+    row of a run without tools has the keys it had before."""
+    return {column: value for column, keys in columns.items() if (value := first_metric(metrics, keys)) is not None}
+
+
+def tool_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The tool-use columns some row has, in ``TOOL_COLUMNS``' order: none in a run without tools."""
+    return [c for c in TOOL_COLUMNS if any(r.get(c) is not None for r in rows)]
+
+
 def emergence_table(rows: list[dict[str, Any]]) -> str:
-    """The markdown of ``emergence_rows``' rows: shares in percent, the rm score to two decimals."""
+    """The markdown of ``emergence_rows``' rows: shares in percent, the rm score and calls per answer to two
+    decimals; the tool-use columns only where a row has them (``tool_columns``)."""
     columns = ["stage / step", "accuracy", "pass@1", "mean length", "format rate", "forced-reasoning accuracy",
-               "direct answers", "rm score", "preferred rate"]
+               "direct answers", "rm score", "preferred rate", *tool_columns(rows)]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         cells = []
@@ -82,7 +102,7 @@ def emergence_table(rows: list[dict[str, Any]]) -> str:
             elif c in PERCENT_COLUMNS:
                 cells.append(f"{100 * v:.1f}%")
             elif isinstance(v, float):
-                cells.append(f"{v:.2f}" if c == "rm score" else f"{v:.1f}")
+                cells.append(f"{v:.2f}" if c in ("rm score", "calls per answer") else f"{v:.1f}")
             else:
                 cells.append(str(v))
         lines.append("| " + " | ".join(cells) + " |")
@@ -91,12 +111,17 @@ def emergence_table(rows: list[dict[str, Any]]) -> str:
 
 def source_rows(evaluations: dict[str, StageRef | None], histories: dict[str, list[dict[str, Any]]]
                 ) -> list[dict[str, Any]]:
-    """Per-source numbers: each model stage's held-out ``eval/{source}/{metric}`` and each RL stage's
-    ``rewards/{source}/mean`` at its last step; rows ``{"stage", "source", "metric", "value"}``."""
+    """Per-source numbers: each model stage's held-out ``eval/{source}/{metric}`` (with tools also
+    ``eval/{source}/tools/{rate}``, metric ``tools/{rate}``; the stage's own ``eval/tools/{rate}`` is no source's) and
+    each RL stage's ``rewards/{source}/mean`` at its last step; rows ``{"stage", "source", "metric", "value"}``."""
     rows = []
     for stage, evaluation in evaluations.items():
         for key, value in sorted((evaluation.metrics if evaluation else {}).items()):
             parts = key.split("/")
+            if len(parts) == 4 and parts[0] == "eval" and parts[2] == "tools":  # a source's tool use
+                parts = [parts[0], parts[1], f"tools/{parts[3]}"]
+            elif parts[:2] == ["eval", "tools"] and parts[-1].removesuffix("_sampled") in TOOL_RATES:
+                continue  # the stage's own tool use: the emergence table's columns
             if len(parts) == 3 and parts[0] == "eval" and not BENCHMARK_METRIC.match(key):  # benchmarks: own table
                 rows.append({"stage": f"{stage} (held-out)", "source": parts[1], "metric": parts[2], "value": value})
     for stage, hist in histories.items():

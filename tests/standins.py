@@ -28,11 +28,37 @@ from tests.grpo_core.trace_fixtures import openr1_rows  # noqa: E402
 
 REVISION = "0" * 39 + "1"
 
-CHATML = (  # Qwen2.5-Instruct's template (tools left out)
-    "{%- for message in messages %}{%- if loop.first and messages[0]['role'] != 'system' %}"
-    "{{- '<|im_start|>system\\n' + default_system + '<|im_end|>\\n' }}{%- endif %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+CHATML = (  # Qwen2.5's template (Instruct and Math alike; default_system: the model's own default system prompt):
+    # the `tools` schemas in the system turn, an assistant turn's tool_calls as <tool_call> JSON, a `tool` message as
+    # a user turn of <tool_response> blocks; without tools the plain ChatML of user/assistant/system turns
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}{%- else %}{{- default_system }}{%- endif %}"
+    "{{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are "
+    "provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}"
+    "{%- for tool in tools %}{{- \"\\n\" }}{{- tool | tojson }}{%- endfor %}"
+    "{{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n\" }}"
+    "{%- else %}{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\n' + default_system + '<|im_end|>\\n' }}{%- endif %}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or "
+    "(message.role == \"assistant\" and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- elif message.role == \"assistant\" %}{{- '<|im_start|>' + message.role }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
+    "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == \"tool\" %}"
+    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
+    "{%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+TOOL_TAGS = ["<tool_call>", "</tool_call>"]  # added tokens of every Qwen2.5 tokenizer (ids 151657, 151658), not special
 QWEN3 = (  # Qwen3's: earlier turns' reasoning dropped, optional empty think block
     "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' }}"
     "{%- if message['role'] == 'assistant' and '</think>' in message['content'] %}"
@@ -172,7 +198,7 @@ def _tokenizer(dest: Path, template: str, system: str | None, eos: str) -> int:
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(_corpus(), trainers.BpeTrainer(
         vocab_size=600, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.add_tokens(["<think>", "</think>"])
+    tok.add_tokens(["<think>", "</think>", *TOOL_TAGS])  # whole tokens, as in the Qwen vocabularies
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token="<|endoftext|>",
                                    additional_special_tokens=specials[1:])
     fast.chat_template = template.replace("default_system", repr(system or ""))

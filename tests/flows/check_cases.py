@@ -11,9 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGES = ("prepare_data", "cold_start_sft", "grpo_train", "rejection_sample", "sft_consolidate", "final_rl")
 
 
-def assert_check_passes(config_name: str, tmp_path: Path, *, gpu: bool) -> str:
+def assert_check_passes(config_name: str, tmp_path: Path, *, gpu: bool, logs: bool = False) -> str:
     """The config runs end to end in miniature against stand-ins of its hub models and data sets; every stage
-    commits, the user's store is never touched; returns the output."""
+    commits, the user's store is never touched; returns the output (with ``logs`` the stages' log lines after it)."""
     out = run_check(ROOT / "configs" / config_name, tmp_path)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-6000:]
@@ -24,4 +24,4 @@ def assert_check_passes(config_name: str, tmp_path: Path, *, gpu: bool) -> str:
     if gpu:  # the plan for the config's hardware header comes first
         assert "plan for" in out.stdout and "fits" in out.stdout
     assert not (tmp_path / "user-store").exists()
-    return out.stdout
+    return out.stdout + out.stderr if logs else out.stdout
