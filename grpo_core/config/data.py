@@ -160,7 +160,8 @@ class CountdownData(_Strict):
 class CalcData(_Strict):
     """The built-in calc task (``grpo_core.data.calc``), where a tool pays: two operands too long for a tiny model to
     combine in its head, one ``calculator`` call away. Its cold start calls the calculator rarely (``tool_fraction``);
-    the tiny base's corpus holds ``pretrain_size`` sums worked in the head, no tool."""
+    the tiny base's corpus holds ``pretrain_size`` sums, of which ``pretrain_tool_fraction`` call the calculator (as a
+    large base model has seen tool calls: the skill there, the habit for the cold start and RL to set)."""
 
     num_train: int = Field(1000, gt=0, description="training prompts, distinct")
     num_eval: int = Field(200, gt=0, description="held-out problems, distinct, none among the training, cold-start or "
@@ -173,8 +174,10 @@ class CalcData(_Strict):
     cold_start_size: int = Field(2000, ge=0, description="cold-start traces (prompts may repeat), every one right")
     tool_fraction: float = Field(0.1, ge=0, le=1, description="share of cold-start traces that call the calculator "
                                  "(exactly, rounded); the rest compute in the head")
-    pretrain_size: int = Field(0, ge=0, description="sums worked in the head (no tool) in the tiny base's "
-                               "pretraining corpus (beside the chain task: needs data.pretrain_size > 0); 0: none")
+    pretrain_size: int = Field(0, ge=0, description="sums in the tiny base's pretraining corpus (beside the chain "
+                               "task: needs data.pretrain_size > 0); 0: none")
+    pretrain_tool_fraction: float = Field(0.0, ge=0, le=1, description="share of the pretraining sums that call the "
+                                          "calculator (exactly, rounded); the rest are worked in the head")
 
 
 class DataConfig(_Strict):

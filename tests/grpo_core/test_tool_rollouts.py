@@ -307,3 +307,13 @@ def test_calc_alone_makes_the_pretraining_corpus_from_its_own_size():
     config = PipelineConfig.model_validate({**base, "data": {"builtin_task": None, "calc": {"pretrain_size": 30}},
                                             "evaluate": {"source_rewards": {"calc": "calc_accuracy"}}})
     assert config.data.calc.pretrain_size == 30
+
+
+def test_a_share_of_the_pretraining_sums_call_the_calculator():
+    calc = {"num_train": 20, "num_eval": 5, "digits": 3, "cold_start_size": 10, "pretrain_size": 40}
+    plain = prepare_datasets(DataConfig(builtin_task=None, calc=calc))
+    assert not any("<tool_call>" in r["completion"] for r in plain.pretrain)  # the default: worked in the head
+    data = prepare_datasets(DataConfig(builtin_task=None, calc={**calc, "pretrain_tool_fraction": 0.25}))
+    with_tool = [r for r in data.pretrain if "<tool_call>" in r["completion"]]
+    assert len(with_tool) == 10 and [r["prompt"] for r in data.pretrain] == [r["prompt"] for r in plain.pretrain]
+    assert all(TOOL_RESPONSE_OPEN in r["completion"] and TOOL_RESPONSE_CLOSE in r["completion"] for r in with_tool)
