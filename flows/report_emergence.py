@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flows.report_tables import ACCURACY_KEYS, first_metric
+from flows.report_tables import ACCURACY_KEYS, first_metric, tool_columns
 from grpo_core.evaluation import emergence
 from tasks.storage.manifest import StageRef
 
@@ -128,7 +128,7 @@ def reasoning_sources(metrics: dict[str, Any]) -> list[str]:
 
 def emergence_section(measured: dict[str, Any]) -> str:
     """The report's "Emergence, measured" section: the phase table, the rules, the aha verdict per RL stage."""
-    tools = [c for c in TOOL_COLUMNS if any(r.get(c) is not None for r in measured["rows"])]
+    tools = tool_columns(measured["rows"], TOOL_COLUMNS)
     columns = ["stage", "phase", *MEASURED_COLUMNS, *tools]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in measured["rows"]:

@@ -82,9 +82,9 @@ def tool_use(metrics: dict[str, Any], columns: dict[str, tuple[str, ...]]) -> di
     return {column: value for column, keys in columns.items() if (value := first_metric(metrics, keys)) is not None}
 
 
-def tool_columns(rows: list[dict[str, Any]]) -> list[str]:
-    """The tool-use columns some row has, in ``TOOL_COLUMNS``' order: none in a run without tools."""
-    return [c for c in TOOL_COLUMNS if any(r.get(c) is not None for r in rows)]
+def tool_columns(rows: list[dict[str, Any]], columns: dict[str, tuple[str, ...]] = TOOL_COLUMNS) -> list[str]:
+    """The tool-use columns some row has, in ``columns``' order: none in a run without tools."""
+    return [c for c in columns if any(r.get(c) is not None for r in rows)]
 
 
 def emergence_table(rows: list[dict[str, Any]]) -> str:

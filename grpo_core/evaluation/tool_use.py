@@ -24,7 +24,7 @@ from typing import Any
 from grpo_core.config import ToolSampling
 from grpo_core.generation import GenerationBackend, GenerationRequest, Rollout
 from grpo_core.generation.trajectory import TrajectoryStats, generate_trajectories, tool_call_close_id
-from grpo_core.tools import ToolSet, tool_spec_problem
+from grpo_core.tools import ToolSet
 
 TOOL_USE_KEYS = ("tools/call_rate", "tools/calls_per_response", "tools/error_rate")
 
@@ -44,11 +44,9 @@ class ToolSampler:
         sampling); None without tools (single-turn sampling, as before)."""
         if not sampling.tools:
             return None
-        for i, spec in enumerate(sampling.tools):
-            if problem := tool_spec_problem(spec):
-                raise ValueError(f"sampling.tools[{i}]: {problem}")
+        tools = ToolSet.from_specs(sampling.tools, field="sampling.tools")
         tool_call_close_id(tokenizer)  # </tool_call> must be one token: a clear error here, not mid-evaluation
-        return cls(ToolSet.from_specs(sampling.tools), tokenizer, sampling.max_turns)
+        return cls(tools, tokenizer, sampling.max_turns)
 
     def schemas(self) -> list[dict[str, Any]]:
         """The tools' function schemas, for the chat prompts (``encode_prompts(tools=...)``)."""

@@ -83,9 +83,18 @@ class ToolSet:
         self.reset_stats()
 
     @classmethod
-    def from_specs(cls, specs: Sequence[str], **kwargs: Any) -> ToolSet:
-        """Tools by ``load_tool`` spec: built-in names or ``package.module:function`` paths."""
-        return cls([load_tool(spec) for spec in specs], **kwargs)
+    def from_specs(cls, specs: Sequence[str], *, field: str | None = None, **kwargs: Any) -> ToolSet:
+        """Tools by ``load_tool`` spec: built-in names or ``package.module:function`` paths. ``field`` (a config
+        field, e.g. ``sampling.tools``): a spec that does not load fails naming it, ``sampling.tools[1]: ...``."""
+        tools = []
+        for i, spec in enumerate(specs):
+            try:
+                tools.append(load_tool(spec))
+            except ValueError as e:
+                if field is None:
+                    raise
+                raise ValueError(f"{field}[{i}]: {e}") from None
+        return cls(tools, **kwargs)
 
     @property
     def names(self) -> list[str]:

@@ -44,7 +44,7 @@ from grpo_core.generation.trajectory import tool_call_close_id
 from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.rewards.reward_model import share_moments
 from grpo_core.rewards.scoring import resolve_reward
-from grpo_core.tools import ToolSet, tool_spec_problem
+from grpo_core.tools import ToolSet
 from grpo_core.trainer.async_rollouts import NextRollouts, ReferenceLogps, sampler_placement, split_cpus
 from grpo_core.trainer.distributed import DistContext
 from grpo_core.trainer.during_rl import heldout_slice, rl_eval_config
@@ -126,12 +126,8 @@ def check_inputs(config: GRPOConfig, ctx: DistContext, train_rows: list[dict[str
 def load_rollout_tools(config: GRPOConfig) -> ToolSet | None:
     """The tools of multi-turn rollouts (``sampling.tools``), loaded before any model so that a spec that does not
     load fails in seconds, naming the field; None without tools (single-turn rollouts, as before)."""
-    if not config.sampling.tools:
-        return None
-    for i, spec in enumerate(config.sampling.tools):
-        if (problem := tool_spec_problem(spec)) is not None:
-            raise ValueError(f"sampling.tools[{i}]: {problem}")
-    return ToolSet.from_specs(config.sampling.tools)  # python's sandbox check runs here, where rollouts run
+    # python's sandbox check runs here, where rollouts run
+    return ToolSet.from_specs(config.sampling.tools, field="sampling.tools") if config.sampling.tools else None
 
 
 def build_mixture(config: GRPOConfig, train_rows: list[dict[str, Any]], reward_funcs: RewardFuncs | None,

@@ -1,5 +1,5 @@
 """What the trainer tests share: a run's metrics, two runs' final weights compared bit for bit, a run in two
-torchrun processes, and a child run killed in the middle of a step."""
+torchrun processes, a child run killed in the middle of a step, and a scripted sampler's turn as a rollout."""
 
 from __future__ import annotations
 
@@ -63,3 +63,16 @@ def kill_after_line(proc: subprocess.Popen, output_dir: Path, line: int, rng: ra
     time.sleep(rng.uniform(0.0, max_delay))  # somewhere in the next step: generating, training or checkpointing
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL, "the child finished before it could be killed"
+
+
+def scripted_rollout(tokenizer, prompt: list[int], turn: str, request):
+    """A scripted sampler's ``turn`` for ``prompt`` as the backend would return it: ending in EOS unless it ends on
+    one of ``request.stop_token_ids`` (a tool call), cut to ``request.max_tokens`` (then truncated), no log-probs."""
+    from grpo_core.generation.base import Rollout
+
+    ids = tokenizer(turn, add_special_tokens=False)["input_ids"]
+    ids = ids if ids[-1] in request.stop_token_ids else ids + [tokenizer.eos_token_id]
+    truncated = len(ids) > request.max_tokens
+    ids = ids[: request.max_tokens]
+    shown = ids[:-1] if ids[-1] == tokenizer.eos_token_id else ids
+    return Rollout(prompt, ids, None, truncated, tokenizer.decode(shown, skip_special_tokens=True))

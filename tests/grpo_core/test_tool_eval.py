@@ -17,13 +17,13 @@ from grpo_core.config import EvalConfig, GRPOConfig, RejectionSamplingConfig
 from grpo_core.data.calc import calc_accuracy, tool_call_text
 from grpo_core.evaluation.heldout import evaluate, sample_seed
 from grpo_core.evaluation.tool_use import tool_use_metrics
-from grpo_core.generation.base import Rollout
 from grpo_core.generation.trajectory import tool_call_close_id
 from grpo_core.models.tiny import build_tiny_model
 from grpo_core.recipe.rejection import rejection_sample
 from grpo_core.tools import TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN
 from grpo_core.trainer.during_rl import rl_eval_config
 from tasks.config.pipeline import ConfigError, load_config
+from tests.grpo_core.run_helpers import scripted_rollout
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,12 +96,7 @@ class ScriptedSampler:
             turn = self.turn(text, part)
             if TOOL_RESPONSE_CLOSE not in text:
                 assert self.parts.setdefault((request.greedy, text + turn), part) == part, "a first turn, two parts"
-            ids = self.tokenizer(turn, add_special_tokens=False)["input_ids"]
-            ids = ids if ids[-1] in request.stop_token_ids else ids + [self.tokenizer.eos_token_id]
-            truncated = len(ids) > request.max_tokens
-            ids = ids[: request.max_tokens]
-            shown = ids[:-1] if ids[-1] == self.tokenizer.eos_token_id else ids
-            out.append(Rollout(prompt, ids, None, truncated, self.tokenizer.decode(shown, skip_special_tokens=True)))
+            out.append(scripted_rollout(self.tokenizer, prompt, turn, request))
         return out
 
 

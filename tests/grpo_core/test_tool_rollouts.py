@@ -28,7 +28,7 @@ from grpo_core.trainer.loop import train_grpo
 from grpo_core.trainer.metrics import completion_metrics, tool_metrics
 from grpo_core.trainer.sft import IGNORE_INDEX, encode_sft_row
 from tasks.config.pipeline import ConfigError, PipelineConfig, load_config
-from tests.grpo_core.run_helpers import read_metrics
+from tests.grpo_core.run_helpers import read_metrics, scripted_rollout
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,12 +75,7 @@ class CalcSampler:
             else:
                 wrong = eval(expression) + 1  # noqa: S307 - the script's own two-operand sum
                 turn = f"<think>{expression}={wrong}</think><answer>{wrong}</answer>"
-            ids = self.tokenizer(turn, add_special_tokens=False)["input_ids"]
-            ids = ids if ids[-1] in request.stop_token_ids else ids + [self.tokenizer.eos_token_id]
-            truncated = len(ids) > request.max_tokens
-            ids = ids[: request.max_tokens]
-            shown = ids[:-1] if ids[-1] == self.tokenizer.eos_token_id else ids
-            out.append(Rollout(prompt, ids, None, truncated, self.tokenizer.decode(shown, skip_special_tokens=True)))
+            out.append(scripted_rollout(self.tokenizer, prompt, turn, request))
         return out
 
     def update_weights(self, model) -> None:
