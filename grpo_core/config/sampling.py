@@ -78,15 +78,16 @@ class ToolSampling(_Strict):
     (``grpo_core/generation/trajectory.py``, ``grpo_core/tools``): GRPO's rollouts (``GRPOSampling``), evaluation
     (``EvalSampling``) and rejection sampling (``RejectionSampling``) take them from here, so the fields and their
     check are written once. Mixed in before the ``SamplingConfig`` subclass (``class GRPOSampling(ToolSampling,
-    SamplingConfig)``); its check reads that class's ``use_vllm`` (and ``vllm_mode`` where the use has one)."""
+    SamplingConfig)``). Trajectories are built over any backend's ``generate`` (transformers, colocated vLLM, a
+    generation server's client), one call per turn."""
 
     tools: list[str] = Field(
         default_factory=list, description="tools the model may call while it samples: built-in names (calculator, "
         "python) or import paths package.module:function (grpo_core.tools.load_tool). A model turn that ends in "
         "<tool_call>...</tool_call> is answered in a tool turn and the model continues; chat prompts get the tools' "
         "schemas (apply_chat_template(tools=)); in training the tool turns' tokens stay in the sequence but out of "
-        "the loss. Transformers sampler only so far (use_vllm: false; no async_rollouts in GRPO); empty = "
-        "single-turn completions",
+        "the loss. Either sampler (transformers or vLLM, colocated or a generation server); not with GRPO's "
+        "async_rollouts yet; empty = single-turn completions",
         json_schema_extra={"trl": "GRPOTrainer(tools=[...]), an argument of the trainer"})
     max_turns: int = Field(
         4, ge=1, description="with tools: model turns per completion at most, so at most max_turns - 1 tool calls "
@@ -95,7 +96,7 @@ class ToolSampling(_Strict):
 
     @model_validator(mode="after")
     def _check_tools(self) -> "ToolSampling":
-        """Tool rollouts on the sampler they are built for; ``max_turns`` only with tools (it would be ignored).
+        """Each tool named once; ``max_turns`` only with tools (it would be ignored).
         Whether each tool loads is checked where it is loaded (``tool_spec_problem``: ``r1``'s config loader, the
         trainer, evaluation and rejection sampling before any model)."""
         if not self.tools:
@@ -111,14 +112,6 @@ class ToolSampling(_Strict):
         twice = sorted({spec for spec in self.tools if self.tools.count(spec) > 1})
         if twice:
             raise ValueError(f"sampling.tools names {', '.join(twice)} more than once; give each tool once")
-        server = getattr(self, "vllm_mode", None) == "server"
-        if getattr(self, "use_vllm", None) is not False or server:
-            if "vllm_mode" in type(self).model_fields:  # GRPO's rollouts: a generation server and async ones too
-                raise ValueError("sampling.tools: multi-turn tool rollouts run on the transformers sampler only so "
-                                 "far (vLLM, its generation server and async_rollouts are not supported with tools "
-                                 "yet); set sampling.use_vllm: false (and sampling.vllm_mode: colocate)")
-            raise ValueError("sampling.tools: multi-turn tool rollouts run on the transformers sampler only so far "
-                             "(vLLM is not supported with tools yet); set sampling.use_vllm: false")
         return self
 
 
@@ -213,7 +206,7 @@ class EvalSampling(ToolSampling, BatchedSampling):
     use_vllm: bool | None = Field(
         None, description="sample with vLLM (true) or transformers (false); None = as the evaluated stage samples: "
         "an RL stage's own sampling.use_vllm, grpo_train's for the SFT stages (tasks/stages/evaluate.py: eval_use_vllm); "
-        "transformers for a model folder (r1 eval DIR); false with sampling.tools")
+        "transformers for a model folder (r1 eval DIR)")
 
 
 class RejectionSampling(ToolSampling, BatchedSampling):

@@ -4,9 +4,9 @@
 ``generate_trajectories`` returns one ``Rollout`` per completion, as a backend's ``generate`` does: ``prompt_ids`` the
 original prompt; ``completion_ids`` the model's tokens and the tool turns' tokens in order; ``tool_mask`` 1 on the
 tool turns' tokens; ``logprobs`` the sampler's own on the model's tokens and 0.0 on tool tokens (None when the
-backend gave none); ``text`` the whole completion decoded (tool turns included) as the backends decode, without a
-final EOS. ``</tool_call>`` must be one token of the tokenizer: it is a stop token of every model turn
-(``GenerationRequest.stop_token_ids``), kept in the completion.
+backend gave none); ``text`` the whole completion (``trajectory_text``): the model's turns decoded as the backends
+decode, without a final EOS, the tool turns verbatim, special tokens included. ``</tool_call>`` must be one token of
+the tokenizer: it is a stop token of every model turn (``GenerationRequest.stop_token_ids``), kept in the completion.
 
 A trajectory ends when the model ends its turn without a tool call (EOS), when a turn asks for a tool but
 ``max_turns`` model turns are used (not truncated: the unanswered call is the model's own ending, scored as such),
@@ -91,6 +91,7 @@ class _Trajectory:
     ids: list[int] = field(default_factory=list)
     logps: list[float] | None = field(default_factory=list)
     tool_mask: list[int] = field(default_factory=list)
+    segments: list[tuple[int, bool]] = field(default_factory=list)  # (start in ids, tool turn) of each turn
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -105,6 +106,8 @@ class _Trajectory:
         if len(ids) > room:
             ids, logps = ids[:room], logps[:room] if logps is not None else None
             self.truncated = self.done = True
+        if ids:
+            self.segments.append((len(self.ids), tool))
         self.ids += ids
         self.tool_mask += [int(tool)] * len(ids)
         if self.logps is None:  # a model turn came without log-probs: None for good
@@ -150,6 +153,17 @@ def tool_turn_format(tokenizer: Any) -> tuple[str, str]:
             before, _, after = turn.partition(_PROBE)
             return before, after
     return TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE
+
+
+def trajectory_text(t: _Trajectory, tokenizer: Any) -> str:
+    """The completion's text, turn by turn: a model turn decoded as the backends decode (special tokens skipped, the
+    final EOS left out), a tool turn verbatim (special tokens kept: the ``<|im_end|>`` / ``<|im_start|>user`` Qwen2.5's
+    template wraps a result in stay in the text), so tokenizing the text again turn by turn (SFT on a kept trajectory,
+    ``trainer.sft.encode_completion``) gives back the tokens the model was sampled on."""
+    end = len(t.ids) - 1 if t.ends_on_eos else len(t.ids)
+    bounds = [start for start, _ in t.segments[1:]] + [end]
+    return "".join(tokenizer.decode(t.ids[start:min(stop, end)], skip_special_tokens=not tool)
+                   for (start, tool), stop in zip(t.segments, bounds))
 
 
 def generate_trajectories(
@@ -219,9 +233,8 @@ def generate_trajectories(
         outputs = backend.generate([trajectories[i].prompt + trajectories[i].ids for i in live], turn_request)
     rollouts = []
     for t in trajectories:
-        text_ids = t.ids[:-1] if t.ends_on_eos else t.ids  # the backends' text leaves out the final EOS
-        text = tokenizer.decode(text_ids, skip_special_tokens=True)
-        rollouts.append(Rollout(t.prompt, t.ids, t.logps, t.truncated, text, tool_mask=t.tool_mask))
+        rollouts.append(Rollout(t.prompt, t.ids, t.logps, t.truncated, trajectory_text(t, tokenizer),
+                                tool_mask=t.tool_mask))
         if stats is not None:
             stats.turns.append(t.turns)
             stats.tool_calls.append(t.tool_calls)

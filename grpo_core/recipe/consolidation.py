@@ -67,10 +67,19 @@ def general_source_names(train_rows: Iterable[dict[str, Any]]) -> set[str]:
 
 def label_rows(rows: Iterable[dict[str, Any]], general_row_sources: Collection[str] = ()) -> list[dict[str, Any]]:
     """``{prompt, completion, source}`` rows, ``source`` = ``general:{source}`` for a row of one of
-    ``general_row_sources``, else ``reasoning`` (a row with no source was verified by a rule: reasoning)."""
-    return [{"prompt": r["prompt"], "completion": r["completion"],
-             "source": f"general:{r['source']}" if r.get("source") in general_row_sources else REASONING}
-            for r in rows]
+    ``general_row_sources``, else ``reasoning`` (a row with no source was verified by a rule: reasoning); with
+    ``tools`` too (``with_tools``) where a row has them (rejection sampling with tools)."""
+    return with_tools([{"prompt": r["prompt"], "completion": r["completion"], "tools": r.get("tools"),
+                        "source": f"general:{r['source']}" if r.get("source") in general_row_sources else REASONING}
+                       for r in rows])
+
+
+def with_tools(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with a ``tools`` key on every row (None where a row has none; parquet takes its columns from the
+    first row) when any row has tools, else on none (a set sampled without tools is written as before)."""
+    if any(r.get("tools") for r in rows):
+        return [{**r, "tools": r.get("tools")} for r in rows]
+    return [{k: v for k, v in r.items() if k != "tools"} for r in rows]
 
 
 def count_by_source(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
@@ -103,5 +112,5 @@ def mix_by_ratio(rows: Sequence[dict[str, Any]], general: dict[str, list[dict[st
     if n_general > len(pool):  # too little general data: keep all of it, sample the reasoning rows down
         n_general = len(pool)
         reasoning = rng.sample(reasoning, min(len(reasoning), round(n_general * ratio)))
-    mixed = reasoning + rng.sample(pool, n_general)
+    mixed = with_tools(reasoning + rng.sample(pool, n_general))
     return mixed, count_by_source(mixed)

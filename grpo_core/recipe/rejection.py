@@ -20,8 +20,10 @@ With ``sampling.tools`` a sample is a multi-turn trajectory (``evaluation.tool_u
 tools' schemas): the model's turns and the tool turns that answer its calls. It passes when its final answer does:
 the rewards read the whole text (``calc_accuracy`` never reads a tool turn's content as the answer). The readability
 filters read the model's turns only (its own tokens, ``Rollout.tool_mask`` 0: a tool's output is not the model's
-chain of thought), their token count too. The kept completion keeps its tool turns in the text, so consolidation's
-SFT trains on the model's turns with the tool turns masked out of the loss (``trainer/sft.py``). The tool use is
+chain of thought), their token count too. The kept completion keeps its tool turns in the text (verbatim, as the chat
+template wrapped them: ``generation.trajectory.trajectory_text``) and the row the tools' schemas in its ``tools``
+column (JSON text, TRL's column name), so consolidation's SFT encodes the prompt with the schemas and the completion
+into the tokens that were sampled, the tool turns masked out of the loss (``trainer/sft.py``). The tool use is
 counted in ``rs/tools/calls``, ``rs/tools/errors``, ``rs/tools/samples_with_call`` and ``rs/tools/kept_with_call``.
 
 Prompts longer than ``max_prompt_length`` are truncated or dropped by ``long_prompts``
@@ -37,6 +39,7 @@ least ``min_score``, best first. The consolidation stage mixes general SFT rows 
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -95,6 +98,7 @@ class _Scored:
     model_texts: list[str]  # the model's turns (the text, for a sample without tool turns): what readability reads
     model_lengths: list[int]  # their tokens (completion_length, less the tool turns' tokens)
     use: TrajectoryStats | None  # with tools: each sample's tool calls and error turns
+    tools_json: str | None  # with tools: their schemas as JSON, the kept rows' ``tools`` column
 
 
 def rejection_sample(config: RejectionSamplingConfig, backend: GenerationBackend, tokenizer: Any,
@@ -155,7 +159,8 @@ def sample_and_filter(config: RejectionSamplingConfig, rule: KeepRule, backend: 
             else:
                 kept_texts.append(scored.rollouts[k].text)
                 kept_with_call += scored.use is not None and scored.use.tool_calls[k] > 0
-        kept_rows += [{"prompt": row["prompt"], "completion": t, "id": f"{scored.row_ids[i]}-rs{m}"}
+        kept_rows += [{"prompt": row["prompt"], "completion": t, "id": f"{scored.row_ids[i]}-rs{m}",
+                       **({"tools": scored.tools_json} if scored.tools_json is not None else {})}
                       for m, t in enumerate(kept_texts)]
         per_prompt.append({"id": row.get("id", scored.row_ids[i]),
                            "pass_rate": sum(scored.correct[i * n:(i + 1) * n]) / n, "kept": len(kept_texts)})
@@ -213,7 +218,7 @@ def _sample_and_score(config: RejectionSamplingConfig, rule: KeepRule, backend: 
     model_texts = [model_turns_text(r, tokenizer) for r in rollouts]
     model_lengths = [completion_length(r) - sum(r.tool_mask or []) for r in rollouts]
     return _Scored(rows, row_ids, encoded, rollouts, correct, score, formatted, lang_ok, model_texts, model_lengths,
-                   use)
+                   use, json.dumps(tools.schemas()) if tools is not None else None)
 
 
 def model_turns_text(rollout: Rollout, tokenizer: Any) -> str:

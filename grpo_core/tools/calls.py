@@ -74,11 +74,18 @@ def format_tool_response(content: str) -> str:
     return f"{TOOL_RESPONSE_OPEN}\n{content}\n{TOOL_RESPONSE_CLOSE}"
 
 
-def tool_response_spans(text: str) -> list[tuple[int, int]]:
-    """``(start, end)`` character spans of the tool turns in a completion, tags included (what a rollout's
-    ``tool_mask`` covers in the tiny model's format, and what SFT leaves out of the loss); a tool turn left open at
-    the end runs to the end of the text."""
-    return [m.span() for m in TOOL_TURN.finditer(text)]
+def tool_response_spans(text: str, before: str = TOOL_RESPONSE_OPEN, after: str = TOOL_RESPONSE_CLOSE
+                        ) -> list[tuple[int, int]]:
+    """``(start, end)`` character spans of the tool turns in a completion: from ``before`` to ``after``, both
+    included (default the tags; a chat template's own tool turn, ``generation.trajectory.tool_turn_format``, is what
+    a rollout's ``tool_mask`` covers and what SFT leaves out of the loss); a tool turn left open at the end runs to
+    the end of the text."""
+    if (before, after) == (TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE):
+        return [m.span() for m in TOOL_TURN.finditer(text)]
+    if not before or not after:  # a format without both edges: no span can be told apart
+        return []
+    turn = re.compile(rf"{re.escape(before)}(.*?)(?:{re.escape(after)}|\Z)", re.DOTALL)
+    return [m.span() for m in turn.finditer(text)]
 
 
 def truncate(text: str, max_chars: int) -> str:

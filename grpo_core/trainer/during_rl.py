@@ -34,7 +34,7 @@ def rl_eval_config(config: GRPOConfig, base: EvalConfig | None = None) -> EvalCo
     """The evaluation ``config.eval_steps`` runs: ``base`` (the pipeline's ``evaluate`` section: reward, sample
     count, temperature, phrase lists, seed; default ``EvalConfig`` scored by the stage's first named reward) with
     the GRPO stage's prompt/completion lengths, no forced reasoning and no general sources. Its ``sampling.tools``
-    (multi-turn evaluation) stay: the trainer's sampler must then be transformers, as GRPO's own tool rollouts need."""
+    (multi-turn evaluation) stay: the trainer's sampler (transformers or vLLM) samples the trajectories."""
     if base is None:
         entries = config.sources[0].reward_funcs if config.sources else config.reward_funcs
         named = [e for e in entries if isinstance(e, str)]
@@ -43,11 +43,6 @@ def rl_eval_config(config: GRPOConfig, base: EvalConfig | None = None) -> EvalCo
                              "(an EvalConfig with reward_func) or name a registered reward first in reward_funcs")
         base = EvalConfig(reward_func=named[0], emergence=config.emergence, seed=config.seed)
     g = config.sampling
-    if base.sampling.tools and (g.use_vllm is not False or g.vllm_mode == "server" or config.async_rollouts):
-        raise ValueError(f"eval_steps: evaluate.sampling.tools ({', '.join(base.sampling.tools)}) makes evaluation "
-                         "multi-turn, and evaluation during RL samples on the trainer's own sampler, which is vLLM "
-                         "(or async) here; multi-turn tool rollouts run on the transformers sampler only so far: set "
-                         "this stage's sampling.use_vllm: false (no async_rollouts), or remove eval_steps")
     sampling = base.sampling.model_copy(update={"max_prompt_length": g.max_prompt_length, "long_prompts":
                                                 g.long_prompts, "max_completion_length": g.max_completion_length})
     return base.model_copy(update={"sampling": sampling, "forced_reasoning": False, "general_sources": [],

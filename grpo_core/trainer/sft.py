@@ -4,9 +4,9 @@
 
 The loss is the mean next-token cross-entropy over completion tokens only (TRL's
 ``completion_only_loss``): prompt and padding positions get label -100, and so do a completion's tool turns
-(``<tool_response>...</tool_response>``: the tool wrote them, not the model; ``encode_completion``). A prompt is rendered with the
-tokenizer's chat template and its generation prompt, the completion follows and ends with EOS, the
-same token layout generation and GRPO see. An optimiser step averages over every completion token of
+(the tool wrote them, not the model; ``encode_completion``). A prompt is rendered with the tokenizer's chat template
+and its generation prompt (with the row's ``tools`` schemas, TRL's column, when it has them), the completion follows
+and ends with EOS, the same token layout generation and GRPO see. An optimiser step averages over every completion token of
 its ``per_device_train_batch_size x gradient_accumulation_steps`` rows (token-weighted, not
 micro-batch-weighted), so ``group_by_length`` may cut the step's rows into micro-batches in length order
 (less padding) without changing the gradient. The cross-entropy is ``-log p`` from
@@ -30,6 +30,8 @@ whole batch, not one rank's share.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import time
 from pathlib import Path
@@ -40,6 +42,7 @@ from transformers import AutoTokenizer
 
 from grpo_core.config import SFTConfig, TrackingInfo
 from grpo_core.generation.prompts import PromptStream, encode_prompt
+from grpo_core.generation.trajectory import tool_turn_format
 from grpo_core.tools import tool_response_spans
 from grpo_core.trainer.distributed import DistContext, gather_objects, micro_batches, shard
 from grpo_core.trainer.fsdp import is_sharded
@@ -62,8 +65,10 @@ IGNORE_INDEX = -100
 def encode_sft_row(tokenizer: Any, row: dict[str, Any], max_length: int, completion_only_loss: bool = True
                    ) -> tuple[list[int], list[int]]:
     """``(input_ids, labels)`` of one row; labels are -100 on prompt tokens and on the completion's tool turns
-    (``encode_completion``); right-truncated."""
-    prompt_ids = encode_prompt(tokenizer, row["prompt"])
+    (``encode_completion``); right-truncated. A row's ``tools`` (TRL's column: the function schemas, a list or its
+    JSON text, as rejection sampling writes them) go to the chat template with the prompt, as they did when the
+    completion was sampled."""
+    prompt_ids = encode_prompt(tokenizer, row["prompt"], tools=row_tools(row))
     completion_ids, completion_labels = encode_completion(tokenizer, row["completion"])
     eos = [tokenizer.eos_token_id]
     input_ids = (prompt_ids + completion_ids + eos)[:max_length]
@@ -72,16 +77,34 @@ def encode_sft_row(tokenizer: Any, row: dict[str, Any], max_length: int, complet
     return input_ids, labels
 
 
+def row_tools(row: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A row's ``tools`` column: None when absent or empty, the schemas when a list, parsed when JSON text."""
+    tools = row.get("tools")
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools) if tools.strip() else None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"row {row.get('id', '?')}: its tools field is not JSON ({e}); write the tools' function "
+                             "schemas as a list (or its JSON text), as rejection sampling does") from None
+    return list(tools) if tools else None
+
+
+@functools.lru_cache(maxsize=8)
+def _tool_turn(tokenizer: Any) -> tuple[str, str]:
+    return tool_turn_format(tokenizer)
+
+
 def encode_completion(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
-    """``(ids, labels)`` of a completion (no EOS). A completion with tool turns (``<tool_response>...
-    </tool_response>``, tags included: ``grpo_core.tools.tool_response_spans``) is tokenized piece by piece, model
+    """``(ids, labels)`` of a completion (no EOS). A completion with tool turns is tokenized piece by piece, model
     text and tool text in turn, so each turn's edges are token edges, as in a multi-turn rollout (its tool turns are
     tokenized on their own, ``generation/trajectory.py``); the tool turns' labels are -100, so SFT trains on the
     model's turns only, as GRPO's loss does. Without tool turns: the whole text at once, labels = ids.
 
-    Departure: the span masked is the tiny model's tool turn; a chat template that wraps it in more text (Qwen2.5's
-    ``<|im_end|>\\n<|im_start|>user\\n`` around it) leaves that text in the model's labels."""
-    spans = tool_response_spans(text)
+    A tool turn is what the chat template writes around a tool result (``tool_turn_format``: Qwen2.5's
+    ``<|im_end|>\\n<|im_start|>user\\n<tool_response>\\n...\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n``,
+    as a kept trajectory's text holds it), else, in a trace written without it, ``<tool_response>...</tool_response>``
+    (``grpo_core.tools.tool_response_spans``)."""
+    spans = tool_response_spans(text, *_tool_turn(tokenizer)) or tool_response_spans(text)
     if not spans:
         whole = tokenizer(text, add_special_tokens=False)["input_ids"]
         return whole, list(whole)

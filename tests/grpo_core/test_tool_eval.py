@@ -246,11 +246,8 @@ def test_rejection_sampling_without_tools_samples_single_turn(tool_tokenizer):
 
 
 @pytest.mark.parametrize("section", [EvalConfig, RejectionSamplingConfig])
-def test_evaluation_and_rejection_refuse_tools_on_vllm_as_grpo_does(section):
-    with pytest.raises(ValidationError, match=r"sampling.tools: multi-turn tool rollouts run on the transformers "
-                                              r"sampler only so far \(vLLM is not supported with tools yet\); set "
-                                              r"sampling.use_vllm: false"):
-        section(sampling={"tools": ["calculator"]})
+def test_evaluation_and_rejection_check_their_tool_fields_as_grpo_does(section):
+    assert section(sampling={"tools": ["calculator"], "use_vllm": True}).sampling.tools == ["calculator"]
     with pytest.raises(ValidationError, match=r"sampling.max_turns \(2\) bounds the model turns"):
         section(sampling={"max_turns": 2})
     with pytest.raises(ValidationError, match=r"names calculator more than once"):
@@ -258,12 +255,11 @@ def test_evaluation_and_rejection_refuse_tools_on_vllm_as_grpo_does(section):
     assert section(tools=["calculator"], use_vllm=False).sampling.tools == ["calculator"]  # the flat spelling too
 
 
-def test_evaluation_during_rl_keeps_the_tools_on_a_transformers_trainer_only():
+def test_evaluation_during_rl_keeps_the_tools_on_either_trainer_sampler():
     base = _eval_config()
-    config = GRPOConfig(sampling={"use_vllm": False}, reward_funcs=["calc_accuracy"])
-    assert rl_eval_config(config, base).sampling.tools == ["calculator"]
-    with pytest.raises(ValueError, match=r"evaluation during RL samples on the trainer's own sampler, which is vLLM"):
-        rl_eval_config(GRPOConfig(sampling={"use_vllm": True}, reward_funcs=["calc_accuracy"]), base)
+    for use_vllm in (False, True):
+        config = GRPOConfig(sampling={"use_vllm": use_vllm}, reward_funcs=["calc_accuracy"])
+        assert rl_eval_config(config, base).sampling.tools == ["calculator"]
 
 
 def test_the_shipped_tool_config_evaluates_and_rejection_samples_with_the_calculator():
@@ -279,3 +275,72 @@ def test_a_pipeline_evaluation_tool_that_does_not_load_names_its_yaml_line(tmp_p
     path.write_text("evaluate:\n  sampling:\n    use_vllm: false\n    tools: [calculatr]\n")
     with pytest.raises(ConfigError, match=r"config.yaml:4: evaluate.sampling.tools.0: tool 'calculatr'"):
         load_config(path)
+
+
+# --- a kept trajectory, fine-tuned on (sft_consolidate) ---
+
+
+class QwenToolSampler:
+    """Scripted Qwen2.5 turns: a calculator call inside the think block, then (after the tool turn) the rest of the
+    reasoning and the answer (the form the format reward passes)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def generate(self, prompt_ids, request):
+        out = []
+        for i in range(len(prompt_ids) * request.n):
+            prompt = prompt_ids[i // request.n]
+            if "<tool_response>" in self.tokenizer.decode(prompt):
+                turn = "it read 5555</think><answer>5555</answer>"
+            else:
+                turn = ('<think>a sum: the calculator<tool_call>\n{"name": "calculator", "arguments": '
+                        '{"expression": "1234+4321"}}\n</tool_call>')
+            out.append(scripted_rollout(self.tokenizer, prompt, turn, request))
+        return out
+
+    def update_weights(self, model) -> None:  # pragma: no cover - not a trainer's sampler
+        pass
+
+
+def test_a_kept_qwen_trajectory_fine_tunes_on_the_tokens_it_was_sampled_as(tmp_path):
+    """On Qwen2.5's format (a tool turn is <|im_end|> <|im_start|>user <tool_response> ... <|im_start|>assistant),
+    a trajectory rejection sampling keeps is fine-tuned on exactly what was sampled: the prompt with the tools' schemas
+    (the row's tools column) and the trajectory's own tokens, the tool turn out of the loss, the model's turns in it."""
+    import json
+
+    from grpo_core.generation.prompts import encode_prompt
+    from grpo_core.recipe.consolidation import label_rows, mix_by_ratio
+    from grpo_core.trainer.sft import IGNORE_INDEX, encode_sft_row
+    from tests.standins import build_model
+
+    tokenizer = AutoTokenizer.from_pretrained(build_model(tmp_path, "Qwen/Qwen2.5-0.5B-Instruct"))
+    rows = [{"id": "q0", "prompt": [{"role": "user", "content": "What is 1234+4321?"}], "answer": "5555"}]
+    config = _rs_config(reward_func="math_accuracy", keep_per_prompt=1,
+                        sampling={"num_generations": 2, "max_prompt_length": 768, "max_completion_length": 200,
+                                  "use_vllm": False, "tools": ["calculator"], "max_turns": 3})
+    sampler = QwenToolSampler(tokenizer)
+    kept, stats = rejection_sample(config, sampler, tokenizer, rows)
+    assert stats["rs/tools/kept_with_call"] == 1
+    [row] = kept
+    assert "<|im_end|>\n<|im_start|>user\n<tool_response>\n5555\n</tool_response><|im_end|>\n<|im_start|>assistant\n" \
+        in row["completion"]  # the tool turn as the template wrote it, not "\nuser\n...\nassistant\n"
+    schemas = json.loads(row["tools"])
+    assert [s["function"]["name"] for s in schemas] == ["calculator"]
+    # what was sampled: the same seeds give the same trajectory; its tokens and its tool mask
+    from grpo_core.evaluation.tool_use import ToolSampler
+
+    prompt_ids = encode_prompt(tokenizer, rows[0]["prompt"], tools=schemas)
+    from grpo_core.generation.base import GenerationRequest
+
+    [sampled] = ToolSampler.of(config.sampling, tokenizer).generate(
+        sampler, [prompt_ids], GenerationRequest(n=1, max_tokens=200, seeds=[0]))
+    assert sampled.text == row["completion"] and sum(sampled.tool_mask) > 0
+    for labelled in (label_rows(kept)[0], mix_by_ratio(kept, {"g": [{"prompt": "hi", "completion": "hello"}]}, 1.0,
+                                                       seed=0)[0][0]):
+        assert labelled["tools"] == row["tools"]  # the consolidation set keeps the column
+    ids, labels = encode_sft_row(tokenizer, label_rows(kept)[0], max_length=4096)
+    assert ids == prompt_ids + sampled.completion_ids  # the final EOS is the row's own (<|im_end|>)
+    expected = [IGNORE_INDEX] * len(prompt_ids) + [IGNORE_INDEX if tool else t for t, tool in
+                                                   zip(sampled.completion_ids, sampled.tool_mask)]
+    assert labels == expected

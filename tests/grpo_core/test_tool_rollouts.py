@@ -230,10 +230,8 @@ def test_prompts_carry_the_tool_schemas_where_the_template_reads_them():
 
 
 @pytest.mark.parametrize("sampling, async_rollouts, expect", [
-    ({"tools": ["calculator"]}, False, r"tools: multi-turn tool rollouts run on the transformers sampler only.*"
-                                       r"set sampling.use_vllm: false"),
-    ({"tools": ["calculator"], "use_vllm": True}, False, r"set sampling.use_vllm: false"),
     ({"tools": ["calculator"], "use_vllm": False}, True, r"sampling.tools with async_rollouts is not supported yet"),
+    ({"tools": ["calculator"]}, True, r"sampling.tools with async_rollouts is not supported yet"),
     ({"max_turns": 2}, False, r"sampling.max_turns \(2\) bounds the model turns of tool rollouts, but sampling.tools "
                               r"is empty"),
     ({"tools": ["calculator", "calculator"], "use_vllm": False}, False, r"names calculator more than once"),
@@ -243,6 +241,13 @@ def test_prompts_carry_the_tool_schemas_where_the_template_reads_them():
 def test_tool_settings_that_cannot_run_are_refused(sampling, async_rollouts, expect):
     with pytest.raises(ValidationError, match=expect):
         GRPOConfig(sampling=sampling, async_rollouts=async_rollouts)
+
+
+@pytest.mark.parametrize("sampling", [{}, {"use_vllm": True}, {"use_vllm": True, "vllm_mode": "server"}])
+def test_tools_run_on_every_sampler_but_async_rollouts(sampling):
+    """Trajectories are built over any backend's generate: vLLM colocated and a generation server are accepted."""
+    config = GRPOConfig(sampling={**sampling, "tools": ["calculator"], "max_turns": 2})
+    assert config.sampling.tools == ["calculator"] and config.sampling.max_turns == 2
 
 
 def test_tools_written_flat_move_into_sampling_and_the_default_has_none():
