@@ -44,6 +44,7 @@ EXTENDED = {  # quick modes near or over a minute on a busy 2-core CPU: the exte
     "async_vs_sync.py",  # the default's data, 2 SFT steps, two GRPO children: 30 / ~110 s
     "plan_vs_measured.py",  # a process and a 2-rank torchrun: 22 / ~80 s
     "rejection_throughput.py",  # a vLLM engine on CPU: 12 / ~90 s
+    "tool_seeds.py",  # two toy `r1 run`s of configs/tiny-tools.yaml (with tools and without): 150 s busy
 }
 NEEDS_DATA = {"reward_throughput.py", "verify_agreement.py"}  # read ../shared/data (skipped where it is absent)
 
@@ -172,6 +173,19 @@ def check_verify_agreement(lines: list[dict[str, Any]]) -> None:
             assert 0 <= r[who] <= 1 and r[f"{who}_n"] == round(r[who] * r["cases"])
 
 
+def check_tool_seeds(lines: list[dict[str, Any]]) -> None:
+    out = lines[-1]
+    assert out["quick"] and out["seeds"] == 1 and len(out["rows"]) == 1
+    [row] = out["rows"]
+    for key in ("greedy", "pass@1", "control_greedy"):
+        assert len(row[key]) == 3 and all(0 <= v <= 1 for v in row[key]), (key, row[key])
+    assert all(0 <= v <= 1 for v in row["call_rate"] + row["call_rate_sampled"])
+    finite(row["wall_s"], positive=True)
+    finite(row["control_wall_s"], positive=True)
+    finite(row["probe_s_per_step"], positive=True)
+    assert out["passes"] == int(row["passes"])
+
+
 CHECKS: dict[str, Callable[[list[dict[str, Any]]], None]] = {
     "async_vs_sync.py": check_async_vs_sync,
     "grpo_vs_trl.py": check_grpo_vs_trl,
@@ -184,6 +198,7 @@ CHECKS: dict[str, Callable[[list[dict[str, Any]]], None]] = {
     "rejection_throughput.py": check_rejection_throughput,
     "reward_throughput.py": check_reward_throughput,
     "verify_agreement.py": check_verify_agreement,
+    "tool_seeds.py": check_tool_seeds,
 }
 
 
