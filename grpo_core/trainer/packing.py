@@ -9,7 +9,8 @@ no attention mask. Transformers reads the restarts as row boundaries (``masking_
 - ``sdpa``/``eager``: transformers would build a dense ``[S, S]`` block-diagonal mask, whose attention costs
   ``S^2 = (sum_i L_i)^2`` instead of the padded batch's ``B * max_i L_i^2``, i.e. more than padding saves. So
   ``enable_padding_free`` swaps in ``padding_free_sdpa`` (registered with transformers' ``AttentionInterface``):
-  causal SDPA on each row's slice, ``sum_i L_i^2``. Calls with a mask, a batch or a cache go to plain SDPA with
+  causal SDPA on each row's part (``torch.split``: one cat in backward, not a zero-filled sequence per row),
+  ``sum_i L_i^2``. Calls with a mask, a batch or a cache go to plain SDPA with
   transformers' own mask, so the model behaves exactly as before everywhere else (generation, padded passes);
 - anything else (flex attention, ...): transformers' block-diagonal mask from the position ids.
 
@@ -118,9 +119,11 @@ def padding_free_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tens
     if attention_mask is None and position_ids is not None and query.shape[0] == 1 and key.shape[2] == S > 1:
         starts = _row_starts(position_ids)
         if len(starts) > 1:
-            bounds = starts + [S]
-            outs = [sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None,
-                                           **kwargs)[0] for a, b in zip(bounds[:-1], bounds[1:])]  # [1, L_i, h, d]
+            sizes = [b - a for a, b in zip(starts, starts[1:] + [S])]
+            # split, not slicing: a slice's backward writes its gradient into a zero tensor of the whole sequence,
+            # one per row (rows x S x h x d of fills and adds a layer); split's backward is one cat, the same values
+            outs = [sdpa_attention_forward(module, q, k, v, None, **kwargs)[0]  # [1, L_i, h, d]
+                    for q, k, v in zip(query.split(sizes, dim=2), key.split(sizes, dim=2), value.split(sizes, dim=2))]
             return torch.cat(outs, dim=1), None  # [1, S, h, d]
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 

@@ -62,6 +62,40 @@ def test_packed_hidden_states_equal_each_row_alone(model, attention):
             offset += len(alone)
 
 
+def test_per_row_attention_gradients_are_the_sliced_rows_bit_for_bit():
+    """padding_free_sdpa splits q/k/v into the rows (one cat in backward) instead of slicing each row out (a slice's
+    backward fills a zero tensor of the whole sequence per row): the outputs and q/k/v gradients are those of SDPA
+    on each slice, bit for bit, and the graph holds no per-row slice."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from grpo_core.trainer.packing import padding_free_sdpa
+
+    class Attention(torch.nn.Module):
+        is_causal = True
+
+    module, gen = Attention(), torch.Generator().manual_seed(0)
+    lengths = [int(n) for n in torch.randint(1, 30, (12,), generator=gen)]
+    S = sum(lengths)
+    position_ids = torch.cat([torch.arange(n) for n in lengths])[None]  # [1, S] restarting at each row
+    q, k, v = (torch.randn(1, 2, S, 8, generator=gen, requires_grad=True) for _ in range(3))  # [1, h, S, d]
+    weight = torch.randn(1, S, 2, 8, generator=gen)
+    out, _ = padding_free_sdpa(module, q, k, v, None, position_ids=position_ids)  # [1, S, h, d]
+    names, stack = set(), [out.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is not None and type(fn).__name__ not in names:
+            names.add(type(fn).__name__)
+            stack += [f for f, _ in fn.next_functions]
+    assert "SliceBackward0" not in names and "SplitWithSizesBackward0" in names, names
+    grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
+    bounds = [0] + torch.tensor(lengths).cumsum(0).tolist()
+    ref = torch.cat([sdpa_attention_forward(module, q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], None)[0]
+                     for a, b in zip(bounds[:-1], bounds[1:])], dim=1)
+    assert torch.equal(out, ref)
+    for got, want in zip(grads, torch.autograd.grad((ref * weight).sum(), (q, k, v))):
+        assert torch.equal(got, want)
+
+
 def test_packed_logps_equal_the_padded_pass(model):
     """compute_packed_logps on mixed lengths = compute_token_logps on the right-padded batch, per scored token."""
     rows = _rows(1)
