@@ -86,8 +86,8 @@ class ToolSampling(_Strict):
         "python) or import paths package.module:function (grpo_core.tools.load_tool). A model turn that ends in "
         "<tool_call>...</tool_call> is answered in a tool turn and the model continues; chat prompts get the tools' "
         "schemas (apply_chat_template(tools=)); in training the tool turns' tokens stay in the sequence but out of "
-        "the loss. Either sampler (transformers or vLLM, colocated or a generation server); not with GRPO's "
-        "async_rollouts yet; empty = single-turn completions",
+        "the loss. Every sampler: transformers, vLLM colocated or on a generation server, GRPO's async_rollouts "
+        "(the tools then run in the sampler process); empty = single-turn completions",
         json_schema_extra={"trl": "GRPOTrainer(tools=[...]), an argument of the trainer"})
     max_turns: int = Field(
         4, ge=1, description="with tools: model turns per completion at most, so at most max_turns - 1 tool calls "

@@ -265,9 +265,6 @@ class GRPOConfig(OptimConfig, PaddingFreeConfig):
             raise ValueError("async_rollouts runs the sampler in a process of the trainer's; sampling.vllm_mode: server "
                              "generates on a server instead: set one of async_rollouts: false or sampling.vllm_mode: "
                              "colocate")
-        if self.sampling.tools and self.async_rollouts:
-            raise ValueError("sampling.tools with async_rollouts is not supported yet: the sampler process generates "
-                             "single-turn rollouts; set async_rollouts: false or remove sampling.tools")
         if self.eval_steps is not None and self.async_rollouts:
             raise ValueError("eval_steps evaluates with the trainer's sampler, which async_rollouts hands to its own "
                              "process; set async_rollouts: false or remove eval_steps (evaluate runs after the stage)")

@@ -28,6 +28,11 @@ An exception inside the child comes back as a plain ``SamplerError`` with its tr
 is built and whose ``__call__(rollouts) -> rollouts`` runs on every request's rollouts before they are sent back
 (the asynchronous trainer's ``ReferenceLogps``: the reference model's log-probs, computed beside the sampling).
 
+``rollout``: like ``annotate``, built in the parent and ``load()``-ed in the child; a request submitted with
+``rollout=True`` is answered by ``rollout(backend, prompt_ids, request) -> (rollouts, extra)`` instead of
+``backend.generate`` (the asynchronous trainer's ``ToolRollouts``: multi-turn tool trajectories, run where the
+sampler is, their tool counts in ``extra``); ``last_extra`` holds the last result's ``extra`` (None otherwise).
+
 ``cpus``: the CPU cores the child runs on (``os.sched_setaffinity``, set before it builds anything), so on one
 CPU machine the sampler has a core of its own instead of time-sharing the trainer's.
 
@@ -119,18 +124,20 @@ class ProcessBackend:
     def __init__(self, kind: str, model_path: str | Path, *, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", timeout: float = 600.0, start_timeout: float = 600.0,
                  torch_num_threads: int = 1, cpus: set[int] | None = None, annotate: Any = None,
-                 **opts: Any) -> None:
+                 rollout: Any = None, **opts: Any) -> None:
         self.kind, self.timeout = kind, float(timeout)
         self.batches_itself = kind == "vllm"
         self._shared: SharedWeights | None = None
         self._pending = 0  # generate requests sent and not yet answered
         self.last_timings: dict[str, float] = {}  # the child's seconds on the last result: generate (, annotate)
+        self.last_extra: Any = None  # what ``rollout`` returned beside the last result's rollouts
+        self.has_rollout = rollout is not None
         ctx = mp.get_context("spawn")  # a fresh interpreter: no forked torch threads or vLLM state
         self._conn, child = ctx.Pipe()
         self._free = ctx.Event()  # set by the child once it has copied the shared buffers (the next push may write)
         self._free.set()
         self.process = ctx.Process(target=_serve, args=(child, kind, str(model_path), str(dtype), str(device), opts,
-                                                        torch_num_threads, cpus, annotate, self._free),
+                                                        torch_num_threads, cpus, annotate, rollout, self._free),
                                    name="r1-sampler", daemon=True)
         self.process.start()
         child.close()
@@ -139,9 +146,10 @@ class ProcessBackend:
         self.dtype: torch.dtype = getattr(torch, held["dtype"].removeprefix("torch."))
         self.device: str = held["device"]
 
-    def submit(self, prompt_ids: list[list[int]], request: GenerationRequest) -> None:
-        """Send a generate request; its rollouts come from the next ``result``."""
-        self._send(("generate", [list(p) for p in prompt_ids], request))
+    def submit(self, prompt_ids: list[list[int]], request: GenerationRequest, *, rollout: bool = False) -> None:
+        """Send a generate request (``rollout``: answered by the child's ``rollout``); its rollouts come from the
+        next ``result``."""
+        self._send(("generate", [list(p) for p in prompt_ids], request, rollout))
         self._pending += 1
 
     def result(self) -> list[Rollout]:
@@ -149,12 +157,17 @@ class ProcessBackend:
         if not self._pending:
             raise SamplerError("result() called with no generate request in flight; call submit() first")
         self._pending -= 1
-        rollouts, self.last_timings = self._receive("generating")
+        rollouts, self.last_timings, self.last_extra = self._receive("generating")
         return rollouts
 
     def generate(self, prompt_ids: list[list[int]], request: GenerationRequest) -> list[Rollout]:
         self.submit(prompt_ids, request)
         return self.result()
+
+    def generate_rollout(self, prompt_ids: list[list[int]], request: GenerationRequest) -> tuple[list[Rollout], Any]:
+        """``(rollouts, extra)`` of the child's ``rollout`` function, now (``submit(rollout=True)`` and ``result``)."""
+        self.submit(prompt_ids, request, rollout=True)
+        return self.result(), self.last_extra
 
     def update_weights(self, model: torch.nn.Module) -> None:
         """Copy ``model``'s weights into the shared buffers the child loads before its next request (waits only
@@ -230,7 +243,7 @@ class ProcessBackend:
 
 
 def _serve(conn: Any, kind: str, model_path: str, dtype: str, device: str, opts: dict[str, Any], threads: int,
-           cpus: set[int] | None, annotate: Any, free: Any) -> None:
+           cpus: set[int] | None, annotate: Any, rollout: Any, free: Any) -> None:
     """The child: build the backend (and ``annotate``'s state), then answer ``generate`` / ``attach`` / ``load``
     / ``close`` messages in order."""
     try:
@@ -245,8 +258,9 @@ def _serve(conn: Any, kind: str, model_path: str, dtype: str, device: str, opts:
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype.removeprefix("torch.")))
             model = model.to(device).eval().requires_grad_(False)
         backend = make_backend(kind, model_path, model=model, **opts)
-        if annotate is not None:
-            annotate.load()
+        for part in (annotate, rollout):
+            if part is not None:
+                part.load()
         held = ({"dtype": str(next(model.parameters()).dtype), "device": str(next(model.parameters()).device)}
                 if model is not None else {"dtype": str(getattr(backend, "dtype", dtype)), "device": "vllm"})
         conn.send(("ok", held))
@@ -275,13 +289,20 @@ def _serve(conn: Any, kind: str, model_path: str, dtype: str, device: str, opts:
                 if load_error is not None:
                     raise RuntimeError(f"loading weights failed:\n{load_error}")
                 start = time.perf_counter()
-                rollouts = backend.generate(message[1], message[2])
+                extra = None
+                if message[3]:
+                    if rollout is None:
+                        raise RuntimeError("a request for the sampler's rollout function, but it was started "
+                                           "without one (ProcessBackend(rollout=...))")
+                    rollouts, extra = rollout(backend, message[1], message[2])
+                else:
+                    rollouts = backend.generate(message[1], message[2])
                 timings = {"generate": time.perf_counter() - start}
                 if annotate is not None:
                     start = time.perf_counter()
                     rollouts = annotate(rollouts)
                     timings["annotate"] = time.perf_counter() - start
-                conn.send(("ok", (rollouts, timings)))
+                conn.send(("ok", (rollouts, timings, extra)))
         except Exception:  # noqa: BLE001 - the parent reports it
             if message[0] in ("attach", "load"):
                 load_error = traceback.format_exc()  # answered on the next generate (loads send no reply)

@@ -68,6 +68,11 @@ class TrajectoryStats:
     max_turns_hit: list[bool] = field(default_factory=list)  # asked for a tool with no model turn left
     tool_seconds: float = 0.0
 
+    def merge(self, other: "TrajectoryStats") -> None:
+        """Add ``other``'s trajectories (counts made elsewhere: the asynchronous sampler's process)."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
     def metrics(self) -> dict[str, float]:
         """Means over trajectories (``tools/error_rate``: errors per call), for the trainer's log."""
         num, calls = max(1, len(self.turns)), sum(self.tool_calls)
@@ -80,6 +85,19 @@ class TrajectoryStats:
             "tools/max_turns_frac": sum(self.max_turns_hit) / num,
             "tools/seconds": self.tool_seconds,
         }
+
+
+def trajectory_counts(stats: TrajectoryStats, tools: Any) -> dict[str, Any]:
+    """The counts of trajectories built in one process, JSON-able (sent from the asynchronous sampler's process and
+    kept in a checkpoint with its rollouts): ``stats``' fields and ``tools.stats()`` (a ``ToolSet``)."""
+    return {"trajectories": dataclasses.asdict(stats), "tools": tools.stats()}
+
+
+def add_trajectory_counts(counts: dict[str, Any], stats: TrajectoryStats | None, tools: Any) -> None:
+    """Add ``trajectory_counts`` made elsewhere to this process's ``stats`` and ``tools`` (a ``ToolSet``)."""
+    if stats is not None:
+        stats.merge(TrajectoryStats(**counts["trajectories"]))
+    tools.add_stats(counts["tools"])
 
 
 @dataclass

@@ -137,6 +137,12 @@ class ToolSet:
         with self._lock:
             return dict(self._stats)
 
+    def add_stats(self, counts: dict[str, float]) -> None:
+        """Add counters kept elsewhere (``stats()`` of the same tools in the asynchronous sampler's process)."""
+        with self._lock:
+            for key, value in counts.items():
+                self._stats[key] = self._stats.get(key, 0.0) + value
+
     def reset_stats(self) -> None:
         keys = ["tools/calls", "tools/errors", "tools/malformed", "tools/unknown"]
         keys += [f"tools/{name}/{what}" for name in self.tools for what in ("calls", "errors", "timeouts", "seconds")]

@@ -35,6 +35,14 @@ initial model, once) and computes them for every round it generates, micro-batch
 ``compute_batch_logps`` would; they travel with the rollouts (``Rollout.ref_logprobs``, kept in the trainer state
 with them) and the trainer neither keeps a reference model nor runs its forward.
 
+Tool calls (``sampling.tools``): a round submitted ahead is a batch of multi-turn trajectories, built where the
+sampler is (``ToolRollouts``, the sampler's rollout function: the tools run in the sampler process, turn after turn
+on its backend, as ``generation.trajectory.generate_trajectories`` does in the trainer's); their counts (turns,
+calls, errors, per tool) come back with the rollouts, are kept in the trainer state with them, and are added to the
+``tools/...`` of the step that trains on them. The rounds the trainer waits for (step 1, DAPO's extra rounds) are built by
+the sampler's rollout function too (``rollouts.generate_groups``), so a reference model on the sampler
+(``ReferenceLogps``) scores every trajectory whole.
+
 Cores (``split_cpus``): on a CPU machine the sampler is pinned to the last ``async_sampler_threads`` cores this
 process may use and the trainer's torch threads are capped at the cores left, so the two overlap instead of
 time-sharing (on 2 cores: one each; measured by ``tests/benchmarks/async_vs_sync.py``).
@@ -52,8 +60,10 @@ from typing import Any
 import torch
 
 from grpo_core.config import GRPOConfig
-from grpo_core.generation import Rollout
+from grpo_core.generation import GenerationRequest, Rollout
 from grpo_core.generation.process import ProcessBackend
+from grpo_core.generation.trajectory import TrajectoryStats, generate_trajectories, trajectory_counts
+from grpo_core.tools import ToolSet
 from grpo_core.trainer.distributed import DistContext
 from grpo_core.trainer.dtypes import SAVE_DTYPES
 from grpo_core.trainer.mixture import Mixture
@@ -124,6 +134,36 @@ class ReferenceLogps:
         return rollouts
 
 
+class ToolRollouts:
+    """The sampler's rollout function with tools (``ProcessBackend(rollout=...)``): ``generate_trajectories`` on the
+    sampler's own backend with the tools of ``sampling.tools``, loaded in the sampler process (``load()``) with
+    ``model_path``'s tokenizer; returns the rollouts and their ``trajectory_counts``."""
+
+    def __init__(self, tool_specs: list[str], model_path: str, max_turns: int, max_total_tokens: int) -> None:
+        self.tool_specs, self.model_path = list(tool_specs), model_path
+        self.max_turns, self.max_total_tokens = max_turns, max_total_tokens
+        self.tools: ToolSet | None = None
+        self.tokenizer: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:  # sent to the child before load(): never the tools or tokenizer
+        return {**self.__dict__, "tools": None, "tokenizer": None}
+
+    def load(self) -> None:
+        from transformers import AutoTokenizer
+
+        self.tools = ToolSet.from_specs(self.tool_specs, field="sampling.tools")
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+
+    def __call__(self, backend: Any, prompt_ids: list[list[int]], request: GenerationRequest
+                 ) -> tuple[list[Rollout], dict[str, Any]]:
+        assert self.tools is not None, "ToolRollouts.load() first"
+        self.tools.reset_stats()
+        stats = TrajectoryStats()
+        rollouts = generate_trajectories(backend, self.tokenizer, prompt_ids, request, self.tools,
+                                         max_turns=self.max_turns, max_total_tokens=self.max_total_tokens, stats=stats)
+        return rollouts, trajectory_counts(stats, self.tools)
+
+
 class NextRollouts:
     """The sampler process and the first rounds of the coming steps: in flight (submitted, in order) or received.
 
@@ -132,10 +172,12 @@ class NextRollouts:
     """
 
     def __init__(self, backend: ProcessBackend, tokenizer: Any, mixture: Mixture, config: GRPOConfig,
-                 ctx: DistContext) -> None:
+                 ctx: DistContext, *, tools: ToolSet | None = None) -> None:
         self.backend, self.tokenizer, self.mixture, self.config, self.ctx = backend, tokenizer, mixture, config, ctx
+        self.tools = tools  # sampling.tools: the rounds are the sampler's ToolRollouts (prompts with the schemas)
         self._in_flight: deque[tuple[int, int, list[bool], int]] = deque()  # (step, position, truncated, version)
         self.received: dict[int, tuple[ScoredGroups, int]] = {}  # step -> (first round's groups, version)
+        self.tool_counts: dict[int, dict[str, Any]] = {}  # step -> its first round's ToolRollouts counts
 
     def planned(self, step: int) -> bool:
         return step in self.received or any(s == step for s, *_ in self._in_flight)
@@ -144,8 +186,12 @@ class NextRollouts:
         """Start generating the first round of ``step`` (stream ``position``) with the sampler's current weights
         (policy ``version``)."""
         prompt_ids, request, truncated = group_request(self.tokenizer, self.mixture, position,
-                                                      self.config.prompts_per_step, step, self.config, self.ctx)
-        self.backend.submit(prompt_ids, request)
+                                                      self.config.prompts_per_step, step, self.config, self.ctx,
+                                                      tools=self.tools)
+        if self.tools is not None:
+            self.backend.submit(prompt_ids, request, rollout=True)
+        else:
+            self.backend.submit(prompt_ids, request)
         self._in_flight.append((step, position, truncated, version))
 
     def collect(self, timings: dict[str, float], until: int | None = None) -> None:
@@ -157,6 +203,8 @@ class NextRollouts:
             timings["time/wait_sampler"] = timings.get("time/wait_sampler", 0.0) + time.perf_counter() - start
             for key, value in self.backend.last_timings.items():  # the sampler's own seconds, beside the training
                 timings[f"time/sampler_{key}"] = timings.get(f"time/sampler_{key}", 0.0) + value
+            if self.tools is not None:
+                self.tool_counts[step] = self.backend.last_extra
             groups = score_groups(rollouts, truncated, self.mixture, position, self.config.prompts_per_step,
                                   self.config, self.ctx, timings)
             self.received[step] = (groups, version)
@@ -164,17 +212,24 @@ class NextRollouts:
     def take(self, step: int) -> tuple[ScoredGroups, int] | None:
         return self.received.pop(step, None)
 
+    def take_tool_counts(self, step: int) -> dict[str, Any] | None:
+        """The tool counts (``trajectory_counts``) of ``step``'s first round when the sampler made it, else None."""
+        return self.tool_counts.pop(step, None)
+
     def to_state(self) -> list[dict[str, Any]]:
         """The received rounds, JSON-able for ``trainer_state.json`` (call ``collect()`` first: a checkpoint
         must hold every round generated with weights older than itself)."""
         assert not self._in_flight, "to_state() with rounds in flight: collect() first"
-        return [{"step": s, "version": v, **groups_to_state(g)} for s, (g, v) in sorted(self.received.items())]
+        return [{"step": s, "version": v, **groups_to_state(g),
+                 **({"tool_counts": self.tool_counts[s]} if s in self.tool_counts else {})}
+                for s, (g, v) in sorted(self.received.items())]
 
     def load_state(self, saved: list[dict[str, Any]]) -> None:
         if not isinstance(saved, list):
             raise ValueError("this checkpoint's next_rollouts were saved by an older async_rollouts (one dict, before "
                              "async_max_staleness); resume it with that version or start the stage again (resume=False)")
         self.received = {int(d["step"]): (groups_from_state(d, self.mixture), int(d["version"])) for d in saved}
+        self.tool_counts = {int(d["step"]): d["tool_counts"] for d in saved if "tool_counts" in d}
 
 
 def groups_to_state(groups: ScoredGroups) -> dict[str, Any]:

@@ -45,7 +45,8 @@ from grpo_core.rewards.math import configure as configure_verifier
 from grpo_core.rewards.reward_model import share_moments
 from grpo_core.rewards.scoring import resolve_reward
 from grpo_core.tools import ToolSet
-from grpo_core.trainer.async_rollouts import NextRollouts, ReferenceLogps, sampler_placement, split_cpus
+from grpo_core.trainer.async_rollouts import (NextRollouts, ReferenceLogps, ToolRollouts, sampler_placement,
+                                              split_cpus)
 from grpo_core.trainer.distributed import DistContext
 from grpo_core.trainer.during_rl import heldout_slice, rl_eval_config
 from grpo_core.trainer.fsdp import ReplicaBackend, is_sharded
@@ -188,10 +189,13 @@ def make_sampler(config: GRPOConfig, ctx: DistContext, model: torch.nn.Module, t
             torch.set_num_threads(trainer_threads)
         pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         reference = ReferenceLogps(str(model_path), config, pad_token_id, str(device)) if reference_on_sampler(config) else None
+        sampling = config.sampling  # with tools the sampler builds the trajectories of the rounds it makes ahead
+        rollout = ToolRollouts(sampling.tools, str(model_path), sampling.max_turns,
+                               sampling.max_completion_length) if sampling.tools else None
         backend: GenerationBackend = ProcessBackend(kind, str(start_path), dtype=dtype, device=device,
                                                     timeout=config.async_sampler_timeout,
                                                     torch_num_threads=config.async_sampler_threads, cpus=sampler_cpus,
-                                                    annotate=reference, **opts)
+                                                    annotate=reference, rollout=rollout, **opts)
     elif config.use_peft:  # LoRA: the sampler holds the merged weights, pushed and checked (trainer/weight_sync.py)
         backend = lora_sampler(kind, model_path, ctx.device, tokenizer, opts)
     elif is_sharded(model) and kind == "hf":  # sample from a full replica: a sharded module decodes only in lockstep
@@ -320,7 +324,7 @@ def train_grpo(
                                                     loaded.path if loaded else model_path, output_dir)
         next_rollouts = None
         if config.async_rollouts:  # the rounds a checkpoint carries (generated with weights older than it)
-            next_rollouts = NextRollouts(backend, tokenizer, mixture, config, ctx)  # type: ignore[arg-type]
+            next_rollouts = NextRollouts(backend, tokenizer, mixture, config, ctx, tools=tools)  # type: ignore[arg-type]
             next_rollouts.load_state(state.pop("next_rollouts", []))
         steps = GRPOSteps(config, ctx, run, model, ref_model, tokenizer, mixture, backend, next_rollouts,
                           sampling_correction=sampling_correction, num_dropped=num_dropped, heldout=heldout,

@@ -29,7 +29,7 @@ import torch
 from grpo_core.config import GRPOConfig
 from grpo_core.generation import GenerationBackend, GenerationRequest, Rollout
 from grpo_core.generation.prompts import encode_prompts
-from grpo_core.generation.trajectory import TrajectoryStats, generate_trajectories
+from grpo_core.generation.trajectory import TrajectoryStats, add_trajectory_counts, generate_trajectories
 from grpo_core.rewards.scoring import score_completions
 from grpo_core.seeds import derive_seed
 from grpo_core.tools import ToolSet
@@ -93,6 +93,9 @@ def generate_groups(
     start = time.perf_counter()
     if tools is None:
         rollouts = backend.generate(prompt_ids, request)
+    elif getattr(backend, "has_rollout", False):  # async_rollouts: the sampler process builds the trajectories
+        rollouts, counts = backend.generate_rollout(prompt_ids, request)  # type: ignore[attr-defined]
+        add_trajectory_counts(counts, stats, tools)
     else:
         rollouts = generate_trajectories(backend, tokenizer, prompt_ids, request, tools,
                                          max_turns=config.sampling.max_turns,

@@ -26,7 +26,7 @@ from tests.grpo_core.test_trainer_resume import ROWS, SlowSteps, digit_fraction 
 MAX_STEPS = 6
 
 
-def tool_config():
+def tool_config(asynchronous: bool = False):
     from grpo_core.config import GRPOConfig
 
     # State across steps as in test_trainer_resume (reference model, Adam moments, warmup + cosine), and the tools
@@ -35,7 +35,8 @@ def tool_config():
         num_iterations=2, steps_per_generation=2, lr_scheduler_type="cosine", warmup_steps=2, save_steps=2,
         save_total_limit=2, seed=11, report_to=["jsonl"], torch_num_threads=1,
         sampling={"num_generations": 4, "max_prompt_length": 16, "max_completion_length": 200, "use_vllm": False,
-                  "tools": ["calculator"], "max_turns": 3})
+                  "tools": ["calculator"], "max_turns": 3},
+        **({"async_rollouts": True, "async_sampler_threads": 1} if asynchronous else {}))
 
 
 def tool_calling_model(path: Path) -> Path:
@@ -61,27 +62,74 @@ def tool_calling_model(path: Path) -> Path:
     return path
 
 
-def train(model_dir, output_dir, **kwargs) -> None:
+def train(model_dir, output_dir, asynchronous: bool = False, **kwargs) -> None:
     from grpo_core.trainer.loop import train_grpo
 
-    train_grpo(tool_config(), model_dir, ROWS, output_dir, reward_funcs=[digit_fraction], **kwargs)
+    train_grpo(tool_config(asynchronous), model_dir, ROWS, output_dir, reward_funcs=[digit_fraction], **kwargs)
+
+
+@pytest.mark.slow
+def test_the_sampler_process_builds_the_trajectories_the_trainer_would(tmp_path):
+    """async_rollouts with tools: a round the sampler process makes (ProcessBackend(rollout=ToolRollouts)) holds the
+    trajectories generate_trajectories gives in the trainer's process for the same weights and seeds, tool turns,
+    masks and log-probs alike, and its counts come back with them."""
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_core.generation.base import GenerationRequest
+    from grpo_core.generation.hf import HFBackend
+    from grpo_core.generation.process import ProcessBackend
+    from grpo_core.generation.trajectory import TrajectoryStats, generate_trajectories
+    from grpo_core.tools import ToolSet
+    from grpo_core.trainer.async_rollouts import ToolRollouts
+
+    torch.set_num_threads(1)
+    model_dir = tool_calling_model(tmp_path / "tiny")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("12+30=", "7*6=", "99-1=")]
+    request = GenerationRequest(n=4, max_tokens=40, temperature=1.0, seeds=list(range(500, 512)))
+    tools, stats = ToolSet.from_specs(["calculator"]), TrajectoryStats()
+    want = generate_trajectories(HFBackend(model, tokenizer), tokenizer, prompts, request, tools, max_turns=3,
+                                 max_total_tokens=120, stats=stats)
+    sampler = ProcessBackend("hf", str(model_dir), rollout=ToolRollouts(["calculator"], str(model_dir), 3, 120))
+    try:
+        sampler.submit(prompts, request, rollout=True)
+        got = sampler.result()
+        counts = (TrajectoryStats(**sampler.last_extra["trajectories"]), sampler.last_extra["tools"])
+        single = sampler.generate(prompts, request)  # a plain request: one turn each, no tools
+    finally:
+        sampler.close()
+    assert sum(stats.tool_calls) >= 3 and max(stats.turns) >= 2, stats  # tool turns, and turns after them
+    for a, b in zip(got, want):
+        assert (a.completion_ids, a.tool_mask, a.truncated, a.text) == (b.completion_ids, b.tool_mask, b.truncated,
+                                                                       b.text)
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-6, rtol=0)
+    assert dataclasses.asdict(counts[0]) == {**dataclasses.asdict(stats), "tool_seconds": counts[0].tool_seconds}
+    assert counts[1]["tools/calls"] == sum(stats.tool_calls) == counts[1]["tools/calculator/calls"] + \
+        counts[1]["tools/malformed"] + counts[1]["tools/unknown"]
+    assert all(r.tool_mask is None for r in single) and sampler.last_extra is None
 
 
 @pytest.mark.extended
-def test_sigkill_resume_with_tool_rollouts_is_bit_identical(tmp_path):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_sigkill_resume_with_tool_rollouts_is_bit_identical(tmp_path, mode):
+    """async: the rounds made ahead are trajectories the sampler process builds (its tools, its counts): the counts
+    are kept in the checkpoint with the rollouts, so a resumed run logs the uninterrupted run's tools/... too."""
     torch.set_num_threads(1)
+    asynchronous = mode == "async"
     model_dir = tool_calling_model(tmp_path / "tiny")
     reference = tmp_path / "uninterrupted"
-    train(model_dir, reference, resume=False)
+    train(model_dir, reference, asynchronous, resume=False)
 
     killed = tmp_path / "killed"
     rng = random.Random()
     for line in (1, 3):  # SIGKILL twice, somewhere after step 1 and after step 3
-        proc = subprocess.Popen([sys.executable, __file__, str(model_dir), str(killed)], env=child_env(),
+        proc = subprocess.Popen([sys.executable, __file__, str(model_dir), str(killed), mode], env=child_env(),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         kill_after_line(proc, killed, line, rng)
         assert not (killed / "final").exists()
-    train(model_dir, killed)  # resume=True
+    train(model_dir, killed, asynchronous)  # resume=True
 
     assert_same_final_weights(reference, killed)
     ref_metrics, got = read_metrics(reference), read_metrics(killed)
@@ -95,5 +143,5 @@ def test_sigkill_resume_with_tool_rollouts_is_bit_identical(tmp_path):
 
 
 if __name__ == "__main__":
-    model, output = sys.argv[1:3]
-    train(model, output, callbacks=[SlowSteps()])
+    model, output, mode = sys.argv[1:4]
+    train(model, output, mode == "async", callbacks=[SlowSteps()])

@@ -230,8 +230,6 @@ def test_prompts_carry_the_tool_schemas_where_the_template_reads_them():
 
 
 @pytest.mark.parametrize("sampling, async_rollouts, expect", [
-    ({"tools": ["calculator"], "use_vllm": False}, True, r"sampling.tools with async_rollouts is not supported yet"),
-    ({"tools": ["calculator"]}, True, r"sampling.tools with async_rollouts is not supported yet"),
     ({"max_turns": 2}, False, r"sampling.max_turns \(2\) bounds the model turns of tool rollouts, but sampling.tools "
                               r"is empty"),
     ({"tools": ["calculator", "calculator"], "use_vllm": False}, False, r"names calculator more than once"),
@@ -243,10 +241,13 @@ def test_tool_settings_that_cannot_run_are_refused(sampling, async_rollouts, exp
         GRPOConfig(sampling=sampling, async_rollouts=async_rollouts)
 
 
-@pytest.mark.parametrize("sampling", [{}, {"use_vllm": True}, {"use_vllm": True, "vllm_mode": "server"}])
-def test_tools_run_on_every_sampler_but_async_rollouts(sampling):
-    """Trajectories are built over any backend's generate: vLLM colocated and a generation server are accepted."""
-    config = GRPOConfig(sampling={**sampling, "tools": ["calculator"], "max_turns": 2})
+@pytest.mark.parametrize("sampling, async_rollouts", [({}, False), ({"use_vllm": True}, False),
+                                                     ({"use_vllm": True, "vllm_mode": "server"}, False),
+                                                     ({"use_vllm": False}, True), ({"use_vllm": True}, True)])
+def test_tools_run_on_every_sampler(sampling, async_rollouts):
+    """Trajectories are built over any backend's generate: vLLM colocated, a generation server and the asynchronous
+    sampler process (the tools run there) are accepted."""
+    config = GRPOConfig(sampling={**sampling, "tools": ["calculator"], "max_turns": 2}, async_rollouts=async_rollouts)
     assert config.sampling.tools == ["calculator"] and config.sampling.max_turns == 2
 
 
