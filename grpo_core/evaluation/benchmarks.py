@@ -23,7 +23,10 @@ for each configured k. maj@k votes over the answers ``extract_answer`` finds, gr
 equivalence (``answers_equivalent``); correctness is the benchmark's reward (``math_accuracy`` by default),
 scored through ``score_completions`` as training scores. Greedy accuracy is a separate column. With
 ``sampling.tools`` the samples and the greedy completion are multi-turn trajectories with the tools' answers
-(``evaluation.tool_use``), as on the held-out set.
+(``evaluation.tool_use``), as on the held-out set, and the tool use is reported beside the accuracy as there:
+``tools/call_rate``, ``calls_per_response``, ``error_rate`` of the greedy completions and ``..._sampled`` of the
+samples (``eval/{benchmark}/tools/...``); each problem's results hold ``tool_calls`` (per sample) and
+``greedy_tool_calls``.
 """
 
 from __future__ import annotations
@@ -37,10 +40,11 @@ from typing import TYPE_CHECKING, Any
 from grpo_core.config import BENCHMARKS, BenchmarkSource, EvalConfig
 from grpo_core.data.rows import load_prompt_rows
 from grpo_core.evaluation.heldout import _generate, _mean, completion_length, sample, sample_seed
-from grpo_core.evaluation.tool_use import ToolSampler
+from grpo_core.evaluation.tool_use import ToolSampler, tool_use_metrics
 from grpo_core.evaluation.passk import maj_at_k, pass_at_k
 from grpo_core.generation import make_backend
 from grpo_core.generation.prompts import all_dropped_error, encode_prompts
+from grpo_core.generation.trajectory import TrajectoryStats
 from grpo_core.rewards.extract import ExtractedAnswer, extract_answer
 from grpo_core.rewards.math import score_answers
 from grpo_core.rewards.scoring import passes, resolve_reward, score_completions
@@ -109,7 +113,8 @@ def evaluate_benchmark(
     row_ids = [str(rows[i].get("id", i)) for i in encoded.kept]
     rows, prompt_ids = [rows[i] for i in encoded.kept], encoded.ids
     seeds = [sample_seed(config.seed, row_id, j) for row_id in row_ids for j in range(n)]
-    sampled = sample(backend, prompt_ids, s, seeds, tools=tools)
+    use = TrajectoryStats() if tools is not None else None  # each sample's tool calls and error turns
+    sampled = sample(backend, prompt_ids, s, seeds, tools=tools, stats=use)
     correct = passes(score_completions([fn], [name], rows, sampled, n, s.max_completion_length)[:, 0])
     answers = [extract_answer(s.text) for s in sampled]
     results: list[dict[str, Any]] = []
@@ -120,6 +125,8 @@ def evaluate_benchmark(
                   "samples": [s.text for s in sampled[i * n:(i + 1) * n]],
                   "extracted": [a.text if a else None for a in ans], "correct": ok, "num_correct": c,
                   "pass@1": c / n}
+        if use is not None:
+            result["tool_calls"] = use.tool_calls[i * n:(i + 1) * n]
         for k in ks:
             result[f"pass@{k}"] = pass_at_k(n, c, k)
             result[f"maj@{k}"] = maj_at_k(ans, ok, k, answers_equivalent)
@@ -128,13 +135,20 @@ def evaluate_benchmark(
     for k in ks:
         metrics[f"pass@{k}"] = _mean([r[f"pass@{k}"] for r in results])
         metrics[f"maj@{k}"] = _mean([r[f"maj@{k}"] for r in results])
+    if use is not None:
+        metrics.update({f"{k}_sampled": v for k, v in tool_use_metrics(use.tool_calls, use.tool_errors).items()})
     if greedy:
+        greedy_use = TrajectoryStats() if tools is not None else None
         greedy_out = _generate(backend, prompt_ids, n=1, max_tokens=s.max_completion_length, greedy=True,
-                               batch=s.batch_size, tools=tools)
+                               batch=s.batch_size, tools=tools, stats=greedy_use)
         greedy_ok = passes(score_completions([fn], [name], rows, greedy_out, 1, s.max_completion_length)[:, 0])
         for result, g, ok in zip(results, greedy_out, greedy_ok):
             result.update(greedy=g.text, greedy_correct=ok)
         metrics["greedy"] = _mean(greedy_ok)
+        if greedy_use is not None:
+            metrics.update(tool_use_metrics(greedy_use.tool_calls, greedy_use.tool_errors))
+            for result, calls in zip(results, greedy_use.tool_calls):
+                result["greedy_tool_calls"] = calls
     metrics.update({"mean_length": _mean([completion_length(s) for s in sampled]), "num_rows": float(len(rows)),
                     **{k: float(v) for k, v in encoded.counts("prompts_").items()}})
     metrics.update(per_source(results))

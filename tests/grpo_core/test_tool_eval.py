@@ -344,3 +344,27 @@ def test_a_kept_qwen_trajectory_fine_tunes_on_the_tokens_it_was_sampled_as(tmp_p
     expected = [IGNORE_INDEX] * len(prompt_ids) + [IGNORE_INDEX if tool else t for t, tool in
                                                    zip(sampled.completion_ids, sampled.tool_mask)]
     assert labels == expected
+
+
+def test_benchmark_evaluation_with_tools_reports_the_tool_use_rates(tool_tokenizer):
+    """r1 eval's benchmark evaluation samples trajectories with the tools and reports their use beside the accuracy,
+    greedy and sampled, as the held-out evaluation does."""
+    from grpo_core.evaluation.benchmarks import evaluate_benchmark
+
+    _, tokenizer = tool_tokenizer
+    sampler = ScriptedSampler(tokenizer, eval_plan)
+    metrics, results = evaluate_benchmark(sampler, tokenizer, ROWS, _eval_config(), reward_func="calc_accuracy")
+    # greedy as in the held-out test: calls [1, 1, 0, 2], one an unknown tool (an error turn)
+    assert metrics["greedy"] == 0.5
+    assert (metrics["tools/call_rate"], metrics["tools/calls_per_response"], metrics["tools/error_rate"]) == \
+        (0.75, 1.0, 0.25)
+    assert [r["greedy_tool_calls"] for r in results] == [1, 1, 0, 2]
+    played = [SAMPLED[sample_seed(7, r["id"], j) % 3] for r in ROWS for j in range(4)]
+    calls = [int(p in ("call", "unknown")) for p in played]
+    assert [c for r in results for c in r["tool_calls"]] == calls
+    assert metrics["tools/call_rate_sampled"] == pytest.approx(sum(calls) / len(calls))
+    assert metrics["tools/error_rate_sampled"] == pytest.approx(played.count("unknown") / sum(calls))
+    assert metrics["pass@1"] == pytest.approx(played.count("call") / len(played))
+    plain, _ = evaluate_benchmark(ScriptedSampler(tokenizer, eval_plan), tokenizer, ROWS, _eval_config(tools=()),
+                                  reward_func="calc_accuracy")
+    assert not [k for k in plain if k.startswith("tools/")]
