@@ -39,6 +39,7 @@ tokens only.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -109,7 +110,6 @@ class _Trajectory:
     ids: list[int] = field(default_factory=list)
     logps: list[float] | None = field(default_factory=list)
     tool_mask: list[int] = field(default_factory=list)
-    segments: list[tuple[int, bool]] = field(default_factory=list)  # (start in ids, tool turn) of each turn
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -124,8 +124,6 @@ class _Trajectory:
         if len(ids) > room:
             ids, logps = ids[:room], logps[:room] if logps is not None else None
             self.truncated = self.done = True
-        if ids:
-            self.segments.append((len(self.ids), tool))
         self.ids += ids
         self.tool_mask += [int(tool)] * len(ids)
         if self.logps is None:  # a model turn came without log-probs: None for good
@@ -178,10 +176,9 @@ def trajectory_text(t: _Trajectory, tokenizer: Any) -> str:
     final EOS left out), a tool turn verbatim (special tokens kept: the ``<|im_end|>`` / ``<|im_start|>user`` Qwen2.5's
     template wraps a result in stay in the text), so tokenizing the text again turn by turn (SFT on a kept trajectory,
     ``trainer.sft.encode_completion``) gives back the tokens the model was sampled on."""
-    end = len(t.ids) - 1 if t.ends_on_eos else len(t.ids)
-    bounds = [start for start, _ in t.segments[1:]] + [end]
-    return "".join(tokenizer.decode(t.ids[start:min(stop, end)], skip_special_tokens=not tool)
-                   for (start, tool), stop in zip(t.segments, bounds))
+    ids = t.ids[:-1] if t.ends_on_eos else t.ids
+    turns = itertools.groupby(zip(ids, t.tool_mask), key=lambda pair: pair[1])  # turns alternate: a run is a turn
+    return "".join(tokenizer.decode([i for i, _ in turn], skip_special_tokens=not tool) for tool, turn in turns)
 
 
 def generate_trajectories(

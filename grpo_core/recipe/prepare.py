@@ -162,7 +162,8 @@ def calc_rows(config: CalcData, seed: int, *, pretrain: bool) -> tuple[list[dict
     """The calc task's (train, eval, cold start, pretraining) rows (``grpo_core.data.calc``): distinct training
     prompts; held-out problems in no training, cold-start or pretraining row in either order of a sum's or product's
     operands (``calc.problem_key``); cold-start and pretraining prompts may repeat; pretraining rows (a
-    ``pretrain_tool_fraction`` of them calling the calculator) only with ``pretrain``. Seeds apart from the other tasks' (60,000 and 70,000 + seed)."""
+    ``pretrain_tool_fraction`` of them calling the calculator) only with ``pretrain``. Seeds apart from the other
+    tasks' (60,000 and 70,000 + seed)."""
     shape = {"digits": config.digits, "operators": config.operators}
     k_train, k_eval = calc.make_calc_splits(config.num_train, config.num_eval, seed=seed, unique_train=True, **shape)
     held_out = {calc.problem_key(prompt_text(r["prompt"])) for r in k_eval}

@@ -198,8 +198,9 @@ def _sample_and_score(config: RejectionSamplingConfig, rule: KeepRule, backend: 
         funcs, names = funcs + get_reward_funcs(["language_consistency"]), names + ["language_consistency"]
     tools = ToolSampler.of(s, tokenizer)  # None: single-turn samples
     use = TrajectoryStats() if tools is not None else None
+    schemas = tools.schemas() if tools is not None else None
     encoded = encode_prompts(tokenizer, [r["prompt"] for r in rows], s.max_prompt_length, s.long_prompts,
-                             tools=tools.schemas() if tools is not None else None)
+                             tools=schemas)
     if not encoded.kept:
         raise all_dropped_error("rejection_sample", len(rows), s.max_prompt_length)
     row_ids = [str(rows[i].get("id", i)) for i in encoded.kept]  # ids and seeds keep the row's original index
@@ -218,7 +219,7 @@ def _sample_and_score(config: RejectionSamplingConfig, rule: KeepRule, backend: 
     model_texts = [model_turns_text(r, tokenizer) for r in rollouts]
     model_lengths = [completion_length(r) - sum(r.tool_mask or []) for r in rollouts]
     return _Scored(rows, row_ids, encoded, rollouts, correct, score, formatted, lang_ok, model_texts, model_lengths,
-                   use, json.dumps(tools.schemas()) if tools is not None else None)
+                   use, json.dumps(schemas) if schemas is not None else None)
 
 
 def model_turns_text(rollout: Rollout, tokenizer: Any) -> str:

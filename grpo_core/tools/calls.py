@@ -80,8 +80,6 @@ def tool_response_spans(text: str, before: str = TOOL_RESPONSE_OPEN, after: str 
     included (default the tags; a chat template's own tool turn, ``generation.trajectory.tool_turn_format``, is what
     a rollout's ``tool_mask`` covers and what SFT leaves out of the loss); a tool turn left open at the end runs to
     the end of the text."""
-    if (before, after) == (TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE):
-        return [m.span() for m in TOOL_TURN.finditer(text)]
     if not before or not after:  # a format without both edges: no span can be told apart
         return []
     turn = re.compile(rf"{re.escape(before)}(.*?)(?:{re.escape(after)}|\Z)", re.DOTALL)

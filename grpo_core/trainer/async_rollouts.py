@@ -39,8 +39,8 @@ Tool calls (``sampling.tools``): a round submitted ahead is a batch of multi-tur
 sampler is (``ToolRollouts``, the sampler's rollout function: the tools run in the sampler process, turn after turn
 on its backend, as ``generation.trajectory.generate_trajectories`` does in the trainer's); their counts (turns,
 calls, errors, per tool) come back with the rollouts, are kept in the trainer state with them, and are added to the
-``tools/...`` of the step that trains on them. The rounds the trainer waits for (step 1, DAPO's extra rounds) are built by
-the sampler's rollout function too (``rollouts.generate_groups``), so a reference model on the sampler
+``tools/...`` of the step that trains on them. The rounds the trainer waits for (step 1, DAPO's extra rounds) are
+built by the sampler's rollout function too (``rollouts.generate_groups``), so a reference model on the sampler
 (``ReferenceLogps``) scores every trajectory whole.
 
 Cores (``split_cpus``): on a CPU machine the sampler is pinned to the last ``async_sampler_threads`` cores this
@@ -176,8 +176,8 @@ class NextRollouts:
         self.backend, self.tokenizer, self.mixture, self.config, self.ctx = backend, tokenizer, mixture, config, ctx
         self.tools = tools  # sampling.tools: the rounds are the sampler's ToolRollouts (prompts with the schemas)
         self._in_flight: deque[tuple[int, int, list[bool], int]] = deque()  # (step, position, truncated, version)
-        self.received: dict[int, tuple[ScoredGroups, int]] = {}  # step -> (first round's groups, version)
-        self.tool_counts: dict[int, dict[str, Any]] = {}  # step -> its first round's ToolRollouts counts
+        # step -> (first round's groups, version, with tools the sampler's trajectory_counts of them, else None)
+        self.received: dict[int, tuple[ScoredGroups, int, dict[str, Any] | None]] = {}
 
     def planned(self, step: int) -> bool:
         return step in self.received or any(s == step for s, *_ in self._in_flight)
@@ -188,10 +188,7 @@ class NextRollouts:
         prompt_ids, request, truncated = group_request(self.tokenizer, self.mixture, position,
                                                       self.config.prompts_per_step, step, self.config, self.ctx,
                                                       tools=self.tools)
-        if self.tools is not None:
-            self.backend.submit(prompt_ids, request, rollout=True)
-        else:
-            self.backend.submit(prompt_ids, request)
+        self.backend.submit(prompt_ids, request, rollout=self.tools is not None)
         self._in_flight.append((step, position, truncated, version))
 
     def collect(self, timings: dict[str, float], until: int | None = None) -> None:
@@ -203,33 +200,26 @@ class NextRollouts:
             timings["time/wait_sampler"] = timings.get("time/wait_sampler", 0.0) + time.perf_counter() - start
             for key, value in self.backend.last_timings.items():  # the sampler's own seconds, beside the training
                 timings[f"time/sampler_{key}"] = timings.get(f"time/sampler_{key}", 0.0) + value
-            if self.tools is not None:
-                self.tool_counts[step] = self.backend.last_extra
             groups = score_groups(rollouts, truncated, self.mixture, position, self.config.prompts_per_step,
                                   self.config, self.ctx, timings)
-            self.received[step] = (groups, version)
+            self.received[step] = (groups, version, self.backend.last_extra)
 
-    def take(self, step: int) -> tuple[ScoredGroups, int] | None:
+    def take(self, step: int) -> tuple[ScoredGroups, int, dict[str, Any] | None] | None:
         return self.received.pop(step, None)
-
-    def take_tool_counts(self, step: int) -> dict[str, Any] | None:
-        """The tool counts (``trajectory_counts``) of ``step``'s first round when the sampler made it, else None."""
-        return self.tool_counts.pop(step, None)
 
     def to_state(self) -> list[dict[str, Any]]:
         """The received rounds, JSON-able for ``trainer_state.json`` (call ``collect()`` first: a checkpoint
         must hold every round generated with weights older than itself)."""
         assert not self._in_flight, "to_state() with rounds in flight: collect() first"
-        return [{"step": s, "version": v, **groups_to_state(g),
-                 **({"tool_counts": self.tool_counts[s]} if s in self.tool_counts else {})}
-                for s, (g, v) in sorted(self.received.items())]
+        return [{"step": s, "version": v, **groups_to_state(g), **({"tool_counts": c} if c is not None else {})}
+                for s, (g, v, c) in sorted(self.received.items())]
 
     def load_state(self, saved: list[dict[str, Any]]) -> None:
         if not isinstance(saved, list):
             raise ValueError("this checkpoint's next_rollouts were saved by an older async_rollouts (one dict, before "
                              "async_max_staleness); resume it with that version or start the stage again (resume=False)")
-        self.received = {int(d["step"]): (groups_from_state(d, self.mixture), int(d["version"])) for d in saved}
-        self.tool_counts = {int(d["step"]): d["tool_counts"] for d in saved if "tool_counts" in d}
+        self.received = {int(d["step"]): (groups_from_state(d, self.mixture), int(d["version"]), d.get("tool_counts"))
+                         for d in saved}
 
 
 def groups_to_state(groups: ScoredGroups) -> dict[str, Any]:

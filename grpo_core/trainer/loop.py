@@ -324,7 +324,8 @@ def train_grpo(
                                                     loaded.path if loaded else model_path, output_dir)
         next_rollouts = None
         if config.async_rollouts:  # the rounds a checkpoint carries (generated with weights older than it)
-            next_rollouts = NextRollouts(backend, tokenizer, mixture, config, ctx, tools=tools)  # type: ignore[arg-type]
+            next_rollouts = NextRollouts(backend, tokenizer, mixture, config, ctx,  # type: ignore[arg-type]
+                                         tools=tools)
             next_rollouts.load_state(state.pop("next_rollouts", []))
         steps = GRPOSteps(config, ctx, run, model, ref_model, tokenizer, mixture, backend, next_rollouts,
                           sampling_correction=sampling_correction, num_dropped=num_dropped, heldout=heldout,

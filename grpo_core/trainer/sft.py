@@ -6,8 +6,8 @@ The loss is the mean next-token cross-entropy over completion tokens only (TRL's
 ``completion_only_loss``): prompt and padding positions get label -100, and so do a completion's tool turns
 (the tool wrote them, not the model; ``encode_completion``). A prompt is rendered with the tokenizer's chat template
 and its generation prompt (with the row's ``tools`` schemas, TRL's column, when it has them), the completion follows
-and ends with EOS, the same token layout generation and GRPO see. An optimiser step averages over every completion token of
-its ``per_device_train_batch_size x gradient_accumulation_steps`` rows (token-weighted, not
+and ends with EOS, the same token layout generation and GRPO see. An optimiser step averages over every completion
+token of its ``per_device_train_batch_size x gradient_accumulation_steps`` rows (token-weighted, not
 micro-batch-weighted), so ``group_by_length`` may cut the step's rows into micro-batches in length order
 (less padding) without changing the gradient. The cross-entropy is ``-log p`` from
 ``grpo_core.trainer.logprobs.compute_token_logps``: the LM head runs ``logprob_chunk_size`` rows at a time, so the

@@ -120,11 +120,8 @@ class GRPOSteps:
             self.tools.reset_stats()
             self.trajectory_stats = TrajectoryStats()
         planned = self.next_rollouts.take(step) if self.next_rollouts is not None else None  # async: made earlier
-        if self.tools is not None and planned:  # tools ran in the sampler for the round it made ahead: the step's too
-            assert self.next_rollouts is not None
-            extra = self.next_rollouts.take_tool_counts(step)
-            if extra is not None:
-                add_trajectory_counts(extra, self.trajectory_stats, self.tools)
+        if planned is not None and planned[2] is not None:  # the sampler ran the tools for this round: the step's too
+            add_trajectory_counts(planned[2], self.trajectory_stats, self.tools)
         first, staleness = (planned[0], step - 1 - planned[1]) if planned else (None, 0)
         generate_round = functools.partial(self._generate_round, step=step, timings=timings)
         collected = collect_step_groups(generate_round, self.run.state["stream_position"], self.config, self._combine,
